@@ -1,0 +1,3 @@
+from certattn_jax.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""The interface every KV cache implements, so the model and the decode loop are cache-agnostic.
+
+A cache is an immutable pytree (a `flax.struct.dataclass`) holding, per layer, whatever the cache type
+stores, plus `lengths [B]` (int32): the number of valid tokens of each sequence. The model calls, per layer,
+
+    out[B, T, Hq, d], cache = cache.attend(layer, q[B, T, Hq, d], k[B, T, Hkv, d], v[B, T, Hkv, d],
+                                           new_lengths[B])
+
+which writes the T new keys/values at positions `lengths[b] + t` (only the first `new_lengths[b] - lengths[b]`
+are real; the rest are padding whose slots are overwritten later) and returns causal attention of the new
+queries over everything written so far. After the last layer the model calls `cache.with_lengths(new_lengths)`.
+
+Caches may also expose `step_record()`: a pytree of per-step diagnostics (the certified cache returns its
+certificates) that the decode loop can accumulate; the default is an empty dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    lengths: jax.Array
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def attend(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array,
+               new_lengths: jax.Array) -> tuple[jax.Array, KVCache]: ...
+
+    def with_lengths(self, new_lengths: jax.Array) -> KVCache: ...
+
+    def step_record(self) -> Any: ...
+
+
+def is_concrete(x: Any) -> bool:
+    """True when x holds values we can inspect in Python (not inside a jit trace)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_capacity(lengths: jax.Array, new_lengths: jax.Array, capacity: int) -> None:
+    """Raise a clear error when a write would run past the cache capacity (only checkable eagerly)."""
+    if is_concrete(new_lengths):
+        worst = int(jnp.max(new_lengths))
+        if worst > capacity:
+            raise ValueError(
+                f"KV cache overflow: a sequence would reach {worst} tokens but the cache capacity is "
+                f"{capacity}; allocate a larger cache")
+        if is_concrete(lengths) and bool(jnp.any(new_lengths < lengths)):
+            raise ValueError("new_lengths must be >= the cache's current lengths")
+
+
+def write_positions(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """Scatter new tokens into a head-major buffer.
+
+    buf:   [B, H, S, d]
+    new:   [B, T, H, d]   tokens to write at positions start[b] + t
+    start: [B] int32
+    Writes that would land at positions >= S are dropped (never wrapped or clamped); callers detect
+    overflow from the lengths (see `overflow_mask`).
+    """
+    B, T = new.shape[:2]
+    pos = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
+    b_idx = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
+    return buf.at[b_idx, :, pos].set(new.astype(buf.dtype), mode="drop")
+
+
+def overflow_mask(new_lengths: jax.Array, capacity: int) -> jax.Array:
+    """[B] bool: sequences whose writes ran past the capacity (their outputs must be poisoned)."""
+    return new_lengths > capacity
+
+
+def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array,
+                     kv_lengths: jax.Array) -> jax.Array:
+    """Exact causal attention of new queries over a head-major KV buffer (float32 softmax).
+
+    q:           [B, T, Hq, d]
+    k, v:        [B, Hkv, S, d]  (Hq = G * Hkv; query head h reads KV head h // G)
+    q_positions: [B, T] absolute position of each query
+    kv_lengths:  [B] number of valid keys
+    returns      [B, T, Hq, d] in q's dtype.
+    Key j is visible to a query at position p iff j <= p and j < kv_lengths[b].
+    """
+    B, T, Hq, d = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    q5 = q.reshape(B, T, Hkv, G, d)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q5, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / jnp.sqrt(jnp.float32(d)))
+    key_pos = jnp.arange(S, dtype=jnp.int32)
+    visible = (key_pos[None, None, :] <= q_positions[:, :, None]) & (
+        key_pos[None, None, :] < kv_lengths[:, None, None])  # [B, T, S]
+    scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
+    # A query with no visible key (padding rows) would give NaN; give it zeros instead.
+    any_visible = jnp.any(visible, axis=-1)[:, None, None, :, None]
+    probs = jax.nn.softmax(jnp.where(any_visible, scores, 0.0), axis=-1)
+    probs = jnp.where(any_visible, probs, 0.0)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(B, T, Hq, d).astype(q.dtype)

@@ -1,0 +1,243 @@
+"""Text generation: chunked prefill, then the whole decode loop inside one jit (`lax.while_loop`).
+
+    out = generate(params, config, [prompt_ids_1, prompt_ids_2], max_new_tokens=64)
+
+Prompts of different lengths are right-padded; each sequence continues from its own length. The
+prefill runs chunk by chunk (each chunk a call of one compiled function, so a 32K prompt needs
+chunk x capacity attention memory, never T x T) with a progress bar. The decode loop's shapes depend
+only on the batch and the cache capacity (rounded up to `CAPACITY_BUCKET`), never on
+`max_new_tokens`, so asking for more tokens does not recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from certattn_jax.kv_cache import KVCache
+from models.config import LlamaConfig
+from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden
+from models.sampling import select_next
+
+CAPACITY_BUCKET = 256
+# How many times each jitted function has been traced (tests use it to prove "compiles once").
+TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0}
+
+CacheFactory = Callable[[int, int], KVCache]
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    """tokens[i]: the new tokens of prompt i (stopping before EOS); finished[i]: it hit EOS.
+    step_records: per-step cache diagnostics stacked over decode steps (certificates for the certified
+    cache), each leaf [num_steps, ...]; empty for the dense cache."""
+
+    tokens: list[list[int]]
+    finished: list[bool]
+    prefill_seconds: float
+    decode_seconds: float
+    num_steps: int
+    cache: Any
+    compile_seconds: float = 0.0
+    step_records: Any = None
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_steps * len(self.tokens) / max(self.decode_seconds, 1e-9)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def _prefill_chunk(params: Params, config: LlamaConfig, cache: KVCache, chunk: jax.Array,
+                   valid: jax.Array, last_index: jax.Array, last_logits: jax.Array):
+    """One prefill chunk [B, C]; keeps the logits at each prompt's last position (last_index in chunk)."""
+    TRACE_COUNTS["prefill_chunk"] += 1
+    hidden, cache = forward_hidden(params, config, chunk, cache, valid)
+    C = chunk.shape[1]
+    in_chunk = (last_index >= 0) & (last_index < C)
+    rows = jnp.take_along_axis(hidden, jnp.clip(last_index, 0, C - 1)[:, None, None], axis=1)[:, 0]
+    logits = logits_from_hidden(params, config, rows)
+    return cache, jnp.where(in_chunk[:, None], logits, last_logits)
+
+
+def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
+                 max_new: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
+                 top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool):
+    """Sample up to max_new tokens per sequence; stops early when every sequence has hit EOS.
+
+    Returns (generated [B, capacity] int32 (-1 after EOS / past the end), finished [B], steps, cache,
+    records) where records stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
+    """
+    TRACE_COUNTS["decode_loop"] += 1
+    B = first_logits.shape[0]
+    cap = cache.capacity
+    pick = functools.partial(select_next, greedy=greedy, temperature=temperature, top_p=top_p)
+
+    key, sub = jax.random.split(key)
+    tok = pick(first_logits, sub)
+    done = jnp.isin(tok, eos_ids)
+    out = jnp.full((B, cap), -1, jnp.int32).at[:, 0].set(jnp.where(done, -1, tok))
+    rec0 = cache.step_record()
+    records = jax.tree.map(lambda x: jnp.zeros((cap,) + x.shape, x.dtype), rec0) if record else {}
+
+    def cond(state):
+        step, _, _, done, _, _, _ = state
+        return (step + 1 < max_new) & ~jnp.all(done)
+
+    def body(state):
+        step, cache, tok, done, out, key, records = state
+        hidden, cache = forward_hidden(params, config, tok[:, None], cache)
+        logits = logits_from_hidden(params, config, hidden[:, 0])
+        key, sub = jax.random.split(key)
+        nxt = pick(logits, sub)
+        if record:
+            records = jax.tree.map(lambda buf, r: buf.at[step].set(r), records, cache.step_record())
+        newly_done = jnp.isin(nxt, eos_ids)
+        out = out.at[:, step + 1].set(jnp.where(done | newly_done, -1, nxt))
+        return step + 1, cache, nxt, done | newly_done, out, key, records
+
+    state = (jnp.int32(0), cache, tok, done, out, key, records)
+    step, cache, _, done, out, _, records = jax.lax.while_loop(cond, body, state)
+    return out, done, step + 1, cache, records
+
+
+_COMPILED: dict[Any, Any] = {}
+
+
+def _abstract(x: Any) -> Any:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
+
+def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: tuple) -> Callable:
+    """The compiled decode loop for these argument shapes (compiled once per shape signature).
+
+    args = (params, cache, first_logits [B, V], max_new, eos_ids, key, temperature, top_p); only the
+    shapes matter, so a different max_new reuses the same executable.
+    """
+    leaves, treedef = jax.tree.flatten(args)
+    sig = (config, greedy, record, treedef, tuple(
+        (x.shape, str(x.dtype), getattr(getattr(x, "sharding", None), "memory_kind", None)) for x in leaves))
+    if sig not in _COMPILED:
+        fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record),
+                     donate_argnums=(1,))
+        _COMPILED[sig] = fn.lower(*jax.tree.map(_abstract, args)).compile()
+    return _COMPILED[sig]
+
+
+def _validate_prompts(prompts: Sequence[Sequence[int]], config: LlamaConfig) -> list[list[int]]:
+    if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        ids = [int(t) for t in np.asarray(p).reshape(-1)] if not isinstance(p, list) else [int(t) for t in p]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty: need at least one token")
+        bad = [t for t in ids if t < 0 or t >= config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside [0, {config.vocab_size}): {bad[:5]}")
+        out.append(ids)
+    return out
+
+
+def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+             *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+             eos_token_ids: Sequence[int] | None = None, cache_factory: CacheFactory | None = None,
+             capacity: int | None = None, prefill_chunk: int = 256, progress: bool = True,
+             record_steps: bool = False) -> GenerationOutput:
+    """Generate up to max_new_tokens for each prompt (lists of token ids).
+
+    temperature 0 means greedy. cache_factory(batch, capacity) builds the KV cache (dense in the
+    model's dtype by default). capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET.
+    With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
+    """
+    prompts = _validate_prompts(prompts, config)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    if prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    B = len(prompts)
+    lens = np.array([len(p) for p in prompts], np.int32)
+    need = int(lens.max()) + max_new_tokens
+    if need > config.max_position_embeddings:
+        raise ValueError(
+            f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds the "
+            f"model's context of {config.max_position_embeddings} tokens")
+    if capacity is None:
+        capacity = round_up(need, CAPACITY_BUCKET)
+    elif capacity < need:
+        raise ValueError(f"cache capacity {capacity} is smaller than prompt + max_new_tokens = {need}")
+    make_cache = cache_factory or (lambda b, c: init_cache_for(params, config, b, c))
+    cache = make_cache(B, capacity)
+    if cache.capacity < need:
+        raise ValueError(f"cache capacity {cache.capacity} is smaller than prompt + max_new_tokens = {need}")
+    eos = tuple(eos_token_ids) if eos_token_ids is not None else config.eos_token_ids
+    eos_arr = jnp.asarray(eos if eos else (-2,), jnp.int32)
+
+    # ---- prefill, chunk by chunk ----
+    C = min(prefill_chunk, round_up(int(lens.max()), 8))
+    n_chunks = -(-int(lens.max()) // C)
+    padded = np.zeros((B, n_chunks * C), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, : len(p)] = p
+    last_logits = jnp.zeros((B, config.vocab_size), jnp.float32)
+    t0 = time.perf_counter()
+    bar = _progress(n_chunks, C, enabled=progress and n_chunks > 2)
+    for c in range(n_chunks):
+        valid = np.clip(lens - c * C, 0, C).astype(np.int32)
+        last_index = (lens - 1 - c * C).astype(np.int32)
+        cache, last_logits = _prefill_chunk(params, config, cache, jnp.asarray(padded[:, c * C:(c + 1) * C]),
+                                            jnp.asarray(valid), jnp.asarray(last_index), last_logits)
+        if bar is not None:
+            jax.block_until_ready(last_logits)
+            bar.update(1)
+    jax.block_until_ready(last_logits)
+    if bar is not None:
+        bar.close()
+    prefill_s = time.perf_counter() - t0
+
+    # ---- decode, one jit (compiled ahead so that the timing below is the decode alone) ----
+    args = (params, cache, last_logits, jnp.int32(max_new_tokens), eos_arr, jax.random.key(seed),
+            jnp.float32(temperature), jnp.float32(top_p))
+    t0 = time.perf_counter()
+    decode = compiled_decode_loop(config, temperature == 0.0, record_steps, args)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out, done, steps, cache, records = decode(*args)
+    out = np.asarray(jax.block_until_ready(out))
+    decode_s = time.perf_counter() - t0
+    steps = int(steps)
+    done = np.asarray(done)
+    tokens = []
+    for row in out[:, :steps]:
+        stop = np.flatnonzero(row < 0)
+        tokens.append(row[: stop[0] if stop.size else steps].tolist())
+    if record_steps:
+        records = jax.tree.map(lambda x: np.asarray(x)[: max(steps - 1, 0)], records)
+    return GenerationOutput(tokens=tokens, finished=[bool(d) for d in done], prefill_seconds=prefill_s,
+                            decode_seconds=decode_s, compile_seconds=compile_s, num_steps=steps, cache=cache,
+                            step_records=records if record_steps else None)
+
+
+def _progress(n_chunks: int, chunk: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=n_chunks, desc=f"prefill ({chunk}-token chunks)", unit="chunk", file=sys.stderr)

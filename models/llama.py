@@ -1,0 +1,145 @@
+"""Functional LLaMA (LLaMA 2 / 3 / 3.1, SmolLM2): pure functions over an explicit parameter pytree.
+
+Parameter layout (weights stored [in, out] so that y = x @ W):
+
+    params = {
+      "embed":      [V, D],
+      "layers":     [ {"attn_norm": [D], "wq": [D, Hq*d], "wk": [D, Hkv*d], "wv": [D, Hkv*d],
+                       "wo": [Hq*d, D], "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F],
+                       "w_down": [F, D]} for each layer ],
+      "final_norm": [D],
+      "lm_head":    [D, V]   # absent when the embeddings are tied
+    }
+
+Layers are a Python list (unrolled in the trace) rather than stacked arrays: inside the jitted decode
+loop each layer's cache and weights are then separate buffers, updated in place; a scan over stacked
+layers would copy the cache slice of every layer on every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from certattn_jax.dense_cache import DenseKVCache
+from certattn_jax.kv_cache import KVCache, is_concrete, overflow_mask
+from models.config import LlamaConfig
+from models.rope import apply_rope, rope_cos_sin
+
+Params = dict[str, Any]
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """x * rsqrt(mean(x^2) + eps) * weight, computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed.astype(x.dtype) * weight.astype(x.dtype)).astype(x.dtype)
+
+
+def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.matmul(x, w.astype(x.dtype))
+
+
+def _mlp(layer: Params, x: jax.Array) -> jax.Array:
+    gate = _dot(x, layer["w_gate"])
+    up = _dot(x, layer["w_up"])
+    return _dot(jax.nn.silu(gate) * up, layer["w_down"])
+
+
+def _check_tokens(tokens: jax.Array, config: LlamaConfig) -> None:
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise TypeError(f"tokens must be an integer array, got dtype {tokens.dtype}")
+    if tokens.shape[1] == 0:
+        raise ValueError("tokens is empty: need at least one token per sequence")
+    if is_concrete(tokens):
+        lo, hi = int(np.min(np.asarray(tokens))), int(np.max(np.asarray(tokens)))
+        if lo < 0 or hi >= config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{lo}, {hi}]")
+
+
+def _model_dtype(params: Params) -> Any:
+    return params["embed"].dtype
+
+
+def init_cache_for(params: Params, config: LlamaConfig, batch: int, capacity: int) -> DenseKVCache:
+    """A dense cache in the model's dtype."""
+    return DenseKVCache.init(num_layers=config.num_layers, batch=batch, capacity=capacity,
+                             num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                             dtype=_model_dtype(params))
+
+
+def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,
+                   valid_lengths: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """Run the transformer; return final-normed hidden states [B, T, D] and the updated cache.
+
+    tokens [B, T] continue each sequence from `cache.lengths[b]`; only the first valid_lengths[b]
+    (default T) tokens are real, the rest are padding (their outputs are meaningless).
+    """
+    _check_tokens(tokens, config)
+    B, T = tokens.shape
+    if valid_lengths is None:
+        valid_lengths = jnp.full((B,), T, jnp.int32)
+    start = cache.lengths
+    new_lengths = start + jnp.asarray(valid_lengths, jnp.int32)
+    positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    cos, sin = rope_cos_sin(config, positions)
+
+    x = params["embed"][tokens]
+    Hq, Hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    for i, layer in enumerate(params["layers"]):
+        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+        q = apply_rope(_dot(h, layer["wq"]).reshape(B, T, Hq, d), cos, sin)
+        k = apply_rope(_dot(h, layer["wk"]).reshape(B, T, Hkv, d), cos, sin)
+        v = _dot(h, layer["wv"]).reshape(B, T, Hkv, d)
+        attn, cache = cache.attend(i, q, k, v, new_lengths)
+        x = x + _dot(attn.reshape(B, T, Hq * d), layer["wo"])
+        h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
+        x = x + _mlp(layer, h)
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    # Never return a silent wrong answer: a sequence that overflowed the cache gets NaN outputs.
+    bad = overflow_mask(new_lengths, cache.capacity)
+    x = jnp.where(bad[:, None, None], jnp.nan, x)
+    return x, cache.with_lengths(new_lengths)
+
+
+def logits_from_hidden(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax.Array:
+    """Project hidden states [..., D] to float32 logits [..., V] (tied embeddings when no lm_head)."""
+    if config.tie_word_embeddings:
+        w = params["embed"]
+        return jnp.einsum("...d,vd->...v", hidden, w.astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", hidden, params["lm_head"].astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def forward(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache | None = None,
+            *, valid_lengths: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """Logits [B, T, V] (float32) for tokens [B, T], continuing from `cache` (a fresh dense cache of
+    capacity T when None). Pure: returns the updated cache instead of mutating it."""
+    tokens = jnp.asarray(tokens)
+    if cache is None:
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+        cache = init_cache_for(params, config, tokens.shape[0], tokens.shape[1])
+    hidden, cache = forward_hidden(params, config, tokens, cache, valid_lengths)
+    return logits_from_hidden(params, config, hidden), cache
+
+
+def init_params(config: LlamaConfig, key: jax.Array, dtype: Any = jnp.float32,
+                scale: float = 0.02) -> Params:
+    """Random parameters (normal(0, scale) matrices, unit norms) — for tests and benchmarks."""
+    shapes = config.param_shapes()
+    leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda s: isinstance(s, tuple))
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for k, shape in zip(keys, leaves):
+        if len(shape) == 1:
+            out.append(jnp.ones(shape, dtype))
+        else:
+            out.append((scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)

@@ -1,0 +1,106 @@
+"""Parameter-pytree checks and dtype casts for the functional LLaMA.
+
+Layout (fixed; see `LlamaConfig.param_shapes`), with V vocab, D hidden, F FFN, Hq / Hkv heads, hd head_dim:
+
+    params = {
+        "embed": [V, D],
+        "layers": [{"attn_norm": [D], "wq": [D, Hq*hd], "wk": [D, Hkv*hd], "wv": [D, Hkv*hd],
+                    "wo": [Hq*hd, D], "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F],
+                    "w_down": [F, D]}, ...],          # one dict per layer
+        "final_norm": [D],
+        "lm_head": [D, V],                           # only when not tie_word_embeddings
+    }
+
+Linear weights are stored [in, out] so that `x @ w` applies them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import LlamaConfig
+
+Params = dict[str, Any]
+
+LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+
+
+def param_path_names(config: LlamaConfig) -> list[str]:
+    """Dotted names of every tensor the config expects, e.g. ``layers.3.wq``."""
+    names = ["embed"]
+    names += [f"layers.{i}.{k}" for i in range(config.num_layers) for k in LAYER_KEYS]
+    names.append("final_norm")
+    if not config.tie_word_embeddings:
+        names.append("lm_head")
+    return names
+
+
+def get_by_path(params: Params, name: str) -> Any:
+    """The leaf at dotted path ``name`` (e.g. ``layers.3.wq``); KeyError if absent."""
+    node: Any = params
+    for part in name.split("."):
+        if isinstance(node, (list, tuple)):
+            idx = int(part)
+            if idx >= len(node):
+                raise KeyError(name)
+            node = node[idx]
+        elif isinstance(node, dict):
+            node = node[part]
+        else:
+            raise KeyError(name)
+    return node
+
+
+def validate_params(params: Params, config: LlamaConfig) -> None:
+    """Check that `params` has exactly the tensors, shapes and (floating) dtypes `config` implies.
+
+    Raises ValueError naming the first offending tensor with its expected and actual shape, a
+    missing or unexpected tensor, or a non-floating dtype.
+    """
+    if not isinstance(params, dict):
+        raise ValueError(f"params must be a dict, got {type(params).__name__}")
+    expected = config.param_shapes()
+    extra = sorted(set(params) - set(expected))
+    if extra:
+        hint = " (config says tie_word_embeddings=True)" if "lm_head" in extra else ""
+        raise ValueError(f"unexpected parameter(s) {extra}{hint}")
+    layers = params.get("layers")
+    if not isinstance(layers, (list, tuple)):
+        raise ValueError(f"params['layers'] must be a list of per-layer dicts, got {type(layers).__name__}")
+    if len(layers) != config.num_layers:
+        raise ValueError(f"params has {len(layers)} layers, config expects num_layers={config.num_layers}")
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict):
+            raise ValueError(f"params['layers'][{i}] must be a dict, got {type(layer).__name__}")
+        extra = sorted(set(layer) - set(LAYER_KEYS))
+        if extra:
+            raise ValueError(f"unexpected parameter(s) in layer {i}: {extra}")
+    for name in param_path_names(config):
+        try:
+            leaf = get_by_path(params, name)
+        except KeyError:
+            raise ValueError(f"missing parameter {name!r}") from None
+        want = tuple(get_by_path(expected, name))
+        shape = tuple(getattr(leaf, "shape", ()))
+        if shape != want:
+            raise ValueError(f"parameter {name!r} has shape {shape}, expected {want} from the config")
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(f"parameter {name!r} has dtype {dtype}, expected a floating dtype")
+
+
+def cast_params(params: Params, dtype: Any) -> Params:
+    """Every leaf as a `jax.Array` of `dtype` on the default device (same tree structure)."""
+    dt = jnp.dtype(dtype)
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"params dtype must be floating, got {dt}")
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=dt), params)
+
+
+def params_to_numpy(params: Params) -> Params:
+    """Every leaf as a host `np.ndarray` (dtype kept; bfloat16 via ml_dtypes)."""
+    return jax.tree.map(np.asarray, params)
