@@ -22,16 +22,17 @@ class DenseKVCache:
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     lengths: jax.Array
+    attn_impl: str = struct.field(pytree_node=False, default="einsum")
 
     @classmethod
     def init(cls, *, num_layers: int, batch: int, capacity: int, num_kv_heads: int, head_dim: int,
-             dtype: Any = jnp.bfloat16) -> DenseKVCache:
+             dtype: Any = jnp.bfloat16, attn_impl: str = "einsum") -> DenseKVCache:
         if min(num_layers, batch, capacity, num_kv_heads, head_dim) <= 0:
             raise ValueError("DenseKVCache.init: all sizes must be positive")
         shape = (batch, num_kv_heads, capacity, head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
         return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   lengths=jnp.zeros((batch,), jnp.int32))
+                   lengths=jnp.zeros((batch,), jnp.int32), attn_impl=attn_impl)
 
     @property
     def capacity(self) -> int:
@@ -53,7 +54,7 @@ class DenseKVCache:
         v_buf = write_positions(self.v[layer], v, self.lengths)
         T = q.shape[1]
         q_pos = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-        out = masked_attention(q, k_buf, v_buf, q_pos, new_lengths)
+        out = masked_attention(q, k_buf, v_buf, q_pos, new_lengths, self.attn_impl)
         new = self.replace(k=_replace_at(self.k, layer, k_buf), v=_replace_at(self.v, layer, v_buf))
         return out, new
 

@@ -40,6 +40,17 @@ class KVCache(Protocol):
     def step_record(self) -> Any: ...
 
 
+def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """einsum with float32 accumulation and result.
+
+    XLA:CPU has no BF16 x BF16 -> F32 dot kernel, so on CPU the operands are upcast first (exact); on
+    GPU the low-precision operands go straight into the dot (an upcast copy would double the bytes read).
+    """
+    if jax.default_backend() == "cpu":
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
 def is_concrete(x: Any) -> bool:
     """True when x holds values we can inspect in Python (not inside a jit trace)."""
     return not isinstance(x, jax.core.Tracer)
@@ -77,23 +88,41 @@ def overflow_mask(new_lengths: jax.Array, capacity: int) -> jax.Array:
     return new_lengths > capacity
 
 
+ATTENTION_IMPLS = ("einsum", "reduce")
+
+
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array,
-                     kv_lengths: jax.Array) -> jax.Array:
+                     kv_lengths: jax.Array, impl: str = "einsum") -> jax.Array:
     """Exact causal attention of new queries over a head-major KV buffer (float32 softmax).
 
     q:           [B, T, Hq, d]
     k, v:        [B, Hkv, S, d]  (Hq = G * Hkv; query head h reads KV head h // G)
     q_positions: [B, T] absolute position of each query
     kv_lengths:  [B] number of valid keys
+    impl:        "einsum" (dot products) or "reduce" (broadcast-multiply-reduce; lets XLA fuse the
+                 decode case into bandwidth-bound reductions) — same math, float32 accumulation.
     returns      [B, T, Hq, d] in q's dtype.
     Key j is visible to a query at position p iff j <= p and j < kv_lengths[b].
     """
+    return masked_attention_f32(q, k, v, q_positions, kv_lengths, impl).astype(q.dtype)
+
+
+def masked_attention_f32(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array,
+                         kv_lengths: jax.Array, impl: str = "einsum") -> jax.Array:
+    """`masked_attention` before the final cast: float32 [B, T, Hq, d]."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention impl {impl!r}; choose from {ATTENTION_IMPLS}")
     B, T, Hq, d = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = Hq // Hkv
     q5 = q.reshape(B, T, Hkv, G, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q5, k, preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / jnp.sqrt(jnp.float32(d)))
+    scale = 1.0 / jnp.sqrt(jnp.float32(d))
+    if impl == "einsum":
+        scores = einsum_f32("btkgd,bksd->bkgts", q5, k)
+    else:
+        q6 = q5.transpose(0, 2, 3, 1, 4)[:, :, :, :, None, :].astype(jnp.float32)  # [B,K,G,T,1,d]
+        scores = jnp.sum(q6 * k[:, :, None, None, :, :].astype(jnp.float32), axis=-1)
+    scores = scores * scale
     key_pos = jnp.arange(S, dtype=jnp.int32)
     visible = (key_pos[None, None, :] <= q_positions[:, :, None]) & (
         key_pos[None, None, :] < kv_lengths[:, None, None])  # [B, T, S]
@@ -102,5 +131,9 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
     any_visible = jnp.any(visible, axis=-1)[:, None, None, :, None]
     probs = jax.nn.softmax(jnp.where(any_visible, scores, 0.0), axis=-1)
     probs = jnp.where(any_visible, probs, 0.0)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.reshape(B, T, Hq, d).astype(q.dtype)
+    if impl == "einsum":
+        out = einsum_f32("bkgts,bksd->btkgd", probs.astype(v.dtype), v)
+    else:
+        out = jnp.sum(probs[..., None] * v[:, :, None, None, :, :].astype(jnp.float32), axis=-2)
+        out = out.transpose(0, 3, 1, 2, 4)
+    return out.reshape(B, T, Hq, d)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
-from certattn_jax.kv_cache import KVCache, is_concrete, overflow_mask
+from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
 
@@ -111,10 +111,8 @@ def logits_from_hidden(params: Params, config: LlamaConfig, hidden: jax.Array) -
     """Project hidden states [..., D] to float32 logits [..., V] (tied embeddings when no lm_head)."""
     if config.tie_word_embeddings:
         w = params["embed"]
-        return jnp.einsum("...d,vd->...v", hidden, w.astype(hidden.dtype),
-                          preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", hidden, params["lm_head"].astype(hidden.dtype),
-                      preferred_element_type=jnp.float32)
+        return einsum_f32("...d,vd->...v", hidden, w.astype(hidden.dtype))
+    return einsum_f32("...d,dv->...v", hidden, params["lm_head"].astype(hidden.dtype))
 
 
 def forward(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache | None = None,
