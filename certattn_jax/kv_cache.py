@@ -48,7 +48,7 @@ def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """
     if jax.default_backend() == "cpu":
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision="highest")
 
 
 def is_concrete(x: Any) -> bool:

@@ -135,7 +135,7 @@ def init_params(config: LlamaConfig, key: jax.Array, dtype: Any = jnp.float32,
     leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda s: isinstance(s, tuple))
     keys = jax.random.split(key, len(leaves))
     out = []
-    for k, shape in zip(keys, leaves):
+    for k, shape in zip(keys, leaves, strict=True):
         if len(shape) == 1:
             out.append(jnp.ones(shape, dtype))
         else:

@@ -94,7 +94,9 @@ def validate_params(params: Params, config: LlamaConfig) -> None:
 
 
 def cast_params(params: Params, dtype: Any) -> Params:
-    """Every leaf as a `jax.Array` of `dtype` on the default device (same tree structure)."""
+    """Every leaf as a `jax.Array` of `dtype` (None: keep each leaf's dtype) on the default device."""
+    if dtype is None:
+        return jax.tree.map(jnp.asarray, params)
     dt = jnp.dtype(dtype)
     if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(f"params dtype must be floating, got {dt}")

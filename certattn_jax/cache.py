@@ -1,0 +1,281 @@
+"""TieredKVCache: one attention layer's two-tier quantized KV cache, an immutable pytree.
+
+Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B tokens:
+    k_codes [B, H, nb, Bk, d*kbits/8] uint8   keys, per-channel asymmetric (scale/zero per block)
+    k_scale, k_zero [B, H, nb, d]             16-bit floats
+    v_codes [B, H, nb, Bk, d*vbits/8] uint8   values, per-token asymmetric per group of channels
+    v_scale, v_zero [B, H, nb, Bk, d/g]
+    v_err   [B, H, nb] f32                    eta_n = max_{i in n} ||v_i - v_hat_i||_2 (exact, at write time)
+    v_min, v_max [B, H, d] f32                running per-channel range of the values written so far
+    nonfinite [B, H] bool                     a NaN/Inf was written to this head (it can no longer be certified)
+    res_k, res_v [B, H, Bk, d]                the newest, partial block, exact (per-channel scales need a full one)
+    hot_k, hot_v [B, H, K, Bk, d], hot_ids [B, H, K]   device-resident exact copies of K = k_max blocks
+Tier 2 (pinned host memory):
+    host_k, host_v [B, H, nb, Bk, d]          the originals, in the model's dtype; one block of one head and
+                                              one whole head are each contiguous
+Bookkeeping: lengths [B] (valid tokens), flushed [B] (tokens in full blocks, a multiple of Bk).
+Invariant between calls: 0 <= lengths - flushed <= Bk; tokens [flushed, lengths) live in res_*.
+
+Writes never lose data: every token is in tier 2 (full blocks) or in the exact residual block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from certattn_jax import quant, tiers
+from certattn_jax.kv_cache import is_concrete, write_positions
+from certattn_jax.policy import CertPolicy
+
+
+@struct.dataclass
+class TieredKVCache:
+    k_codes: jax.Array
+    k_scale: jax.Array
+    k_zero: jax.Array
+    v_codes: jax.Array
+    v_scale: jax.Array
+    v_zero: jax.Array
+    v_err: jax.Array
+    v_min: jax.Array
+    v_max: jax.Array
+    nonfinite: jax.Array
+    res_k: jax.Array
+    res_v: jax.Array
+    hot_k: jax.Array
+    hot_v: jax.Array
+    hot_ids: jax.Array
+    host_k: jax.Array
+    host_v: jax.Array
+    lengths: jax.Array
+    flushed: jax.Array
+    block_size: int = struct.field(pytree_node=False, default=64)
+    group_size: int = struct.field(pytree_node=False, default=32)
+    key_bits: int = struct.field(pytree_node=False, default=8)
+    value_bits: int = struct.field(pytree_node=False, default=4)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def init(cls, *, batch: int, capacity: int, num_kv_heads: int, head_dim: int, dtype: Any = jnp.bfloat16,
+             policy: CertPolicy | None = None) -> TieredKVCache:
+        """An empty cache holding up to `capacity` tokens (rounded up to a multiple of the block size)."""
+        policy = policy or CertPolicy()
+        Bk, g = policy.block_size, policy.group_size
+        if min(batch, capacity, num_kv_heads, head_dim) <= 0:
+            raise ValueError("TieredKVCache.init: batch, capacity, num_kv_heads and head_dim must be positive")
+        if head_dim % g:
+            raise ValueError(f"head_dim {head_dim} must be a multiple of the value group size {g}")
+        if head_dim % (8 // min(policy.key_bits, 8)) or head_dim % (8 // policy.value_bits):
+            raise ValueError(f"head_dim {head_dim} cannot be packed at {policy.key_bits}/{policy.value_bits} bits")
+        if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
+            raise TypeError(f"cache dtype must be floating, got {dtype}")
+        nb = -(-capacity // Bk)
+        K = policy.k_max
+        B, H, d = batch, num_kv_heads, head_dim
+        dk, dv = d * policy.key_bits // 8, d * policy.value_bits // 8
+        sdt = quant.SCALE_DTYPE
+        return cls(
+            k_codes=jnp.zeros((B, H, nb, Bk, dk), jnp.uint8),
+            k_scale=jnp.zeros((B, H, nb, d), sdt), k_zero=jnp.zeros((B, H, nb, d), sdt),
+            v_codes=jnp.zeros((B, H, nb, Bk, dv), jnp.uint8),
+            v_scale=jnp.zeros((B, H, nb, Bk, d // g), sdt), v_zero=jnp.zeros((B, H, nb, Bk, d // g), sdt),
+            v_err=jnp.zeros((B, H, nb), jnp.float32),
+            v_min=jnp.full((B, H, d), jnp.inf, jnp.float32), v_max=jnp.full((B, H, d), -jnp.inf, jnp.float32),
+            nonfinite=jnp.zeros((B, H), bool),
+            res_k=jnp.zeros((B, H, Bk, d), dtype), res_v=jnp.zeros((B, H, Bk, d), dtype),
+            hot_k=jnp.zeros((B, H, K, Bk, d), dtype), hot_v=jnp.zeros((B, H, K, Bk, d), dtype),
+            hot_ids=jnp.full((B, H, K), -1, jnp.int32),
+            host_k=tiers.zeros_on_host((B, H, nb, Bk, d), dtype),
+            host_v=tiers.zeros_on_host((B, H, nb, Bk, d), dtype),
+            lengths=jnp.zeros((B,), jnp.int32), flushed=jnp.zeros((B,), jnp.int32),
+            block_size=Bk, group_size=g, key_bits=policy.key_bits, value_bits=policy.value_bits)
+
+    @classmethod
+    def from_dense(cls, k: jax.Array, v: jax.Array, policy: CertPolicy | None = None,
+                   capacity: int | None = None, lengths: jax.Array | None = None) -> TieredKVCache:
+        """Build from keys/values [B, T, Hkv, d] (all T tokens valid unless `lengths` [B] says fewer)."""
+        _check_kv(k, v)
+        B, T, H, d = k.shape
+        cache = cls.init(batch=B, capacity=capacity or T, num_kv_heads=H, head_dim=d, dtype=k.dtype, policy=policy)
+        return cache.append(k, v, lengths)
+
+    # ------------------------------------------------------------------ shape facts
+    @property
+    def batch(self) -> int:
+        return self.k_codes.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_codes.shape[1]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k_codes.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.res_k.shape[-1]
+
+    @property
+    def capacity(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def dtype(self) -> Any:
+        return self.res_k.dtype
+
+    @property
+    def k_max(self) -> int:
+        return self.hot_ids.shape[-1]
+
+    def check_policy(self, policy: CertPolicy) -> None:
+        mine = (self.block_size, self.group_size, self.key_bits, self.value_bits, self.k_max)
+        if policy.layout() != mine:
+            raise ValueError(f"policy layout (block, group, key bits, value bits, k_max) = {policy.layout()} "
+                             f"does not match this cache's {mine}")
+
+    # ------------------------------------------------------------------ writing
+    def append(self, k: jax.Array, v: jax.Array, valid: jax.Array | None = None) -> TieredKVCache:
+        """Append k, v [B, T, Hkv, d] (the first valid[b] tokens of each row are real; default all T).
+
+        Tokens go through an exact staging window (residual block + new tokens); every block that fills is
+        quantized into tier 1 and copied to tier 2 (host). Returns the new cache.
+        """
+        self._check_new(k, v)
+        B, T = k.shape[:2]
+        valid = jnp.full((B,), T, jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
+        self._check_room(valid)
+        c = self.flush()  # a deferred full residual (see write_token) must leave first
+        Bk = c.block_size
+        nw = -(-(Bk + T) // Bk)
+        r = c.lengths - c.flushed
+        win_k = jnp.zeros((B, c.num_kv_heads, nw * Bk, c.head_dim), c.dtype).at[:, :, :Bk].set(c.res_k)
+        win_v = jnp.zeros_like(win_k).at[:, :, :Bk].set(c.res_v)
+        win_k = write_positions(win_k, k, r)
+        win_v = write_positions(win_v, v, r)
+        n_full = (r + valid) // Bk  # [B] blocks of the window that are now full
+        blocks_k = win_k.reshape(B, c.num_kv_heads, nw, Bk, c.head_dim)
+        blocks_v = win_v.reshape(B, c.num_kv_heads, nw, Bk, c.head_dim)
+        c = c._store_blocks(blocks_k, blocks_v, jnp.arange(nw)[None, :] < n_full[:, None])
+        pick = jnp.minimum(n_full, nw - 1)[:, None, None, None, None]
+        res_k = jnp.take_along_axis(blocks_k, pick, axis=2)[:, :, 0]
+        res_v = jnp.take_along_axis(blocks_v, pick, axis=2)[:, :, 0]
+        c = c.replace(res_k=res_k, res_v=res_v, flushed=c.flushed + n_full * Bk)
+        return c._note_values(k, v, valid).replace(lengths=c.lengths + valid)
+
+    def write_token(self, k: jax.Array, v: jax.Array) -> TieredKVCache:
+        """Decode fast path: put one token k, v [B, 1, Hkv, d] into the exact residual block *without*
+        flushing it, even if it fills (call `flush` before the next write). Keeps host traffic and control
+        flow out of the per-layer path: the model flushes all layers at once, once per step."""
+        self._check_new(k, v)
+        if k.shape[1] != 1:
+            raise ValueError(f"write_token takes one token per sequence, got {k.shape[1]}")
+        B = k.shape[0]
+        self._check_room(jnp.ones((B,), jnp.int32))
+        r = self.lengths - self.flushed
+        c = self.replace(res_k=write_positions(self.res_k, k, r), res_v=write_positions(self.res_v, v, r))
+        return c._note_values(k, v, jnp.ones((B,), jnp.int32)).replace(lengths=self.lengths + 1)
+
+    def needs_flush(self) -> jax.Array:
+        """[B] bool: the residual block is full."""
+        return (self.lengths - self.flushed) >= self.block_size
+
+    def flush(self) -> TieredKVCache:
+        """Move full residual blocks to tier 1 + tier 2 (a no-op unless one is full; one lax.cond)."""
+        full = self.needs_flush()
+        return jax.lax.cond(jnp.any(full), lambda c: c.flush_unconditionally(full), lambda c: c, self)
+
+    def flush_unconditionally(self, full: jax.Array) -> TieredKVCache:
+        """Flush the residual of the sequences where full [B] is set (no control flow of its own)."""
+        c = self._store_blocks(self.res_k[:, :, None], self.res_v[:, :, None], full[:, None])
+        return c.replace(flushed=c.flushed + jnp.where(full, c.block_size, 0))
+
+    def _store_blocks(self, blocks_k: jax.Array, blocks_v: jax.Array, store: jax.Array) -> TieredKVCache:
+        """Quantize blocks [B, H, n, Bk, d] into block slots flushed//Bk + j where store [B, n] is set."""
+        B, H, n, Bk, d = blocks_k.shape
+        nb = self.num_blocks
+        kc, ks, kz = quant.quantize_keys(blocks_k, self.key_bits)
+        vc, vs, vz = quant.quantize_values(blocks_v, self.group_size, self.value_bits)
+        v_hat = quant.dequantize_values(vc, vs, vz, self.group_size, self.value_bits)
+        err = jnp.max(quant.token_error_norms(blocks_v, v_hat), axis=-1)  # [B, H, n]
+        ids = self.flushed[:, None] // Bk + jnp.arange(n)[None, :]  # [B, n]
+        ids = jnp.where(store & (ids < nb), ids, nb)  # nb = out of range: dropped by the scatter
+        b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, n))
+
+        def put(buf, val):  # val [B, H, n, ...] -> buf[b, :, ids[b, j]] = val[b, :, j]
+            return buf.at[b_idx, :, ids].set(jnp.moveaxis(val, 2, 1), mode="drop")
+
+        c = self.replace(k_codes=put(self.k_codes, kc), k_scale=put(self.k_scale, ks), k_zero=put(self.k_zero, kz),
+                         v_codes=put(self.v_codes, vc), v_scale=put(self.v_scale, vs), v_zero=put(self.v_zero, vz),
+                         v_err=put(self.v_err, err))
+        host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb)
+        return c.replace(host_k=host_k, host_v=host_v)
+
+    def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array) -> TieredKVCache:
+        """Update the running value range and the non-finite flag with the valid new tokens."""
+        T = k.shape[1]
+        mask = (jnp.arange(T)[None, :] < valid[:, None])[:, :, None, None]  # [B, T, 1, 1]
+        v32 = v.astype(jnp.float32)
+        v_min = jnp.minimum(self.v_min, jnp.min(jnp.where(mask, v32, jnp.inf), axis=1))
+        v_max = jnp.maximum(self.v_max, jnp.max(jnp.where(mask, v32, -jnp.inf), axis=1))
+        finite = jnp.isfinite(k.astype(jnp.float32)) & jnp.isfinite(v32)
+        bad = jnp.any(mask & ~finite, axis=(1, 3))  # [B, H]
+        return self.replace(v_min=v_min, v_max=v_max, nonfinite=self.nonfinite | bad)
+
+    # ------------------------------------------------------------------ checks
+    def _check_new(self, k: jax.Array, v: jax.Array) -> None:
+        _check_kv(k, v)
+        B, _, H, d = k.shape
+        if (B, H, d) != (self.batch, self.num_kv_heads, self.head_dim):
+            raise ValueError(f"new keys/values have (batch, kv heads, head_dim) = {(B, H, d)} but the cache holds "
+                             f"{(self.batch, self.num_kv_heads, self.head_dim)}")
+
+    def _check_room(self, valid: jax.Array) -> None:
+        if is_concrete(self.lengths) and is_concrete(valid):
+            worst = int(jnp.max(self.lengths + valid))
+            if worst > self.capacity:
+                raise ValueError(f"KV cache overflow: appending would reach {worst} tokens but the capacity is "
+                                 f"{self.capacity}")
+
+    # ------------------------------------------------------------------ exact view (tier 2 + residual)
+    def exact_kv(self) -> tuple[jax.Array, jax.Array]:
+        """All originals on the device, [B, H, capacity + Bk, d] each (tier 2 then the residual block
+        overlaid at `flushed`; the extra Bk slots keep the overlay in range when the cache is full)."""
+        B, H, nb, Bk, d = self.host_k.shape
+        pad = jnp.zeros((B, H, Bk, d), self.dtype)
+        k = jnp.concatenate([tiers.read_all(self.host_k).reshape(B, H, nb * Bk, d), pad], axis=2)
+        v = jnp.concatenate([tiers.read_all(self.host_v).reshape(B, H, nb * Bk, d), pad], axis=2)
+        put = jax.vmap(lambda buf, blk, at: jax.lax.dynamic_update_slice(buf, blk, (0, at, 0)))
+        return put(k, self.res_k, self.flushed), put(v, self.res_v, self.flushed)
+
+
+def _check_kv(k: jax.Array, v: jax.Array) -> None:
+    if k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"keys and values must both be [B, T, Hkv, d]; got {k.shape} and {v.shape}")
+    for name, x in (("keys", k), ("values", v)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be floating point, got {x.dtype}")
+    if k.dtype != v.dtype:
+        raise TypeError(f"keys ({k.dtype}) and values ({v.dtype}) must share a dtype")
+
+
+def _write_host_blocks(host_k, host_v, blocks_k, blocks_v, ids, nb):
+    """Tier-2 writes, one block (all heads) at a time, only for the stored ones (host arrays take no scatter)."""
+    B, n = ids.shape
+
+    def body(e, hosts):
+        b, j = e // n, e % n
+        blk_id = ids[b, j]
+
+        def write(h):
+            hk, hv = h
+            return (tiers.write_block(hk, blocks_k[b, :, j], b, blk_id),
+                    tiers.write_block(hv, blocks_v[b, :, j], b, blk_id))
+
+        return jax.lax.cond(blk_id < nb, write, lambda h: h, hosts)
+
+    return jax.lax.fori_loop(0, B * n, body, (host_k, host_v))

@@ -1,0 +1,67 @@
+"""Certificate: what certified attention proves about each query head's output, as a pytree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+RUNG_NAMES = ("certified", "widened K*", "exact values", "exact head", "exact layer")
+
+
+@struct.dataclass
+class Certificate:
+    """Per query head, leaves [B, Hq] (stacked [L, B, Hq] or [steps, L, B, Hq] by the model / decode loop).
+
+    error_bound: proven bound on ||o_returned - o_exact||_2 against exact attention over the tier-2 originals
+                 (= e_key + e_val + e_num; +inf when nothing can be proven, e.g. NaN/Inf in the cache).
+    e_key, e_val, e_num: the key (softmax perturbation), value (quantization) and floating-point terms.
+    tolerance:   eps * value_scale + abs_tol for this head (see CertPolicy).
+    k_star:      number of blocks attended with exact keys (and values).
+    rung:        0 = certified as is, 1 = widened K*, 2 = exact values promoted, 3 = exact dense for the head,
+                 4 = exact dense for the whole layer.
+    ranking_ok:  the INT8 block ranking agreed with the exact one on promoted blocks (and no tail block could
+                 outrank them) at the rung used (True for the exact rungs 3 and 4).
+    certified:   error_bound <= tolerance.
+    """
+
+    error_bound: jax.Array
+    e_key: jax.Array
+    e_val: jax.Array
+    e_num: jax.Array
+    tolerance: jax.Array
+    k_star: jax.Array
+    rung: jax.Array
+    ranking_ok: jax.Array
+    certified: jax.Array
+
+
+def summarize(cert: Certificate) -> dict[str, Any]:
+    """Plain-Python summary of any stack of certificates (all leading axes pooled)."""
+    rung = np.asarray(cert.rung).reshape(-1)
+    if rung.size == 0:
+        return {"heads": 0}
+    k_star = np.asarray(cert.k_star).reshape(-1)
+    bound = np.asarray(cert.error_bound, np.float64).reshape(-1)
+    return {
+        "heads": int(rung.size),
+        "rung_histogram": {str(r): int(np.sum(rung == r)) for r in range(5)},
+        "mean_k_star": float(k_star.mean()),
+        "max_k_star": int(k_star.max()),
+        "max_error_bound": float(bound.max()),
+        "mean_error_bound": float(bound[np.isfinite(bound)].mean()) if np.isfinite(bound).any() else float("inf"),
+        "fraction_certified_without_escalation": float(np.mean(rung == 0)),
+        "fraction_certified": float(np.mean(np.asarray(cert.certified).reshape(-1))),
+        "fraction_ranking_ok": float(np.mean(np.asarray(cert.ranking_ok).reshape(-1))),
+    }
+
+
+def empty_like_heads(batch: int, heads: int) -> Certificate:
+    z = jnp.zeros((batch, heads), jnp.float32)
+    i = jnp.zeros((batch, heads), jnp.int32)
+    b = jnp.zeros((batch, heads), bool)
+    return Certificate(error_bound=z, e_key=z, e_val=z, e_num=z, tolerance=z, k_star=i, rung=i, ranking_ok=b,
+                       certified=b)

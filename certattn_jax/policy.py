@@ -1,0 +1,67 @@
+"""CertPolicy: the cache layout and the certification tolerances, one frozen (hashable) dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CertPolicy:
+    """Layout (fixed when a cache is built) and tolerances (may change per call).
+
+    Layout
+      block_size:  tokens per key block B (per-channel key scales are per block; a block is also the unit of
+                   promotion and of tier-2 transfers).
+      group_size:  value channels per quantization group (per-token scales).
+      key_bits:    8 (default) or 4.   value_bits: 4 (default) or 2.
+      k_max:       promotion buffer: at most k_max blocks per KV head get exact keys and values from the
+                   device-resident hot set (it holds exactly k_max blocks per KV head).
+    Tolerances
+      eps:         a head is certified when error_bound <= eps * value_scale + abs_tol, where value_scale is
+                   ||r||_2, r_c = max_i v_ic - min_i v_ic the per-channel range of that KV head's values
+                   (so eps is a relative error of the attention output, relative to how much the output
+                   can vary at all). See docs/bounds.md.
+      abs_tol:     absolute slack added to the tolerance (default 0).
+      tau_cov:     adaptive K*: the smallest number of top blocks whose estimated mass (plus the exact
+                   residual block's) reaches tau_cov for every query head of the KV head.
+      v_tol:       rung 2 promotes exact values for blocks whose share of the value-error term exceeds
+                   v_tol (at most v_max of them).
+      rank_margin: the ranking check tolerates inversions smaller than this many nats of block log-mass.
+      layer_fallback_fraction: rung 4 (exact dense attention for the whole layer) when at least this
+                   fraction of the layer's query heads would need rung 3.
+    """
+
+    block_size: int = 64
+    group_size: int = 32
+    key_bits: int = 8
+    value_bits: int = 4
+    k_max: int = 8
+    v_max: int = 8
+    eps: float = 0.05
+    abs_tol: float = 0.0
+    tau_cov: float = 0.995
+    v_tol: float = 0.1
+    rank_margin: float = 0.5
+    layer_fallback_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 2, got {self.block_size}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2, got {self.group_size}")
+        if self.key_bits not in (4, 8):
+            raise ValueError(f"key_bits must be 8 or 4, got {self.key_bits}")
+        if self.value_bits not in (2, 4):
+            raise ValueError(f"value_bits must be 4 or 2, got {self.value_bits}")
+        if self.k_max < 1 or self.v_max < 0:
+            raise ValueError(f"need k_max >= 1 and v_max >= 0, got {self.k_max}, {self.v_max}")
+        if not 0.0 < self.tau_cov <= 1.0:
+            raise ValueError(f"tau_cov must be in (0, 1], got {self.tau_cov}")
+        if self.eps < 0 or self.abs_tol < 0 or self.v_tol < 0 or self.rank_margin < 0:
+            raise ValueError("eps, abs_tol, v_tol and rank_margin must be >= 0")
+        if not 0.0 < self.layer_fallback_fraction <= 1.0:
+            raise ValueError(f"layer_fallback_fraction must be in (0, 1], got {self.layer_fallback_fraction}")
+
+    def layout(self) -> tuple[int, int, int, int, int]:
+        """The fields a cache is built with (must match between a cache and the policy used on it)."""
+        return (self.block_size, self.group_size, self.key_bits, self.value_bits, self.k_max)

@@ -1,0 +1,137 @@
+"""Asymmetric integer quantization with provable reconstruction error, and bit packing.
+
+A group of numbers x (the tokens of one block for one key channel; the channels of one group of one token
+for values) is stored as codes c in [0, L] (L = 2^bits - 1) with a scale s and zero z kept in a 16-bit
+float (`SCALE_DTYPE`):
+
+    x_hat = s * c + z                 (evaluated in float32 by `dequantize`)
+
+The stored z is rounded *down* from min(x) and s *up* from (max(x) - z) / L, so every x lies in
+[z, z + L*s]: nothing clips and, for c = round((x - z) / s),
+
+    |x - x_hat| <= s * (1/2 + QUANT_ROUNDING_SLACK)              (QUANT_ROUNDING_SLACK covers float32 rounding)
+
+This is the per-element bound the key-error term uses (`bounds.py`). Values additionally record their exact
+per-token error ||v - v_hat||_2 at write time (`token_error_norms`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+SCALE_DTYPE = jnp.bfloat16
+# float32 rounding in (x - z) / s and in s * c + z: a few ulps of L (<= 255) in units of s.
+QUANT_ROUNDING_SLACK = 4 * 256 * float(jnp.finfo(jnp.float32).eps)
+_TINY_SCALE = float(jnp.finfo(SCALE_DTYPE).tiny)
+
+
+def levels(bits: int) -> int:
+    if bits not in (2, 4, 8):
+        raise ValueError(f"unsupported bit width {bits}: choose 2, 4 or 8")
+    return (1 << bits) - 1
+
+
+def _round_down(x: jax.Array, dtype) -> jax.Array:
+    y = x.astype(dtype)
+    return jnp.where(y.astype(jnp.float32) > x, jnp.nextafter(y, jnp.asarray(-jnp.inf, dtype)), y)
+
+
+def _round_up(x: jax.Array, dtype) -> jax.Array:
+    y = x.astype(dtype)
+    return jnp.where(y.astype(jnp.float32) < x, jnp.nextafter(y, jnp.asarray(jnp.inf, dtype)), y)
+
+
+def quantize(x: jax.Array, axis: int, bits: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Quantize x along `axis` (the group axis). Returns (codes uint8 (x's shape), scale, zero) where
+    scale/zero have x's shape with `axis` removed, in SCALE_DTYPE. Non-finite inputs give non-finite
+    scales (callers flag them; see `cache.py`)."""
+    L = levels(bits)
+    x32 = x.astype(jnp.float32)
+    lo = jnp.min(x32, axis=axis)
+    hi = jnp.max(x32, axis=axis)
+    zero = _round_down(lo, SCALE_DTYPE)
+    # (1 + 2^-20): the float32 division may round below the exact quotient; stay on the safe side.
+    need = (hi - zero.astype(jnp.float32)) / L * (1.0 + 2.0 ** -20)
+    scale = _round_up(jnp.maximum(need, _TINY_SCALE), SCALE_DTYPE)
+    s = jnp.expand_dims(scale.astype(jnp.float32), axis)
+    z = jnp.expand_dims(zero.astype(jnp.float32), axis)
+    codes = jnp.clip(jnp.round((x32 - z) / s), 0, L)
+    codes = jnp.where(jnp.isfinite(codes), codes, 0).astype(jnp.uint8)
+    return codes, scale, zero
+
+
+def dequantize(codes: jax.Array, scale: jax.Array, zero: jax.Array, axis: int) -> jax.Array:
+    """float32 reconstruction s * c + z (scale/zero broadcast along `axis`)."""
+    s = jnp.expand_dims(scale.astype(jnp.float32), axis)
+    z = jnp.expand_dims(zero.astype(jnp.float32), axis)
+    return codes.astype(jnp.float32) * s + z
+
+
+def pack(codes: jax.Array, bits: int) -> jax.Array:
+    """Pack uint8 codes < 2^bits along the last axis: [..., n] -> [..., n * bits / 8]."""
+    if bits == 8:
+        return codes.astype(jnp.uint8)
+    per = 8 // bits
+    n = codes.shape[-1]
+    if n % per:
+        raise ValueError(f"last axis ({n}) must be a multiple of {per} to pack {bits}-bit codes")
+    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], n // per, per)
+    shifts = jnp.arange(per, dtype=jnp.uint8) * bits
+    return _or_reduce(c << shifts)
+
+
+def _or_reduce(x: jax.Array) -> jax.Array:
+    out = x[..., 0]
+    for i in range(1, x.shape[-1]):
+        out = out | x[..., i]
+    return out
+
+
+def unpack(packed: jax.Array, bits: int) -> jax.Array:
+    """Inverse of `pack`: [..., m] -> [..., m * 8 / bits] uint8 codes."""
+    if bits == 8:
+        return packed
+    per = 8 // bits
+    shifts = jnp.arange(per, dtype=jnp.uint8) * bits
+    mask = jnp.uint8((1 << bits) - 1)
+    c = (packed[..., None] >> shifts) & mask
+    return c.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def quantize_keys(k: jax.Array, bits: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Keys [..., Bk, d] (one block of tokens): per-channel scale/zero over the block's tokens.
+    Returns (packed codes [..., Bk, d*bits/8], scale [..., d], zero [..., d])."""
+    codes, scale, zero = quantize(k, axis=-2, bits=bits)
+    return pack(codes, bits), scale, zero
+
+
+def dequantize_keys(packed: jax.Array, scale: jax.Array, zero: jax.Array, bits: int) -> jax.Array:
+    """float32 keys [..., Bk, d] from `quantize_keys` output."""
+    return dequantize(unpack(packed, bits), scale, zero, axis=-2)
+
+
+def quantize_values(v: jax.Array, group: int, bits: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Values [..., d]: per-token scale/zero for each group of `group` channels.
+    Returns (packed codes [..., d*bits/8], scale [..., d/group], zero [..., d/group])."""
+    d = v.shape[-1]
+    if d % group:
+        raise ValueError(f"head_dim {d} must be a multiple of the value group size {group}")
+    g = v.reshape(*v.shape[:-1], d // group, group)
+    codes, scale, zero = quantize(g, axis=-1, bits=bits)
+    return pack(codes.reshape(v.shape), bits), scale, zero
+
+
+def dequantize_values(packed: jax.Array, scale: jax.Array, zero: jax.Array, group: int, bits: int) -> jax.Array:
+    """float32 values [..., d] from `quantize_values` output."""
+    codes = unpack(packed, bits)
+    d = codes.shape[-1]
+    g = codes.reshape(*codes.shape[:-1], d // group, group)
+    return dequantize(g, scale, zero, axis=-1).reshape(codes.shape)
+
+
+def token_error_norms(v: jax.Array, v_hat: jax.Array) -> jax.Array:
+    """||v_i - v_hat_i||_2 per token (float32), inflated to cover float32 rounding of the norm itself."""
+    diff = v.astype(jnp.float32) - v_hat
+    d = v.shape[-1]
+    return jnp.sqrt(jnp.sum(diff * diff, axis=-1)) * (1.0 + (d + 4) * float(jnp.finfo(jnp.float32).eps))

@@ -1,0 +1,122 @@
+"""Adaptive top-K* block selection, hot-set residency, and the ranking-consistency check.
+
+Shapes: B sequences, H KV heads, G query heads per KV head, nb key blocks, K = k_max promotion slots.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from certattn_jax import tiers
+
+
+def select_candidates(block_mass: jax.Array, block_valid: jax.Array, residual_mass: jax.Array,
+                      k_max: int, tau_cov: float) -> tuple[jax.Array, jax.Array]:
+    """Top-k_max blocks per KV head and the adaptive K*.
+
+    block_mass:    [B, H, G, nb] estimated (INT8) attention mass of each block for each query head
+    block_valid:   [B, nb] the block is full (holds data)
+    residual_mass: [B, H, G] mass of the exact residual block (always exact, counts as covered)
+    Returns (cand [B, H, K] block ids in decreasing max-over-G mass, -1 for none;
+             k_star [B, H] the smallest k such that every query head's covered mass >= tau_cov,
+             or the number of valid candidates when k_max blocks are not enough).
+    """
+    nb = block_mass.shape[-1]
+    K = min(k_max, nb)
+    score = jnp.where(block_valid[:, None, :], jnp.max(block_mass, axis=2), -1.0)  # [B, H, nb]
+    top_score, cand = jax.lax.top_k(score, K)
+    cand_ok = top_score >= 0
+    cand = jnp.where(cand_ok, cand, -1)
+    if K < k_max:  # fewer blocks than slots: pad
+        pad = k_max - K
+        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (pad,), -1, cand.dtype)], axis=-1)
+        cand_ok = jnp.concatenate([cand_ok, jnp.zeros(cand_ok.shape[:-1] + (pad,), bool)], axis=-1)
+    cand_mass = jnp.take_along_axis(block_mass, jnp.maximum(cand, 0)[:, :, None, :], axis=-1)
+    cand_mass = jnp.where(cand_ok[:, :, None, :], cand_mass, 0.0)  # [B, H, G, K]
+    covered = residual_mass[..., None] + jnp.concatenate(
+        [jnp.zeros_like(cand_mass[..., :1]), jnp.cumsum(cand_mass, axis=-1)], axis=-1)  # [B, H, G, K+1]
+    enough = jnp.min(covered, axis=2) >= tau_cov  # [B, H, K+1]
+    n_valid = jnp.sum(cand_ok, axis=-1)
+    k_star = jnp.where(jnp.any(enough, axis=-1), jnp.argmax(enough, axis=-1), n_valid)
+    return cand, jnp.minimum(k_star, n_valid).astype(jnp.int32)
+
+
+def plan_residency(hot_ids: jax.Array, wanted: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Decide which hot slots receive which wanted blocks (no data moved).
+
+    hot_ids [B, H, K] (block id per slot, -1 empty); wanted [B, H, K] distinct block ids (-1 none).
+    Slots holding a wanted block keep it; each missing wanted block takes a slot whose block is not wanted.
+    Returns (new_hot_ids [B, H, K], slot_of_wanted [B, H, K] (-1 for none), fetch_into [B, H, K]: for each
+    slot, the block id to fetch from tier 2 or -1).
+    """
+    K = hot_ids.shape[-1]
+    match = (hot_ids[..., :, None] == wanted[..., None, :]) & (wanted[..., None, :] >= 0)  # [B,H,slot,want]
+    resident = jnp.any(match, axis=-2)  # [B, H, want]
+    keep = jnp.any(match, axis=-1)  # [B, H, slot]
+    missing = (wanted >= 0) & ~resident
+    free = ~keep
+    free_rank = jnp.cumsum(free, axis=-1) - 1  # rank of each free slot
+    miss_rank = jnp.cumsum(missing, axis=-1) - 1  # rank of each missing wanted block
+    # slot s receives the missing block whose rank equals s's free rank
+    assign = free[..., :, None] & missing[..., None, :] & (free_rank[..., :, None] == miss_rank[..., None, :])
+    gets = jnp.any(assign, axis=-1)  # [B, H, slot]
+    incoming = jnp.max(jnp.where(assign, wanted[..., None, :], -1), axis=-1)
+    fetch_into = jnp.where(gets, incoming, -1)
+    new_hot = jnp.where(gets, incoming, hot_ids)
+    slot_match = (new_hot[..., :, None] == wanted[..., None, :]) & (wanted[..., None, :] >= 0)
+    slot_of_wanted = jnp.where(jnp.any(slot_match, axis=-2), jnp.argmax(slot_match, axis=-2), -1)
+    del K
+    return new_hot, slot_of_wanted.astype(jnp.int32), fetch_into
+
+
+def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: jax.Array,
+                 fetch_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Copy tier-2 blocks into device slots: dst[b, h, s] = host[b, h, fetch_ids[b, h, s]] where the id >= 0.
+
+    dst_k/dst_v [B, H, S, Bk, d] (device), host_k/host_v [B, H, nb, Bk, d] (tier 2), fetch_ids [B, H, S].
+    One lax.cond around the whole copy: the common case (nothing to fetch) costs one predicate.
+    """
+    B, H, S = fetch_ids.shape
+
+    def copy_all(dst):
+        def body(e, acc):
+            b, h, s = e // (H * S), (e // S) % H, e % S
+            blk = fetch_ids[b, h, s]
+
+            def copy(a):
+                ak, av = a
+                nk = tiers.read_block(host_k, b, h, blk).astype(ak.dtype)
+                nv = tiers.read_block(host_v, b, h, blk).astype(av.dtype)
+                return (jax.lax.dynamic_update_slice(ak, nk[None, None, None], (b, h, s, 0, 0)),
+                        jax.lax.dynamic_update_slice(av, nv[None, None, None], (b, h, s, 0, 0)))
+
+            return jax.lax.cond(blk >= 0, copy, lambda a: a, acc)
+
+        return jax.lax.fori_loop(0, B * H * S, body, dst)
+
+    return jax.lax.cond(jnp.any(fetch_ids >= 0), copy_all, lambda d: d, (dst_k, dst_v))
+
+
+def ranking_consistent(approx_lm: jax.Array, exact_lm: jax.Array, active: jax.Array, tail_upper: jax.Array,
+                       margin: float) -> jax.Array:
+    """The ranking-consistency check, per KV head (promotion is per KV head, so is the check).
+
+    All log-masses are normalized per query head (log of the block's share of that head's attention) and a
+    block's KV-head score is the max over the G query heads -- the same criterion the selection ranks by.
+    approx_lm, exact_lm: [B, H, G, K] normalized log-mass of each slot's block from INT8 and from exact scores
+    active:              [B, H, K] the slot is promoted at this rung
+    tail_upper:          [B, H, G, nb] upper bound of each non-promoted block's exact normalized log-mass
+                         (INT8 log-mass + Delta), -inf for promoted or empty blocks
+    Fails (False) when (a) two promoted blocks are ranked one way by INT8 but the other way by the exact
+    scores by more than `margin` nats, or (b) some tail block could outrank the weakest promoted block by
+    more than `margin` nats. With nothing promoted it holds trivially. Returns [B, H] bool.
+    """
+    a = jnp.max(approx_lm, axis=2)
+    e = jnp.max(exact_lm, axis=2)
+    tail = jnp.max(tail_upper, axis=(2, 3))
+    pair = active[..., :, None] & active[..., None, :]
+    inverted = pair & (a[..., :, None] > a[..., None, :]) & (e[..., None, :] > e[..., :, None] + margin)
+    weakest = jnp.min(jnp.where(active, e, jnp.inf), axis=-1)  # [B, H]
+    tail_bad = jnp.any(active, axis=-1) & (tail > weakest + margin)
+    return ~jnp.any(inverted, axis=(-2, -1)) & ~tail_bad

@@ -1,0 +1,124 @@
+"""Converted checkpoints: (params, config, tokenizer) in one directory, params stored with orbax.
+
+Layout of a checkpoint directory:
+
+    certattn_checkpoint.json   marker: {"format": "certattn-checkpoint", "version": 1, "dtype": ..., "source": ...}
+    config.json                Hugging Face LLaMA config (`LlamaConfig.to_hf_dict`)
+    params/                    orbax PyTree checkpoint of the parameter tree (see `models.params`)
+    tokenizer.json, tokenizer_config.json   (when the model has a tokenizer)
+
+Params are restored as host numpy arrays (`restore_type=np.ndarray`), so a checkpoint written on a
+GPU machine restores on CPU and vice versa without sharding metadata getting in the way; the caller
+then places them on the default device (`cast_params`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from models.config import LlamaConfig
+from models.params import Params, params_to_numpy, validate_params
+from models.tokenizer import TOKENIZER_FILE, Tokenizer
+
+MARKER_FILE = "certattn_checkpoint.json"
+FORMAT_NAME = "certattn-checkpoint"
+FORMAT_VERSION = 1
+PARAMS_DIR = "params"
+
+
+def is_checkpoint_dir(path: str | Path) -> bool:
+    """Whether `path` is a directory holding our marker file."""
+    return (Path(path) / MARKER_FILE).is_file()
+
+
+def save_checkpoint(path: str | Path, params: Params, config: LlamaConfig, tokenizer: Tokenizer | None = None,
+                    *, source: str | None = None, overwrite: bool = False) -> Path:
+    """Write a checkpoint directory at `path` (atomically: built beside it, then renamed).
+
+    Params are stored in their own dtype (numpy/jax arrays, any floating dtype).
+    Raises FileExistsError if `path` exists and not `overwrite`.
+    """
+    path = Path(path).expanduser().resolve()
+    validate_params(params, config)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"checkpoint directory already exists: {path} (pass overwrite=True to replace it)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    host = params_to_numpy(params)
+    dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(host)})
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
+    try:
+        ocp.PyTreeCheckpointer().save(tmp / PARAMS_DIR, host)
+        (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        marker = {"format": FORMAT_NAME, "version": FORMAT_VERSION,
+                  "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "source": source}
+        (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_marker(path: str | Path) -> dict[str, Any]:
+    """The marker of checkpoint dir `path`, checking format name and version."""
+    path = Path(path)
+    marker_path = path / MARKER_FILE
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    if not marker_path.is_file():
+        raise ValueError(f"{path} is not a certattn checkpoint: {MARKER_FILE} is missing")
+    try:
+        marker = json.loads(marker_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"corrupt checkpoint marker {marker_path}: {e}") from None
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT_NAME:
+        raise ValueError(f"{marker_path} is not a {FORMAT_NAME} marker")
+    if marker.get("version") != FORMAT_VERSION:
+        raise ValueError(f"checkpoint {path} has format version {marker.get('version')!r}; "
+                         f"this code reads version {FORMAT_VERSION}")
+    return marker
+
+
+def _restore_params(params_dir: Path, config: LlamaConfig) -> Params:
+    shapes = config.param_shapes()
+    item = jax.tree.map(lambda s: jax.ShapeDtypeStruct(tuple(s), np.float32), shapes,
+                        is_leaf=lambda x: isinstance(x, tuple))
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    if not params_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint params not found: {params_dir}")
+    try:
+        return ocp.PyTreeCheckpointer().restore(params_dir, item=item, restore_args=restore_args)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # orbax/tensorstore raise ValueError, KeyError, RuntimeError, ...
+        raise ValueError(f"cannot restore params from {params_dir} (corrupt, or does not match config.json): "
+                         f"{type(e).__name__}: {e}") from None
+
+
+def load_checkpoint(path: str | Path, dtype: Any = None) -> tuple[LlamaConfig, Params, Tokenizer | None]:
+    """(config, params, tokenizer) from a checkpoint dir; params as numpy, cast to `dtype` if given.
+
+    Checks the marker, `config.json` and every parameter shape (`validate_params`).
+    """
+    path = Path(path).expanduser().resolve()
+    read_marker(path)
+    config = LlamaConfig.from_json_file(path / "config.json")
+    params = _restore_params(path / PARAMS_DIR, config)
+    validate_params(params, config)
+    if dtype is not None:
+        params = jax.tree.map(lambda x: np.asarray(x).astype(dtype, copy=False), params)
+    tokenizer = Tokenizer.load(path) if (path / TOKENIZER_FILE).is_file() else None
+    return config, params, tokenizer
