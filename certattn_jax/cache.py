@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from certattn_jax import quant, tiers
-from certattn_jax.kv_cache import is_concrete, write_positions
+from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 
 
@@ -78,7 +78,7 @@ class TieredKVCache:
         B, H, d = batch, num_kv_heads, head_dim
         dk, dv = d * policy.key_bits // 8, d * policy.value_bits // 8
         sdt = quant.SCALE_DTYPE
-        return cls(
+        return commit_arrays(cls(
             k_codes=jnp.zeros((B, H, nb, Bk, dk), jnp.uint8),
             k_scale=jnp.zeros((B, H, nb, d), sdt), k_zero=jnp.zeros((B, H, nb, d), sdt),
             v_codes=jnp.zeros((B, H, nb, Bk, dv), jnp.uint8),
@@ -92,7 +92,7 @@ class TieredKVCache:
             host_k=tiers.zeros_on_host((B, H, nb, Bk, d), dtype),
             host_v=tiers.zeros_on_host((B, H, nb, Bk, d), dtype),
             lengths=jnp.zeros((B,), jnp.int32), flushed=jnp.zeros((B,), jnp.int32),
-            block_size=Bk, group_size=g, key_bits=policy.key_bits, value_bits=policy.value_bits)
+            block_size=Bk, group_size=g, key_bits=policy.key_bits, value_bits=policy.value_bits))
 
     @classmethod
     def from_dense(cls, k: jax.Array, v: jax.Array, policy: CertPolicy | None = None,

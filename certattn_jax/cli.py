@@ -1,13 +1,16 @@
-"""Command line: `python -m certattn_jax generate|convert|demo ...` (see `--help`)."""
+"""Command line: `python -m certattn_jax generate|demo|convert ...` (see `--help`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-DEFAULT_DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
+CACHE_MODES = ("dense", "naive", "certified")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -17,11 +20,17 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt")
     _add_generation_args(g)
     g.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
+    g.add_argument("--cache", default="dense", choices=CACHE_MODES)
+    g.add_argument("--certificates", default=None, metavar="FILE.jsonl",
+                   help="with --cache certified: write every step's per-layer certificates here")
     g.add_argument("--json", action="store_true", help="print one JSON object last")
 
-    d = sub.add_parser("demo", help="the main job: generation with the default model")
-    _add_generation_args(d, default_new=96)
-    d.add_argument("--prompt", default=DEFAULT_DEMO_PROMPT)
+    d = sub.add_parser("demo", help="the main job: generation with the default model, then dense vs naive vs "
+                                    "certified caches on one long prompt")
+    _add_generation_args(d, default_new=64)
+    d.add_argument("--prompt", default=None, help="the chat prompt of part 1")
+    d.add_argument("--long-tokens", type=int, default=1500, help="approximate length of part 2's prompt")
+    d.add_argument("--skip-comparison", action="store_true", help="only part 1")
 
     c = sub.add_parser("convert", help="convert an HF directory or GGUF file to an orbax checkpoint")
     c.add_argument("source")
@@ -33,64 +42,149 @@ def _parser() -> argparse.ArgumentParser:
 def _add_generation_args(g: argparse.ArgumentParser, default_new: int = 64) -> None:
     g.add_argument("--model", default="smollm2", help="'smollm2', an HF dir, a .gguf file or a checkpoint dir")
     g.add_argument("--max-new-tokens", type=int, default=default_new)
-    g.add_argument("--cache", default="dense", choices=["dense"])
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="auto: bfloat16 on accelerators, float32 on CPU")
     g.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     g.add_argument("--prefill-chunk", type=int, default=256)
+    g.add_argument("--eps", type=float, default=None, help="certified cache: relative tolerance (CertPolicy.eps)")
+    g.add_argument("--key-bits", type=int, default=None, choices=[4, 8])
+    g.add_argument("--value-bits", type=int, default=None, choices=[2, 4])
 
 
 def _dtype(name: str):
+    import jax
     import jax.numpy as jnp
 
+    if name == "auto":
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     return {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}[name]
 
 
-def _prompt_ids(pretrained, text: str, raw: bool) -> list[int]:
+def enable_compilation_cache() -> None:
+    """Persist compiled programs under the cache dir, so a second run skips most compilation."""
+    import jax
+
+    from models.pretrained import cache_dir
+
+    path = Path(os.environ.get("CERTATTN_JAX_CACHE", cache_dir() / "jax-compilation"))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    except Exception as e:  # pragma: no cover - an unwritable cache dir only costs speed
+        print(f"[certattn] compilation cache disabled: {e}", file=sys.stderr)
+
+
+def policy_from_args(args: argparse.Namespace):
+    import dataclasses
+
+    from certattn_jax.policy import CertPolicy
+
+    overrides = {k: v for k, v in (("eps", args.eps), ("key_bits", args.key_bits),
+                                   ("value_bits", args.value_bits)) if v is not None}
+    return dataclasses.replace(CertPolicy(), **overrides)
+
+
+def cache_factory(mode: str, pretrained, policy):
+    """None (the model's dense cache) or a tiered cache factory for generate()."""
+    if mode == "dense":
+        return None
+    from certattn_jax.model_cache import tiered_cache_factory
+
+    dtype = pretrained.params["embed"].dtype
+    return tiered_cache_factory(pretrained.config, dtype, policy, mode)
+
+
+def prompt_ids(pretrained, text: str, raw: bool) -> list[int]:
     tok = pretrained.tokenizer
     if tok is None:
-        raise SystemExit("error: this model has no tokenizer; cannot encode a text prompt")
+        raise ValueError("this model has no tokenizer; cannot encode a text prompt")
     if not raw and tok.chat_template:
         text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     return tok.encode(text)
 
 
-def _run_generation(args: argparse.Namespace, emit_json: bool) -> dict:
-    from models import load_pretrained
+def stop_ids(pretrained) -> tuple[int, ...]:
+    ids = set(pretrained.config.eos_token_ids)
+    if pretrained.tokenizer is not None:
+        ids |= set(pretrained.tokenizer.eos_token_ids)
+    return tuple(sorted(ids))
+
+
+def run_generation(pretrained, ids: list[int], args: argparse.Namespace, mode: str, policy=None,
+                   record: bool = False):
     from models.generate import generate
+
+    return generate(pretrained.params, pretrained.config, [ids], args.max_new_tokens,
+                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                    eos_token_ids=stop_ids(pretrained), prefill_chunk=args.prefill_chunk,
+                    cache_factory=cache_factory(mode, pretrained, policy), record_steps=record)
+
+
+def write_certificates(path: str, records) -> int:
+    """One JSON line per (decode step, layer) with per-query-head lists (batch element 0)."""
+    import numpy as np
+
+    fields = {name: np.asarray(getattr(records, name)) for name in records.__dataclass_fields__}
+    steps, layers = fields["rung"].shape[:2]
+    with open(path, "w") as f:
+        for s in range(steps):
+            for layer in range(layers):
+                row: dict[str, Any] = {"step": s + 1, "layer": layer}
+                for name, arr in fields.items():
+                    row[name] = arr[s, layer, 0].tolist()
+                f.write(json.dumps(row) + "\n")
+    return steps * layers
+
+
+def _cmd_generate(args: argparse.Namespace) -> None:
+    from certattn_jax.certificate import summarize
+    from models import load_pretrained
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt:
-        raise SystemExit("error: empty prompt")
+        raise ValueError("empty prompt")
+    if args.certificates and args.cache != "certified":
+        raise ValueError("--certificates needs --cache certified")
+    enable_compilation_cache()
     pretrained = load_pretrained(args.model, dtype=_dtype(args.dtype))
-    ids = _prompt_ids(pretrained, prompt, args.raw)
-    eos = pretrained.tokenizer.eos_token_ids if pretrained.tokenizer else None
-    out = generate(pretrained.params, pretrained.config, [ids], args.max_new_tokens,
-                   temperature=args.temperature, top_p=args.top_p, seed=args.seed, eos_token_ids=eos,
-                   prefill_chunk=args.prefill_chunk)
+    ids = prompt_ids(pretrained, prompt, args.raw)
+    certified = args.cache == "certified"
+    out = run_generation(pretrained, ids, args, args.cache, policy_from_args(args), record=certified)
     new_ids = out.tokens[0]
-    text = pretrained.tokenizer.decode(new_ids) if pretrained.tokenizer else ""
-    result = {"token_ids": new_ids, "text": text, "tokens_per_s": out.tokens_per_s,
-              "prompt_tokens": len(ids), "prefill_seconds": out.prefill_seconds,
-              "decode_seconds": out.decode_seconds, "cache": args.cache}
-    if not emit_json:
+    text = pretrained.tokenizer.decode(new_ids, skip_special_tokens=True) if pretrained.tokenizer else ""
+    result: dict[str, Any] = {"token_ids": new_ids, "text": text, "tokens_per_s": out.tokens_per_s,
+                              "prompt_tokens": len(ids), "prefill_seconds": out.prefill_seconds,
+                              "decode_seconds": out.decode_seconds, "compile_seconds": out.compile_seconds,
+                              "cache": args.cache}
+    if certified:
+        result["certificate_summary"] = summarize(out.step_records)
+        if args.certificates:
+            n = write_certificates(args.certificates, out.step_records)
+            print(f"[certattn] wrote {n} certificate rows to {args.certificates}", file=sys.stderr)
+    if not args.json:
         print(text)
-    print(f"[{len(new_ids)} tokens, {out.tokens_per_s:.1f} tokens/s decode (incl. compile on first call), "
-          f"prompt {len(ids)} tokens in {out.prefill_seconds:.2f} s]", file=sys.stderr)
-    if emit_json:
+        if certified:
+            print(json.dumps(result["certificate_summary"]), file=sys.stderr)
+    print(f"[{len(new_ids)} tokens, {out.tokens_per_s:.1f} tokens/s decode, compile {out.compile_seconds:.1f} s, "
+          f"prompt {len(ids)} tokens in {out.prefill_seconds:.2f} s, cache {args.cache}]", file=sys.stderr)
+    if args.json:
         print(json.dumps(result))
-    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "generate":
-            _run_generation(args, emit_json=args.json)
+            _cmd_generate(args)
         elif args.command == "demo":
-            _run_generation(args, emit_json=False)
+            from certattn_jax.demo import run_demo
+
+            enable_compilation_cache()
+            run_demo(args)
         elif args.command == "convert":
             from models import convert
 

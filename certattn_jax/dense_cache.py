@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from certattn_jax.kv_cache import check_capacity, masked_attention, write_positions
+from certattn_jax.kv_cache import check_capacity, commit_arrays, masked_attention, write_positions
 
 
 @struct.dataclass
@@ -31,8 +31,8 @@ class DenseKVCache:
             raise ValueError("DenseKVCache.init: all sizes must be positive")
         shape = (batch, num_kv_heads, capacity, head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
-        return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   lengths=jnp.zeros((batch,), jnp.int32), attn_impl=attn_impl)
+        return commit_arrays(cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                                 lengths=jnp.zeros((batch,), jnp.int32), attn_impl=attn_impl))
 
     @property
     def capacity(self) -> int:

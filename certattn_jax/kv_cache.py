@@ -51,6 +51,22 @@ def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision="highest")
 
 
+def commit_arrays(tree: Any) -> Any:
+    """Commit freshly created (uncommitted) arrays to the default device.
+
+    jit keys its compiled programs on whether arguments are committed; a cache built by `jnp.zeros`
+    (uncommitted) and the same cache returned by a jitted step (committed) would otherwise compile twice.
+    """
+    device = jax.devices()[0]
+
+    def commit(x):
+        if isinstance(x, jax.Array) and is_concrete(x) and not getattr(x, "committed", True):
+            return jax.device_put(x, device)
+        return x
+
+    return jax.tree.map(commit, tree)
+
+
 def is_concrete(x: Any) -> bool:
     """True when x holds values we can inspect in Python (not inside a jit trace)."""
     return not isinstance(x, jax.core.Tracer)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from certattn_jax.kv_cache import KVCache
+from certattn_jax.kv_cache import KVCache, commit_arrays
 from models.config import LlamaConfig
 from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden
 from models.sampling import select_next
@@ -119,10 +119,6 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
 _COMPILED: dict[Any, Any] = {}
 
 
-def _abstract(x: Any) -> Any:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-
-
 def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: tuple) -> Callable:
     """The compiled decode loop for these argument shapes (compiled once per shape signature).
 
@@ -135,7 +131,7 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
     if sig not in _COMPILED:
         fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record),
                      donate_argnums=(1,))
-        _COMPILED[sig] = fn.lower(*jax.tree.map(_abstract, args)).compile()
+        _COMPILED[sig] = fn.lower(*args).compile()
     return _COMPILED[sig]
 
 
@@ -184,7 +180,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     elif capacity < need:
         raise ValueError(f"cache capacity {capacity} is smaller than prompt + max_new_tokens = {need}")
     make_cache = cache_factory or (lambda b, c: init_cache_for(params, config, b, c))
-    cache = make_cache(B, capacity)
+    cache = commit_arrays(make_cache(B, capacity))
     if cache.capacity < need:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than prompt + max_new_tokens = {need}")
     eos = tuple(eos_token_ids) if eos_token_ids is not None else config.eos_token_ids
@@ -196,7 +192,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     padded = np.zeros((B, n_chunks * C), np.int32)
     for i, p in enumerate(prompts):
         padded[i, : len(p)] = p
-    last_logits = jnp.zeros((B, config.vocab_size), jnp.float32)
+    last_logits = commit_arrays(jnp.zeros((B, config.vocab_size), jnp.float32))
     t0 = time.perf_counter()
     bar = _progress(n_chunks, C, enabled=progress and n_chunks > 2)
     for c in range(n_chunks):
