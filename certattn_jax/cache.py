@@ -133,10 +133,12 @@ class TieredKVCache:
         return self.hot_ids.shape[-1]
 
     def check_policy(self, policy: CertPolicy) -> None:
-        mine = (self.block_size, self.group_size, self.key_bits, self.value_bits, self.k_max)
+        mine = (self.block_size, self.group_size, self.key_bits, self.value_bits)
         if policy.layout() != mine:
-            raise ValueError(f"policy layout (block, group, key bits, value bits, k_max) = {policy.layout()} "
+            raise ValueError(f"policy layout (block, group, key bits, value bits) = {policy.layout()} "
                              f"does not match this cache's {mine}")
+        if policy.k_max > self.k_max:
+            raise ValueError(f"policy k_max {policy.k_max} exceeds this cache's {self.k_max} hot-set slots")
 
     # ------------------------------------------------------------------ writing
     def append(self, k: jax.Array, v: jax.Array, valid: jax.Array | None = None) -> TieredKVCache:

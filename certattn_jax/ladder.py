@@ -117,7 +117,10 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
 
     # Selection from the INT8 estimate, then make the candidates resident in the hot set.
     _, est = combine([ctx.apx, ctx.res])
-    cand, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], K, policy.tau_cov)
+    cand, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], policy.k_max,
+                                            policy.tau_cov)
+    if policy.k_max < K:  # the cache has more hot slots than this policy promotes
+        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - policy.k_max,), -1, cand.dtype)], -1)
     hot_ids, slot_of_cand, fetch_into = select.plan_residency(cache.hot_ids, cand)
     hot_k, hot_v = select.fetch_blocks(cache.hot_k, cache.hot_v, cache.host_k, cache.host_v, fetch_into)
     cache = cache.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=hot_ids)

@@ -31,7 +31,7 @@ class TieredModelCache:
     layers: tuple[TieredKVCache, ...]
     lengths: jax.Array
     last_certificate: Certificate  # leaves [L, B, Hq]
-    policy: CertPolicy = struct.field(pytree_node=False, default=CertPolicy())
+    policy: CertPolicy  # tolerances are leaves: changing them does not recompile the decode loop
     mode: str = struct.field(pytree_node=False, default="certified")
 
     @classmethod

@@ -1,11 +1,28 @@
-"""CertPolicy: the cache layout and the certification tolerances, one frozen (hashable) dataclass."""
+"""CertPolicy: the cache layout and the certification tolerances, one frozen dataclass.
+
+It is a pytree: the layout fields (which fix array shapes) are static, the tolerances are leaves. So a jitted
+function that takes a policy as an ordinary argument compiles once per layout and accepts any tolerances
+without recompiling; the policy is also hashable, so it can be a static argument too.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import jax
+import numpy as np
+from flax import struct
+
+from certattn_jax.kv_cache import is_concrete
+
+_static = {"pytree_node": False}
 
 
-@dataclasses.dataclass(frozen=True)
+def _is_number(x: object) -> bool:
+    if isinstance(x, (int, float, np.number)):
+        return True
+    return isinstance(x, (np.ndarray, jax.Array)) and is_concrete(x) and np.ndim(x) == 0
+
+
+@struct.dataclass
 class CertPolicy:
     """Layout (fixed when a cache is built) and tolerances (may change per call).
 
@@ -15,7 +32,8 @@ class CertPolicy:
       group_size:  value channels per quantization group (per-token scales).
       key_bits:    8 (default) or 4.   value_bits: 4 (default) or 2.
       k_max:       promotion buffer: at most k_max blocks per KV head get exact keys and values from the
-                   device-resident hot set (it holds exactly k_max blocks per KV head).
+                   device-resident hot set (a cache's hot set holds the k_max of the policy it was built
+                   with; a later call may use a smaller k_max, never a larger one).
     Tolerances
       eps:         a head is certified when error_bound <= eps * value_scale + abs_tol, where value_scale is
                    ||r||_2, r_c = max_i v_ic - min_i v_ic the per-channel range of that KV head's values
@@ -28,15 +46,15 @@ class CertPolicy:
                    v_tol (at most v_max of them).
       rank_margin: the ranking check tolerates inversions smaller than this many nats of block log-mass.
       layer_fallback_fraction: rung 4 (exact dense attention for the whole layer) when at least this
-                   fraction of the layer's query heads would need rung 3.
+                   fraction of the layer's query heads would need rung 3 (a value > 1 disables rung 4).
     """
 
-    block_size: int = 64
-    group_size: int = 32
-    key_bits: int = 8
-    value_bits: int = 4
-    k_max: int = 8
-    v_max: int = 8
+    block_size: int = struct.field(default=64, **_static)
+    group_size: int = struct.field(default=32, **_static)
+    key_bits: int = struct.field(default=8, **_static)
+    value_bits: int = struct.field(default=4, **_static)
+    k_max: int = struct.field(default=8, **_static)
+    v_max: int = struct.field(default=8, **_static)
     eps: float = 0.05
     abs_tol: float = 0.0
     tau_cov: float = 0.995
@@ -55,13 +73,18 @@ class CertPolicy:
             raise ValueError(f"value_bits must be 4 or 2, got {self.value_bits}")
         if self.k_max < 1 or self.v_max < 0:
             raise ValueError(f"need k_max >= 1 and v_max >= 0, got {self.k_max}, {self.v_max}")
+        tolerances = (self.eps, self.abs_tol, self.tau_cov, self.v_tol, self.rank_margin,
+                      self.layer_fallback_fraction)
+        if not all(_is_number(t) for t in tolerances):  # rebuilt by a jax transformation: validated before
+            return
         if not 0.0 < self.tau_cov <= 1.0:
             raise ValueError(f"tau_cov must be in (0, 1], got {self.tau_cov}")
         if self.eps < 0 or self.abs_tol < 0 or self.v_tol < 0 or self.rank_margin < 0:
             raise ValueError("eps, abs_tol, v_tol and rank_margin must be >= 0")
-        if not 0.0 < self.layer_fallback_fraction <= 1.0:
-            raise ValueError(f"layer_fallback_fraction must be in (0, 1], got {self.layer_fallback_fraction}")
+        if not self.layer_fallback_fraction > 0.0:
+            raise ValueError(f"layer_fallback_fraction must be > 0, got {self.layer_fallback_fraction}")
 
-    def layout(self) -> tuple[int, int, int, int, int]:
-        """The fields a cache is built with (must match between a cache and the policy used on it)."""
-        return (self.block_size, self.group_size, self.key_bits, self.value_bits, self.k_max)
+    def layout(self) -> tuple[int, int, int, int]:
+        """The storage fields a cache is built with (must match between a cache and the policy used on it;
+        the cache's hot set is sized by its policy's k_max, and a later policy may use fewer slots)."""
+        return (self.block_size, self.group_size, self.key_bits, self.value_bits)

@@ -127,7 +127,8 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
     """
     leaves, treedef = jax.tree.flatten(args)
     sig = (config, greedy, record, treedef, tuple(
-        (x.shape, str(x.dtype), getattr(getattr(x, "sharding", None), "memory_kind", None)) for x in leaves))
+        (np.shape(x), str(jnp.result_type(x)), getattr(getattr(x, "sharding", None), "memory_kind", None))
+        for x in leaves))
     if sig not in _COMPILED:
         fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record),
                      donate_argnums=(1,))

@@ -1,0 +1,247 @@
+"""The tiered cache and certified attention: storage, the ladder's rungs, integration, bad input.
+(Bound soundness under random and adversarial inputs: tests/test_soundness.py.)"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from certattn_jax import quant
+from certattn_jax.attention import certified_attention, dense_attention, naive_attention
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.memory import memory_report
+from certattn_jax.policy import CertPolicy
+
+POLICY = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=4)
+cert_attn = jax.jit(certified_attention)  # the policy's tolerances are traced: one compile per layout
+
+
+def _data(seed, B=2, T=150, H=2, G=2, d=32, q_scale=1.0, dtype=jnp.float32):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    k = jax.random.normal(keys[0], (B, T, H, d)).astype(dtype)
+    v = jax.random.normal(keys[1], (B, T, H, d)).astype(dtype)
+    q = (q_scale * jax.random.normal(keys[2], (B, H * G, d))).astype(dtype)
+    return q, k, v
+
+
+def _reference(q, k, v, lengths=None):
+    """float64 exact attention [B, Hq, d] over the first lengths[b] tokens."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, H, d = k.shape
+    G = q.shape[1] // H
+    out = np.zeros(q.shape)
+    for b in range(B):
+        n = T if lengths is None else int(lengths[b])
+        for h in range(q.shape[1]):
+            s = k[b, :n, h // G] @ q[b, h] / np.sqrt(d)
+            p = np.exp(s - s.max())
+            out[b, h] = (p / p.sum()) @ v[b, :n, h // G]
+    return out
+
+
+def _errors(out, ref):
+    return np.linalg.norm(np.asarray(out, np.float64) - ref, axis=-1)
+
+
+def test_quantizers_meet_their_error_bounds():
+    x = jax.random.normal(jax.random.key(0), (4, 64, 32)) * jnp.linspace(0.01, 40, 32)
+    for bits in (8, 4):
+        packed, s, z = quant.quantize_keys(x, bits)
+        assert packed.dtype == jnp.uint8 and packed.shape[-1] == 32 * bits // 8
+        err = jnp.abs(quant.dequantize_keys(packed, s, z, bits) - x)
+        assert bool(jnp.all(err <= s.astype(jnp.float32)[:, None] * (0.5 + quant.QUANT_ROUNDING_SLACK)))
+    v = jax.random.normal(jax.random.key(1), (4, 64, 64)) * 3 + 1
+    for bits in (4, 2):
+        packed, s, z = quant.quantize_values(v, 32, bits)
+        v_hat = quant.dequantize_values(packed, s, z, 32, bits)
+        assert packed.shape[-1] == 64 * bits // 8
+        # per-token error norms are what the value term uses
+        assert bool(jnp.all(quant.token_error_norms(v, v_hat) >= jnp.linalg.norm(v - v_hat, axis=-1)))
+    codes = jax.random.randint(jax.random.key(2), (3, 16), 0, 16).astype(jnp.uint8)
+    assert bool(jnp.all(quant.unpack(quant.pack(codes, 4), 4) == codes))
+
+
+@pytest.mark.parametrize("T", [5, 16, 47, 64])
+def test_tier2_keeps_the_originals_and_append_paths_agree(T):
+    _, k, v = _data(1, T=T)
+    whole = TieredKVCache.from_dense(k, v, POLICY, capacity=80)
+    step = TieredKVCache.init(batch=2, capacity=80, num_kv_heads=2, head_dim=32, dtype=jnp.float32, policy=POLICY)
+    append = jax.jit(lambda c, a, b: c.append(a, b))
+    for t in range(0, T, 7):
+        step = append(step, k[:, t:t + 7], v[:, t:t + 7])
+    for c in (whole, step):
+        assert np.asarray(c.lengths).tolist() == [T, T]
+        assert np.asarray(c.flushed).tolist() == [T // 16 * 16] * 2
+        from certattn_jax.attention import exact_keys_values
+
+        ek, ev = exact_keys_values(c)
+        np.testing.assert_array_equal(np.asarray(ek)[:, :, :T], np.asarray(k).transpose(0, 2, 1, 3))
+        np.testing.assert_array_equal(np.asarray(ev)[:, :, :T], np.asarray(v).transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(np.asarray(whole.k_codes), np.asarray(step.k_codes))
+    np.testing.assert_array_equal(np.asarray(whole.v_codes), np.asarray(step.v_codes))
+
+
+def test_certified_output_is_within_bound_and_better_than_naive():
+    q, k, v = _data(2, q_scale=2.0)
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    out, cert = cert_attn(q, cache, POLICY)
+    ref = _reference(q, k, v)
+    err = _errors(out, ref)
+    assert np.all(err <= np.asarray(cert.error_bound))
+    naive_err = _errors(naive_attention(q, cache), ref)
+    assert err.mean() < naive_err.mean()
+    assert np.all(np.asarray(cert.rung) == 0)
+    assert cert.error_bound.shape == (2, 4)
+
+
+def _escalation_policy(**kw):
+    return dataclasses.replace(POLICY, **kw)
+
+
+def test_rung_1_widens_k_star():
+    # tau_cov tiny -> K* = 0 at rung 0; a tight eps then needs the widened set.
+    q, k, v = _data(3, q_scale=3.0)
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    probe = _escalation_policy(tau_cov=1e-9, eps=10.0)
+    _, c0 = cert_attn(q, cache, probe)
+    assert np.all(np.asarray(c0.rung) == 0) and np.all(np.asarray(c0.k_star) == 0)
+    # a tolerance between the rung-0 bound and the widened bound
+    _, wide = cert_attn(q, cache, _escalation_policy(tau_cov=1.0, eps=10.0))
+    rel0 = np.asarray(c0.error_bound / c0.tolerance * 10.0)
+    rel1 = np.asarray(wide.error_bound / wide.tolerance * 10.0)
+    assert np.all(rel1 < rel0)
+    eps = float(np.max(rel1)) * 1.01
+    out, cert = cert_attn(q, cache, _escalation_policy(tau_cov=1e-9, eps=eps, v_max=0))
+    rung = np.asarray(cert.rung)
+    assert np.any(rung == 1)
+    assert np.all(np.asarray(cert.k_star)[rung == 1] > 0)
+    assert np.all(_errors(out, _reference(q, k, v)) <= np.asarray(cert.error_bound))
+
+
+def test_rung_2_promotes_values_of_an_outlier_block():
+    q, k, v = _data(4, q_scale=1e-3)  # near-uniform attention: E_key ~ 0, E_val dominated by the outlier
+    v = v.at[:, 20].multiply(1e3)  # one token's value x1000 -> its block's INT4 error dominates E_val
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    _, base = cert_attn(q, cache, _escalation_policy(eps=10.0))
+    eps = float(np.max(np.asarray(base.error_bound / base.tolerance * 10.0))) * 0.5
+    out, cert = cert_attn(q, cache, _escalation_policy(eps=eps, k_max=1, layer_fallback_fraction=1.0))
+    rung = np.asarray(cert.rung)
+    assert np.any(rung == 2), rung
+    assert np.all(_errors(out, _reference(q, k, v)) <= np.asarray(cert.error_bound))
+
+
+def test_rung_3_exact_head_and_rung_4_exact_layer():
+    q, k, v = _data(5)
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    ref = _reference(q, k, v)
+    impossible = _escalation_policy(eps=0.0, abs_tol=0.0, layer_fallback_fraction=2.0)
+    # eps = 0 can never be met (not even by exact attention: its float error is counted); rung 4 disabled
+    out3, c3 = cert_attn(q, cache, impossible)
+    assert np.all(np.asarray(c3.rung) == 3)
+    assert np.all(_errors(out3, ref) <= np.asarray(c3.error_bound))
+    assert np.all(np.asarray(c3.k_star) == 150 // 16)
+    out4, c4 = cert_attn(q, cache, _escalation_policy(eps=0.0, layer_fallback_fraction=0.5))
+    assert np.all(np.asarray(c4.rung) == 4)
+    np.testing.assert_array_equal(np.asarray(out4), np.asarray(dense_attention(q, cache)))
+    assert np.all(_errors(out4, ref) <= np.asarray(c4.error_bound))
+    assert np.all(np.asarray(c4.ranking_ok))
+
+
+def test_rung_4_equals_the_dense_cache_path_bit_for_bit():
+    from certattn_jax.dense_cache import DenseKVCache
+
+    q, k, v = _data(6, T=96, dtype=jnp.bfloat16)
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    out4, c4 = cert_attn(q, cache, _escalation_policy(eps=0.0, layer_fallback_fraction=0.1))
+    assert np.all(np.asarray(c4.rung) == 4)
+    dense = DenseKVCache.init(num_layers=1, batch=2, capacity=96, num_kv_heads=2, head_dim=32, dtype=jnp.bfloat16)
+    dense = dense.replace(k=(k.transpose(0, 2, 1, 3),), v=(v.transpose(0, 2, 1, 3),),
+                          lengths=jnp.array([95, 95], jnp.int32))
+    out_dense, _ = dense.attend(0, q[:, None], k[:, 95:96], v[:, 95:96], jnp.array([96, 96], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(out4), np.asarray(out_dense[:, 0]))
+
+
+def test_ranking_check_fails_when_int4_keys_misrank_a_needle():
+    B, T, H, d = 1, 256, 1, 32
+    rng = np.random.default_rng(7)
+    k = rng.normal(size=(B, T, H, d)).astype(np.float32)
+    k[0, 100, 0, 0] = 40.0  # an outlier channel that the 4-bit grid of its block cannot resolve finely
+    q = np.zeros((B, 1, d), np.float32)
+    q[0, 0, 0] = 1.0
+    q[0, 0, 1:] = rng.normal(size=d - 1) * 3
+    v = rng.normal(size=(B, T, H, d)).astype(np.float32)
+    pol = CertPolicy(block_size=16, group_size=16, key_bits=4, k_max=2, rank_margin=0.0, eps=10.0)
+    cache = TieredKVCache.from_dense(jnp.asarray(k), jnp.asarray(v), pol)
+    out, cert = cert_attn(jnp.asarray(q), cache, pol)
+    assert np.all(_errors(out, _reference(q, k, v)) <= np.asarray(cert.error_bound))
+    # with zero margin and 4-bit keys, some tail block's upper bound outranks a promoted one: escalation
+    assert int(cert.rung[0, 0]) >= 1 or not bool(cert.ranking_ok[0, 0])
+
+
+def test_hot_set_keeps_resident_blocks_and_fetches_only_missing():
+    from certattn_jax.attention import certified_attention_step
+
+    q, k, v = _data(8)
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    step = jax.jit(certified_attention_step)
+    _, _, c1 = step(q, cache, POLICY)
+    ids1 = np.asarray(c1.hot_ids)
+    assert np.all(ids1 >= 0)
+    # the hot blocks hold exactly the originals of their block ids
+    hk = np.asarray(c1.hot_k)
+    kt = np.asarray(k).transpose(0, 2, 1, 3)
+    for b in range(2):
+        for h in range(2):
+            for s, blk in enumerate(ids1[b, h]):
+                np.testing.assert_array_equal(hk[b, h, s], kt[b, h, blk * 16:(blk + 1) * 16])
+    _, _, c2 = step(q, c1, POLICY)  # same query: same candidates, nothing moves
+    np.testing.assert_array_equal(np.asarray(c2.hot_ids), ids1)
+
+
+def test_nonfinite_values_escalate_and_never_claim_a_bound():
+    q, k, v = _data(9)
+    v = v.at[0, 33, 1, 5].set(jnp.nan)
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    out, cert = cert_attn(q, cache, POLICY)
+    bad = np.asarray(cert.error_bound)[0, 2:]  # query heads 2, 3 read KV head 1 of row 0
+    assert np.all(np.isinf(bad))
+    assert not np.any(np.asarray(cert.certified)[0, 2:])
+    assert np.all(np.asarray(cert.rung)[0, 2:] >= 3)
+    good = _errors(out, _reference(q, k, v))
+    assert np.all(good[1] <= np.asarray(cert.error_bound)[1])
+    assert np.all(good[0, :2] <= np.asarray(cert.error_bound)[0, :2])
+
+
+def test_bad_input_errors():
+    q, k, v = _data(10)
+    cache = TieredKVCache.from_dense(k, v, POLICY, capacity=160)
+    with pytest.raises(ValueError, match="overflow"):
+        cache.append(k[:, :11], v[:, :11])
+    with pytest.raises(ValueError, match="does not fit"):
+        certified_attention(q[:, :3], cache, POLICY)
+    with pytest.raises(ValueError, match="does not fit"):
+        certified_attention(q[:1], cache, POLICY)
+    with pytest.raises(TypeError, match="floating"):
+        certified_attention(q.astype(jnp.int32), cache, POLICY)
+    with pytest.raises(ValueError, match="policy layout"):
+        certified_attention(q, cache, dataclasses.replace(POLICY, block_size=32))
+    with pytest.raises(ValueError, match="Hkv"):
+        TieredKVCache.from_dense(k, v[:, :, :1], POLICY)
+    with pytest.raises(TypeError, match="floating"):
+        TieredKVCache.from_dense(k.astype(jnp.int8), v.astype(jnp.int8), POLICY)
+    with pytest.raises(ValueError, match="batch, kv heads"):
+        cache.append(k[:1, :2], v[:1, :2])
+    empty = TieredKVCache.init(batch=2, capacity=64, num_kv_heads=2, head_dim=32, policy=POLICY)
+    with pytest.raises(ValueError, match="empty cache"):
+        certified_attention(q, empty, POLICY)
+    with pytest.raises(ValueError, match="key_bits"):
+        CertPolicy(key_bits=3)
+
+
+def test_memory_target_at_32k():
+    cache = TieredKVCache.init(batch=1, capacity=32768, num_kv_heads=8, head_dim=128, dtype=jnp.bfloat16)
+    report = memory_report(cache)
+    assert report["tier1_fraction"] <= 0.44
+    assert report["tier2_host_bytes"] == report["dense_bf16_bytes"]
