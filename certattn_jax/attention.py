@@ -58,18 +58,23 @@ def mask_partials(p: Partials, keep: jax.Array) -> Partials:
 
 
 def combine(parts: list[Partials]) -> tuple[jax.Array, jax.Array]:
-    """Merge item partials: returns (out [B, H, G, d] float32, masses [B, H, G, n_total])."""
+    """Merge item partials: returns (out [B, H, G, d] float32, log_masses [B, H, G, n_total]).
+
+    log_masses are the natural logs of each item's share of the softmax (-inf for empty items). They are
+    kept in log space because a share can underflow float32 (below e^-87) while its error term, e^Delta
+    times larger, does not (bounds.tv_bound).
+    """
     m = jnp.concatenate([p.m for p in parts], axis=-1)
     l = jnp.concatenate([p.l for p in parts], axis=-1)
     acc = jnp.concatenate([p.acc for p in parts], axis=-2)
     big = jnp.max(m, axis=-1, keepdims=True)
     big = jnp.where(jnp.isfinite(big), big, 0.0)
     w = jnp.where(jnp.isfinite(m), jnp.exp(m - big), 0.0)
-    lw = l * w
-    denom = jnp.sum(lw, axis=-1, keepdims=True)
+    denom = jnp.sum(l * w, axis=-1, keepdims=True)
     safe = jnp.where(denom > 0, denom, 1.0)
     out = jnp.einsum("bhgn,bhgnd->bhgd", w, acc, precision=_HI) / safe
-    return out, lw / safe
+    item_lm = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+    return out, item_lm - (big + jnp.log(safe))
 
 
 def log_mass(p: Partials) -> jax.Array:
@@ -195,16 +200,16 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     keep = (~is_exact)[:, :, None, :]
     apx = mask_partials(ctx.apx, keep)
     ex_parts = [mask_partials(ex.parts, ex.active[:, :, None, :]) for ex in exact]
-    out32, masses = combine([apx, *ex_parts, ctx.res])
-    n_items = masses.shape[-1]
+    out32, log_masses = combine([apx, *ex_parts, ctx.res])
+    n_items = log_masses.shape[-1]
     deltas = jnp.concatenate([ctx.apx_delta, *[ex.delta for ex in exact], ctx.res_delta], axis=-1)
 
     rel = bounds.sum_error(policy.block_size, n_items) + 2 * bounds.EPS_WEIGHT
     mass_rel = 2 * rel
-    tv = bounds.tv_bound(masses, deltas, mass_rel)
+    tv = bounds.tv_bound(log_masses, deltas, mass_rel)
     e_key = tv * ctx.value_range[..., None]
-    apx_mass = masses[..., :nb]
-    e_val = jnp.sum(apx_mass * ctx.eta[:, :, None, :], axis=-1) * (1 + mass_rel)
+    apx_lm = log_masses[..., :nb]
+    e_val = bounds.weighted_sum(apx_lm, ctx.eta[:, :, None, :], mass_rel)
     out, cast = bounds.cast_error(out32, out_dtype)
     e_num = bounds.numeric_error(ctx.value_abs, rel)[..., None] + cast
     bound = e_key + e_val + e_num
@@ -218,11 +223,11 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     tail_upper = jnp.where(keep & ctx.block_valid[:, None, None, :], ctx.apx_lm + ctx.apx_delta - norm, -jnp.inf)
     ranking_ok = select.ranking_consistent(jnp.concatenate(approx_lm, -1), jnp.concatenate(exact_lm, -1),
                                            jnp.concatenate(active, -1), tail_upper, policy.rank_margin)
-    ranking_ok = jnp.broadcast_to(ranking_ok[:, :, None], masses.shape[:3])
+    ranking_ok = jnp.broadcast_to(ranking_ok[:, :, None], log_masses.shape[:3])
     k_star = sum(jnp.sum(ex.active, axis=-1) for ex in exact)
     k_star = jnp.broadcast_to(k_star[:, :, None], out.shape[:3]).astype(jnp.int32)
     return StageResult(out=out, bound=bound, e_key=e_key, e_val=e_val, e_num=e_num, ranking_ok=ranking_ok,
-                       k_star=k_star, masses=jnp.where(keep, apx_mass, 0.0))
+                       k_star=k_star, masses=jnp.where(keep, jnp.exp(apx_lm), 0.0))
 
 
 def certified_attention_step(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,

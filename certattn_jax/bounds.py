@@ -66,21 +66,41 @@ def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
     return jnp.einsum("...gd,...nd->...gn", q_abs, k_abs_max, precision="highest") * gamma(d + 6) / math.sqrt(d)
 
 
-def tv_bound(masses: jax.Array, deltas: jax.Array, mass_rel_err: float) -> jax.Array:
-    """Total-variation bound [...] from per-item masses and deltas [..., n] (items with mass 0 ignored).
+_TINY = float(jnp.finfo(jnp.float32).tiny)
 
-    mass_rel_err: relative error of the computed masses (they are inflated by it, which only loosens X and Y).
+
+def tv_bound(log_masses: jax.Array, deltas: jax.Array, mass_rel_err: float) -> jax.Array:
+    """Total-variation bound [...] from per-item log-masses and deltas [..., n] (empty items: log-mass -inf).
+
+    Works in log space: an item whose computed mass underflows float32 still contributes
+    m_n (e^{Delta_n} - 1), which can be large when Delta_n is. mass_rel_err: relative error of the computed
+    masses (inflating them only loosens X and Y). Each term that underflows is < the smallest normal float,
+    so n_items of those are added back.
     """
-    m = masses * (1.0 + mass_rel_err)
-    live = m > 0
+    live = jnp.isfinite(log_masses)
+    lm = jnp.where(live, log_masses, 0.0) + jnp.log1p(mass_rel_err)
     dl = jnp.where(live, deltas, 0.0)
-    x = jnp.sum(jnp.where(live, m * jnp.expm1(dl), 0.0), axis=-1) * (1 + 8 * U)
-    y = jnp.sum(jnp.where(live, -m * jnp.expm1(-dl), 0.0), axis=-1) * (1 + 8 * U)
+    slack = log_masses.shape[-1] * _TINY
+    x_terms = jnp.exp(lm + jnp.log(jnp.where(dl > 0, jnp.expm1(dl), 1.0)))
+    x = jnp.sum(jnp.where(live & (dl > 0), x_terms, 0.0), axis=-1) * (1 + 8 * U) + slack
+    y_terms = jnp.exp(lm + jnp.log(jnp.where(dl > 0, -jnp.expm1(-dl), 1.0)))
+    y = jnp.sum(jnp.where(live & (dl > 0), y_terms, 0.0), axis=-1) * (1 + 8 * U) + slack
     weighted = jnp.where(y < 1.0, x / jnp.maximum(1.0 - y, 1e-30), jnp.inf)
     uniform = jnp.tanh(jnp.max(dl, axis=-1) / 2.0) * (1 + 4 * U)
     tv = jnp.minimum(jnp.minimum(weighted, uniform), 1.0)
     # A non-finite delta (NaN/Inf keys) proves nothing.
     return jnp.where(jnp.all(jnp.isfinite(deltas) | ~live, axis=-1), tv, jnp.inf)
+
+
+def weighted_sum(log_masses: jax.Array, errors: jax.Array, mass_rel_err: float) -> jax.Array:
+    """sum_n m_n * errors_n over the last axis with masses given as logs (no underflow of large products)."""
+    live = jnp.isfinite(log_masses) & (errors > 0)
+    lm = jnp.where(live, log_masses, 0.0) + jnp.log1p(mass_rel_err)
+    terms = jnp.exp(lm + jnp.log(jnp.where(live, errors, 1.0)))
+    n = log_masses.shape[-1]
+    total = jnp.sum(jnp.where(live, terms, 0.0), axis=-1) * (1 + (n + 2) * U) + n * _TINY
+    broken = jnp.any(jnp.isfinite(log_masses) & ~jnp.isfinite(errors), axis=-1)
+    return jnp.where(broken, jnp.inf, total)
 
 
 def l2(x: jax.Array) -> jax.Array:

@@ -1,7 +1,7 @@
 """The fallback ladder: which rung each query head is answered at, jit-compatible.
 
   rung 0  certified as is: the top-K* blocks (covering tau_cov of the estimated mass) exact, tail INT8;
-  rung 1  widen K* to every one of the k_max candidate blocks;
+  rung 1  widen K*: every one of the k_max hot candidates, plus the next k_max candidates fetched from tier 2;
   rung 2  also fetch exact keys+values from tier 2 for blocks whose share of E_val exceeds v_tol;
   rung 3  exact dense attention for the head (its whole tier 2 fetched);
   rung 4  exact dense attention for the whole layer (that sequence's every head), when at least
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from certattn_jax import bounds, select, tiers
 from certattn_jax.attention import (
     ExactItems,
+    Partials,
     StageResult,
     _overlay_residual,
     build_context,
@@ -39,6 +40,13 @@ def _skipped_like(st: StageResult) -> StageResult:
     """A stage that was not run: nobody may select it."""
     inf = jnp.full_like(st.bound, jnp.inf)
     return st._replace(bound=inf, e_key=inf, e_val=inf, e_num=inf, ranking_ok=jnp.zeros_like(st.ranking_ok))
+
+
+def _no_items(B: int, H: int, G: int, S: int, d: int) -> ExactItems:
+    """S empty exact-item slots (what a skipped fetch returns)."""
+    parts = Partials(m=jnp.full((B, H, G, S), -jnp.inf), l=jnp.zeros((B, H, G, S)), acc=jnp.zeros((B, H, G, S, d)))
+    return ExactItems(parts=parts, ids=jnp.full((B, H, S), -1, jnp.int32), active=jnp.zeros((B, H, S), bool),
+                      delta=jnp.zeros((B, H, G, S)))
 
 
 def exact_bound(q_abs: jax.Array, k_abs_max: jax.Array, value_abs: jax.Array, value_range: jax.Array,
@@ -117,10 +125,14 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
 
     # Selection from the INT8 estimate, then make the candidates resident in the hot set.
     _, est = combine([ctx.apx, ctx.res])
-    cand, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], policy.k_max,
-                                            policy.tau_cov)
-    if policy.k_max < K:  # the cache has more hot slots than this policy promotes
-        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - policy.k_max,), -1, cand.dtype)], -1)
+    est = jnp.exp(est)
+    kp = policy.k_max
+    ranked, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], 2 * kp,
+                                             policy.tau_cov)
+    k_star = jnp.minimum(k_star, kp)
+    cand, wide_extra = ranked[..., :kp], ranked[..., kp:]
+    if kp < K:  # the cache has more hot slots than this policy promotes
+        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - kp,), -1, cand.dtype)], -1)
     hot_ids, slot_of_cand, fetch_into = select.plan_residency(cache.hot_ids, cand)
     hot_k, hot_v = select.fetch_blocks(cache.hot_k, cache.hot_v, cache.host_k, cache.host_v, fetch_into)
     cache = cache.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=hot_ids)
@@ -137,8 +149,22 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
 
     st0 = evaluate_stage(ctx, [hot], q.dtype, policy)
     ok0 = passes(st0)
-    st1 = jax.lax.cond(jnp.any(~ok0), lambda: evaluate_stage(ctx, [hot_wide], q.dtype, policy),
-                       lambda: _skipped_like(st0))
+
+    def fetch_exact(ids: jax.Array) -> ExactItems:
+        """Exact keys+values of blocks ids [B, H, S] (-1 = none) fetched from tier 2 into temporaries."""
+        shape = ids.shape + (cache.block_size, d)
+        xk, xv = select.fetch_blocks(jnp.zeros(shape, cache.dtype), jnp.zeros(shape, cache.dtype),
+                                     cache.host_k, cache.host_v, ids)
+        return exact_items(ctx, xk, xv, ids, ids >= 0)
+
+    def widened_stage() -> tuple[StageResult, ExactItems]:
+        # only the KV heads that need it fetch anything
+        need = jnp.any(~ok0, axis=-1, keepdims=True)
+        extra = fetch_exact(jnp.where(need, wide_extra, -1))
+        return evaluate_stage(ctx, [hot_wide, extra], q.dtype, policy), extra
+
+    st1, wide = jax.lax.cond(jnp.any(~ok0), widened_stage,
+                             lambda: (_skipped_like(st0), _no_items(B, H, G, kp, d)))
     ok1 = passes(st1)
 
     def value_stage() -> StageResult:
@@ -147,11 +173,7 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
         V = min(policy.v_max, nb)
         top, ids = jax.lax.top_k(share, V)
         ids = jnp.where(top > policy.v_tol, ids, -1)
-        shape = (B, H, V, cache.block_size, d)
-        xk, xv = select.fetch_blocks(jnp.zeros(shape, cache.dtype), jnp.zeros(shape, cache.dtype),
-                                     cache.host_k, cache.host_v, ids)
-        extra = exact_items(ctx, xk, xv, ids, ids >= 0)
-        return evaluate_stage(ctx, [hot_wide, extra], q.dtype, policy)
+        return evaluate_stage(ctx, [hot_wide, wide, fetch_exact(ids)], q.dtype, policy)
 
     if policy.v_max > 0:
         st2 = jax.lax.cond(jnp.any(~ok0 & ~ok1), value_stage, lambda: _skipped_like(st0))

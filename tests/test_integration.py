@@ -1,0 +1,138 @@
+"""The three cache modes inside the LLaMA and the decode loop, the CLI, and SmolLM2 end to end."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from certattn_jax import cli
+from certattn_jax.certificate import summarize
+from certattn_jax.model_cache import tiered_cache_factory
+from certattn_jax.policy import CertPolicy
+from models import generate as gen
+from models import llama
+from models.config import LlamaConfig
+
+CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=32, max_position_embeddings=2048)
+POLICY = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return llama.init_params(CFG, jax.random.key(0), jnp.float32, scale=0.3)
+
+
+def _run(params, prompts, n, mode=None, policy=POLICY, **kw):
+    factory = None if mode is None else tiered_cache_factory(CFG, jnp.float32, policy, mode)
+    return gen.generate(params, CFG, prompts, n, eos_token_ids=(), progress=False, cache_factory=factory,
+                        prefill_chunk=32, record_steps=mode == "certified", **kw)
+
+
+def test_certified_generation_matches_dense_and_compiles_once(params):
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 9, 33)]
+    dense = _run(params, prompts, 20)
+    cert = _run(params, prompts, 20, "certified")
+    assert cert.tokens == dense.tokens
+    s = summarize(cert.step_records)
+    assert s["heads"] == 19 * CFG.num_layers * 3 * CFG.num_heads
+    assert s["fraction_certified"] == 1.0
+    before = dict(gen.TRACE_COUNTS)
+    again = _run(params, prompts, 40, "certified")  # twice the tokens: no retrace
+    loose = _run(params, prompts, 40, "certified", policy=CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2,
+                                                                    eps=0.2, tau_cov=0.9))  # new tolerances
+    assert gen.TRACE_COUNTS == before
+    assert again.tokens[0][:20] == dense.tokens[0]
+    assert loose.num_steps == 40
+
+
+def test_naive_and_certified_share_storage_and_certificates_are_recorded(params):
+    prompts = [list(range(1, 60))]
+    naive = _run(params, prompts, 8, "naive")
+    cert = _run(params, prompts, 8, "certified")
+    assert naive.step_records is None and len(naive.tokens[0]) == 8
+    rec = cert.step_records
+    assert rec.rung.shape == (7, CFG.num_layers, 1, CFG.num_heads)
+    assert np.all(np.asarray(rec.error_bound) >= 0)
+    layer0 = cert.cache.layers[0]
+    assert int(layer0.lengths[0]) == 59 + 7 and int(layer0.flushed[0]) == (59 + 7) // 16 * 16
+
+
+def test_forward_with_tiered_cache_matches_dense_logits(params):
+    """Prefill is exact in every mode; a decode step differs from dense only within the certified bound."""
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, CFG.vocab_size, (1, 50)), jnp.int32)
+    fwd = jax.jit(llama.forward, static_argnums=1)
+    dense_logits, _ = fwd(params, CFG, tokens)
+    cache = tiered_cache_factory(CFG, jnp.float32, POLICY, "certified")(1, 64)
+    logits, cache = fwd(params, CFG, tokens[:, :49], cache)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(dense_logits[:, :49]), rtol=1e-4, atol=1e-4)
+    step, cache = fwd(params, CFG, tokens[:, 49:], cache)
+    np.testing.assert_allclose(np.asarray(step[:, 0]), np.asarray(dense_logits[:, 49]), rtol=0.05, atol=0.05)
+    assert int(cache.lengths[0]) == 50
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, params):
+    from models.checkpoint import save_checkpoint
+    from tests.test_loaders import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = LlamaConfig(**{**CFG.__dict__, "vocab_size": tok.vocab_size})
+    p = llama.init_params(cfg, jax.random.key(1), jnp.float32, scale=0.3)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    save_checkpoint(path, p, cfg, tok)
+    return path
+
+
+@pytest.mark.parametrize("mode", ["dense", "certified"])
+def test_cli_generate_json_and_certificates(tiny_checkpoint, tmp_path, capsys, mode):
+    certs = tmp_path / "certs.jsonl"
+    argv = ["generate", "--model", str(tiny_checkpoint), "--prompt", "hello world", "--max-new-tokens", "6",
+            "--cache", mode, "--json", "--dtype", "float32"]
+    if mode == "certified":
+        argv += ["--certificates", str(certs)]
+    assert cli.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result) >= {"token_ids", "text", "tokens_per_s"}
+    assert len(result["token_ids"]) == 6 or result["token_ids"][-1:] != []
+    if mode == "certified":
+        summary = result["certificate_summary"]
+        assert set(summary) >= {"rung_histogram", "mean_k_star", "max_k_star", "max_error_bound",
+                                "fraction_certified_without_escalation"}
+        rows = [json.loads(line) for line in certs.read_text().splitlines()]
+        assert len(rows) == (len(result["token_ids"]) - 1) * CFG.num_layers
+        assert len(rows[0]["error_bound"]) == CFG.num_heads
+
+
+def test_cli_errors_are_clear(tiny_checkpoint, capsys):
+    assert cli.main(["generate", "--model", "no-such-model", "--prompt", "x"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    assert cli.main(["generate", "--model", str(tiny_checkpoint), "--prompt", "x", "--certificates", "f"]) == 2
+    assert "--cache certified" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_certified_generation_matches_dense():
+    from models import load_pretrained
+
+    pre = load_pretrained("smollm2", dtype=jnp.float32)
+    tok = pre.tokenizer
+    texts = ["Write a haiku about the sea.", "What is 17 times 23? Think step by step.",
+             "List three uses of a paperclip."]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+    policy = CertPolicy()
+    kw = dict(eos_token_ids=tok.eos_token_ids, progress=False)
+    dense = gen.generate(pre.params, pre.config, prompts, 24, **kw)
+    cert = gen.generate(pre.params, pre.config, prompts, 24, record_steps=True,
+                        cache_factory=tiered_cache_factory(pre.config, jnp.float32, policy, "certified"), **kw)
+    naive = gen.generate(pre.params, pre.config, prompts, 24,
+                         cache_factory=tiered_cache_factory(pre.config, jnp.float32, policy, "naive"), **kw)
+    assert cert.tokens == dense.tokens
+    agree = [a == b for a, b in zip(naive.tokens, dense.tokens, strict=True)]
+    s = summarize(cert.step_records)
+    print(f"\nSmolLM2: certified == dense for {len(texts)}/{len(texts)} prompts; naive == dense for "
+          f"{sum(agree)}/{len(texts)}; certificates {s}")
+    assert s["fraction_certified"] > 0.99
