@@ -1,7 +1,28 @@
 """certattn-jax: long-context decoding with a runtime-certified, bounded-error quantized KV cache."""
 
+from certattn_jax.attention import certified_attention, certified_attention_step, dense_attention, naive_attention
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.certificate import Certificate, summarize
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, masked_attention
+from certattn_jax.memory import memory_report
+from certattn_jax.model_cache import TieredModelCache, tiered_cache_factory
+from certattn_jax.policy import CertPolicy
 
-__all__ = ["DenseKVCache", "KVCache", "masked_attention"]
+__all__ = [
+    "CertPolicy",
+    "Certificate",
+    "DenseKVCache",
+    "KVCache",
+    "TieredKVCache",
+    "TieredModelCache",
+    "certified_attention",
+    "certified_attention_step",
+    "dense_attention",
+    "masked_attention",
+    "memory_report",
+    "naive_attention",
+    "summarize",
+    "tiered_cache_factory",
+]
 __version__ = "0.1.0"
