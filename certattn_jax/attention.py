@@ -96,6 +96,7 @@ class StepContext(NamedTuple):
     block_valid: jax.Array  # [B, nb]
     eta: jax.Array  # [B, H, nb]
     value_range: jax.Array  # [B, H] ||r||_2
+    key_scale: jax.Array  # [B, H] E_key = TV * key_scale, key_scale = min(||r||_2, 2 max_i ||v_i||_2)
     value_abs: jax.Array  # [B, H, d] bound on |v_tilde_ic|
     tolerance: jax.Array  # [B, H, G]
 
@@ -168,12 +169,21 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Ste
     value_abs = jnp.where(has_values, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0)
     value_abs = value_abs + eta_inf[..., None]
     tolerance = policy.eps * value_range + policy.abs_tol
+    res_norm = jnp.max(jnp.where(res_valid[:, None, :], bounds.l2(cache.res_v.astype(jnp.float32)), 0.0), axis=-1)
+    max_norm = jnp.maximum(jnp.max(jnp.where(block_valid[:, None, :], cache.v_norm, 0.0), axis=-1), res_norm)
     all_lm = jnp.concatenate([log_mass(apx), log_mass(res)], axis=-1)
     log_norm = jax.scipy.special.logsumexp(all_lm, axis=-1)
     return StepContext(q32=q32, q_abs=q_abs, apx=apx, apx_delta=apx_delta, apx_lm=log_mass(apx),
                        log_norm=log_norm, res=res,
                        res_delta=res_delta, block_valid=block_valid, eta=eta, value_range=value_range,
+                       key_scale=key_term_scale(value_range, max_norm),
                        value_abs=value_abs, tolerance=jnp.broadcast_to(tolerance[..., None], (B, H, G)))
+
+
+def key_term_scale(value_range: jax.Array, max_value_norm: jax.Array) -> jax.Array:
+    """The factor turning TV into E_key: ||sum_i (p_i - p_hat_i) v_i|| <= TV * min(||r||_2, 2 max_i ||v_i||_2)
+    (centre c = mid-range per channel, or c = 0; docs/bounds.md section 3)."""
+    return jnp.minimum(value_range, 2.0 * max_value_norm)
 
 
 def exact_items(ctx: StepContext, keys: jax.Array, values: jax.Array, ids: jax.Array, active: jax.Array,
@@ -207,7 +217,7 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     rel = bounds.sum_error(policy.block_size, n_items) + 2 * bounds.EPS_WEIGHT
     mass_rel = 2 * rel
     tv = bounds.tv_bound(log_masses, deltas, mass_rel)
-    e_key = tv * ctx.value_range[..., None]
+    e_key = tv * ctx.key_scale[..., None]
     apx_lm = log_masses[..., :nb]
     e_val = bounds.weighted_sum(apx_lm, ctx.eta[:, :, None, :], mass_rel)
     out, cast = bounds.cast_error(out32, out_dtype)

@@ -6,6 +6,7 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
     v_codes [B, H, nb, Bk, d*vbits/8] uint8   values, per-token asymmetric per group of channels
     v_scale, v_zero [B, H, nb, Bk, d/g]
     v_err   [B, H, nb] f32                    eta_n = max_{i in n} ||v_i - v_hat_i||_2 (exact, at write time)
+    v_norm  [B, H, nb] f32                    nu_n = max_{i in n} ||v_i||_2 (for the key term's centre-0 form)
     v_min, v_max [B, H, d] f32                running per-channel range of the values written so far
     nonfinite [B, H] bool                     a NaN/Inf was written to this head (it can no longer be certified)
     res_k, res_v [B, H, Bk, d]                the newest, partial block, exact (per-channel scales need a full one)
@@ -41,6 +42,7 @@ class TieredKVCache:
     v_scale: jax.Array
     v_zero: jax.Array
     v_err: jax.Array
+    v_norm: jax.Array
     v_min: jax.Array
     v_max: jax.Array
     nonfinite: jax.Array
@@ -83,7 +85,7 @@ class TieredKVCache:
             k_scale=jnp.zeros((B, H, nb, d), sdt), k_zero=jnp.zeros((B, H, nb, d), sdt),
             v_codes=jnp.zeros((B, H, nb, Bk, dv), jnp.uint8),
             v_scale=jnp.zeros((B, H, nb, Bk, d // g), sdt), v_zero=jnp.zeros((B, H, nb, Bk, d // g), sdt),
-            v_err=jnp.zeros((B, H, nb), jnp.float32),
+            v_err=jnp.zeros((B, H, nb), jnp.float32), v_norm=jnp.zeros((B, H, nb), jnp.float32),
             v_min=jnp.full((B, H, d), jnp.inf, jnp.float32), v_max=jnp.full((B, H, d), -jnp.inf, jnp.float32),
             nonfinite=jnp.zeros((B, H), bool),
             res_k=jnp.zeros((B, H, Bk, d), dtype), res_v=jnp.zeros((B, H, Bk, d), dtype),
@@ -204,6 +206,7 @@ class TieredKVCache:
         vc, vs, vz = quant.quantize_values(blocks_v, self.group_size, self.value_bits)
         v_hat = quant.dequantize_values(vc, vs, vz, self.group_size, self.value_bits)
         err = jnp.max(quant.token_error_norms(blocks_v, v_hat), axis=-1)  # [B, H, n]
+        norm = jnp.max(quant.token_error_norms(blocks_v, jnp.zeros_like(v_hat)), axis=-1)
         ids = self.flushed[:, None] // Bk + jnp.arange(n)[None, :]  # [B, n]
         ids = jnp.where(store & (ids < nb), ids, nb)  # nb = out of range: dropped by the scatter
         b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, n))
@@ -213,7 +216,7 @@ class TieredKVCache:
 
         c = self.replace(k_codes=put(self.k_codes, kc), k_scale=put(self.k_scale, ks), k_zero=put(self.k_zero, kz),
                          v_codes=put(self.v_codes, vc), v_scale=put(self.v_scale, vs), v_zero=put(self.v_zero, vz),
-                         v_err=put(self.v_err, err))
+                         v_err=put(self.v_err, err), v_norm=put(self.v_norm, norm))
         host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb)
         return c.replace(host_k=host_k, host_v=host_v)
 

@@ -49,17 +49,18 @@ def _no_items(B: int, H: int, G: int, S: int, d: int) -> ExactItems:
                       delta=jnp.zeros((B, H, G, S)))
 
 
-def exact_bound(q_abs: jax.Array, k_abs_max: jax.Array, value_abs: jax.Array, value_range: jax.Array,
+def exact_bound(q_abs: jax.Array, k_abs_max: jax.Array, value_abs: jax.Array, key_scale: jax.Array,
                 seq_len: int, value_dtype) -> tuple[jax.Array, jax.Array]:
     """(e_key, e_num before the output cast) of exact dense attention computed in float32 over seq_len keys.
 
     q_abs [..., G, d], k_abs_max [..., d] (max |k| over valid keys), value_abs [..., d] (max |v|),
-    value_range [...]: float rounding of the scores (tanh bound) and of the softmax-weighted sum, including
+    key_scale [...] (attention.key_term_scale): float rounding of the scores (tanh bound) and of the
+    softmax-weighted sum, including
     the cast of the probabilities to the value dtype that the dense path makes.
     """
     d = q_abs.shape[-1]
     delta = jnp.einsum("...gd,...d->...g", q_abs, k_abs_max, precision="highest") * bounds.gamma(d + 6) / math.sqrt(d)
-    e_key = jnp.tanh(delta / 2) * (1 + 4 * bounds.U) * value_range[..., None]
+    e_key = jnp.tanh(delta / 2) * (1 + 4 * bounds.U) * key_scale[..., None]
     rel = bounds.gamma(seq_len) + 2 * bounds.EPS_WEIGHT + bounds.low_precision_unit(value_dtype)
     e_num = bounds.numeric_error(value_abs, rel)[..., None]
     return e_key, jnp.broadcast_to(e_num, e_key.shape)
@@ -92,7 +93,7 @@ def _rung3_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx):
             o = dense_attention_f32(q_heads[b, h][None], k, v, ln)[0]  # [G, d]
             valid = (jnp.arange(S) < ln[0])[:, None]
             kmax = jnp.max(jnp.where(valid, jnp.abs(k[0, 0].astype(jnp.float32)), 0.0), axis=0)
-            k_e, n_e = exact_bound(ctx.q_abs[b, h], kmax, v_abs[b, h], ctx.value_range[b, h], S, cache.dtype)
+            k_e, n_e = exact_bound(ctx.q_abs[b, h], kmax, v_abs[b, h], ctx.key_scale[b, h], S, cache.dtype)
             return (jax.lax.dynamic_update_slice(out, o[None, None], (b, h, 0, 0)),
                     jax.lax.dynamic_update_slice(ek, k_e[None, None], (b, h, 0)),
                     jax.lax.dynamic_update_slice(en, n_e[None, None], (b, h, 0)))
@@ -113,7 +114,7 @@ def _rung4_layer(q: jax.Array, cache: TieredKVCache, ctx):
     S = k.shape[2]
     valid = (jnp.arange(S)[None, :] < cache.lengths[:, None])[:, None, :, None]
     kmax = jnp.max(jnp.where(valid, jnp.abs(k.astype(jnp.float32)), 0.0), axis=2)  # [B, H, d]
-    e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.value_range, S, cache.dtype)
+    e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.key_scale, S, cache.dtype)
     return out.reshape(B, H, G, d), e_key, e_num
 
 
