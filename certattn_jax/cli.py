@@ -98,6 +98,17 @@ def cache_factory(mode: str, pretrained, policy):
     return tiered_cache_factory(pretrained.config, dtype, policy, mode)
 
 
+def load_model(name: str, dtype_name: str):
+    """load_pretrained with the q|k|v and gate|up projections fused (same math, faster decode)."""
+    import dataclasses
+
+    from models import load_pretrained
+    from models.llama import fuse_projections
+
+    pretrained = load_pretrained(name, dtype=_dtype(dtype_name))
+    return dataclasses.replace(pretrained, params=fuse_projections(pretrained.params))
+
+
 def prompt_ids(pretrained, text: str, raw: bool) -> list[int]:
     tok = pretrained.tokenizer
     if tok is None:
@@ -142,7 +153,6 @@ def write_certificates(path: str, records) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> None:
     from certattn_jax.certificate import summarize
-    from models import load_pretrained
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt:
@@ -150,7 +160,7 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     if args.certificates and args.cache != "certified":
         raise ValueError("--certificates needs --cache certified")
     enable_compilation_cache()
-    pretrained = load_pretrained(args.model, dtype=_dtype(args.dtype))
+    pretrained = load_model(args.model, args.dtype)
     ids = prompt_ids(pretrained, prompt, args.raw)
     certified = args.cache == "certified"
     out = run_generation(pretrained, ids, args, args.cache, policy_from_args(args), record=certified)

@@ -40,9 +40,7 @@ def _agreement(a: list[int], b: list[int]) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    from models import load_pretrained
-
-    pretrained = load_pretrained(args.model, dtype=cli._dtype(args.dtype))
+    pretrained = cli.load_model(args.model, args.dtype)
     tok = pretrained.tokenizer
     policy = cli.policy_from_args(args)
 

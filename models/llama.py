@@ -11,6 +11,10 @@ Parameter layout (weights stored [in, out] so that y = x @ W):
       "lm_head":    [D, V]   # absent when the embeddings are tied
     }
 
+`fuse_projections` rewrites each layer to "wqkv" [D, (Hq + 2 Hkv) d] and "w_gate_up" [D, 2F]: the same
+math with fewer, larger matrix-vector products (measured on an H200: 1.3 ms less per LLaMA-8B decode step,
+docs/results.md). `forward` accepts either form.
+
 Layers are a Python list (unrolled in the trace) rather than stacked arrays: inside the jitted decode
 loop each layer's cache and weights are then separate buffers, updated in place; a scan over stacked
 layers would copy the cache slice of every layer on every step.
@@ -44,9 +48,33 @@ def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _mlp(layer: Params, x: jax.Array) -> jax.Array:
-    gate = _dot(x, layer["w_gate"])
-    up = _dot(x, layer["w_up"])
+    if "w_gate_up" in layer:
+        gate, up = jnp.split(_dot(x, layer["w_gate_up"]), 2, axis=-1)
+    else:
+        gate = _dot(x, layer["w_gate"])
+        up = _dot(x, layer["w_up"])
     return _dot(jax.nn.silu(gate) * up, layer["w_down"])
+
+
+def _qkv(layer: Params, h: jax.Array, config: LlamaConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    if "wqkv" in layer:
+        nq, nk = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        qkv = _dot(h, layer["wqkv"])
+        return qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
+    return _dot(h, layer["wq"]), _dot(h, layer["wk"]), _dot(h, layer["wv"])
+
+
+def fuse_projections(params: Params) -> Params:
+    """The same model with q|k|v and gate|up concatenated per layer (idempotent; the inputs are not kept)."""
+    layers = []
+    for layer in params["layers"]:
+        layer = dict(layer)
+        if "wq" in layer:
+            layer["wqkv"] = jnp.concatenate([layer.pop("wq"), layer.pop("wk"), layer.pop("wv")], axis=1)
+        if "w_gate" in layer:
+            layer["w_gate_up"] = jnp.concatenate([layer.pop("w_gate"), layer.pop("w_up")], axis=1)
+        layers.append(layer)
+    return {**params, "layers": layers}
 
 
 def _check_tokens(tokens: jax.Array, config: LlamaConfig) -> None:
@@ -93,9 +121,10 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     Hq, Hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
     for i, layer in enumerate(params["layers"]):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        q = apply_rope(_dot(h, layer["wq"]).reshape(B, T, Hq, d), cos, sin)
-        k = apply_rope(_dot(h, layer["wk"]).reshape(B, T, Hkv, d), cos, sin)
-        v = _dot(h, layer["wv"]).reshape(B, T, Hkv, d)
+        q, k, v = _qkv(layer, h, config)
+        q = apply_rope(q.reshape(B, T, Hq, d), cos, sin)
+        k = apply_rope(k.reshape(B, T, Hkv, d), cos, sin)
+        v = v.reshape(B, T, Hkv, d)
         attn, cache = cache.attend(i, q, k, v, new_lengths)
         x = x + _dot(attn.reshape(B, T, Hq * d), layer["wo"])
         h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)

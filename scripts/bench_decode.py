@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--impls", default="einsum,reduce")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--unfused", action="store_true", help="keep q/k/v and gate/up as separate matrices")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes (CPU check of the script)")
     args = ap.parse_args()
@@ -150,10 +151,13 @@ def main() -> None:
     for name in args.models.split(","):
         config = MODELS[name]
         params = llama.init_params(config, jax.random.key(0), jnp.bfloat16)
+        if not args.unfused:
+            params = llama.fuse_projections(params)
         for batch in map(int, args.batches.split(",")):
             for context in map(int, args.contexts.split(",")):
                 for impl in args.impls.split(","):
                     row = bench_one(name, config, params, batch, context, impl, args.steps, args.reps, bw)
+                    row["fused_projections"] = not args.unfused
                     rows.append(row)
                     print(f"{name:12s} B={batch:<2d} ctx={context:<6d} {impl:7s} step {row['step_ms']:8.3f} ms "
                           f"floor {row['floor_ms']:7.3f} ms  x{row['ratio_to_floor']:.2f}  "
