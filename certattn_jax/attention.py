@@ -286,15 +286,17 @@ def dense_attention_f32(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.A
     return out[:, 0]
 
 
-def dense_attention(q: jax.Array, cache: TieredKVCache) -> jax.Array:
-    """Exact attention over the tier-2 originals (+ residual): what rung 4 returns. [B, Hq, d] in q's dtype."""
+def dense_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | None = None) -> jax.Array:
+    """Exact attention over the tier-2 originals (+ residual): what rung 4 returns. [B, Hq, d] in q's dtype.
+    (`policy` is accepted for symmetry with certified_attention and unused.)"""
     _check_query(q, cache)
     k, v = exact_keys_values(cache)
     return dense_attention_f32(q, k, v, cache.lengths).astype(q.dtype)
 
 
-def naive_attention(q: jax.Array, cache: TieredKVCache) -> jax.Array:
-    """Attention over tier 1 alone (INT keys and values dequantized, residual exact), no certification."""
+def naive_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | None = None) -> jax.Array:
+    """Attention over tier 1 alone (INT keys and values dequantized, residual exact), no certification.
+    (`policy` is accepted for symmetry with certified_attention and unused.)"""
     _check_query(q, cache)
     B, H, nb, Bk, _ = cache.k_codes.shape
     d = cache.head_dim

@@ -171,6 +171,11 @@ class TieredKVCache:
         c = c.replace(res_k=res_k, res_v=res_v, flushed=c.flushed + n_full * Bk)
         return c._note_values(k, v, valid).replace(lengths=c.lengths + valid)
 
+    def prefill(self, k: jax.Array, v: jax.Array, valid: jax.Array | None = None) -> TieredKVCache:
+        """Write a prompt chunk k, v [B, T, Hkv, d]: the same as `append` (every full block is quantized and
+        copied to tier 2 at once; a partial last block stays exact in the residual)."""
+        return self.append(k, v, valid)
+
     def write_token(self, k: jax.Array, v: jax.Array) -> TieredKVCache:
         """Decode fast path: put one token k, v [B, 1, Hkv, d] into the exact residual block *without*
         flushing it, even if it fills (call `flush` before the next write). Keeps host traffic and control

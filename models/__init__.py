@@ -25,8 +25,6 @@ _LAZY = {
     "is_checkpoint_dir": "models.checkpoint",
     "load_hf_dir": "models.hf_loader",
     "load_gguf": "models.gguf_loader",
-    "generate": "models.generate",
-    "GenerationOutput": "models.generate",
 }
 
 __all__ = ["LlamaConfig", "RopeScaling", *_LAZY]

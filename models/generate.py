@@ -24,7 +24,7 @@ import numpy as np
 
 from certattn_jax.kv_cache import KVCache, commit_arrays
 from models.config import LlamaConfig
-from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden
+from models.llama import Params, forward_hidden, init_cache, logits_from_hidden
 from models.sampling import select_next
 
 CAPACITY_BUCKET = 256
@@ -153,13 +153,15 @@ def _validate_prompts(prompts: Sequence[Sequence[int]], config: LlamaConfig) -> 
 
 def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-             eos_token_ids: Sequence[int] | None = None, cache_factory: CacheFactory | None = None,
+             eos_token_ids: Sequence[int] | None = None, cache_factory: CacheFactory | str | None = None,
+             policy: Any = None,
              capacity: int | None = None, prefill_chunk: int = 256, progress: bool = True,
              record_steps: bool = False) -> GenerationOutput:
     """Generate up to max_new_tokens for each prompt (lists of token ids).
 
-    temperature 0 means greedy. cache_factory(batch, capacity) builds the KV cache (dense in the
-    model's dtype by default). capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET.
+    temperature 0 means greedy. cache_factory(batch, capacity) builds the KV cache; it may also be a mode
+    name, "dense" (the default), "naive" or "certified" (with `policy`, a certattn_jax.CertPolicy).
+    capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET.
     With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
     """
     prompts = _validate_prompts(prompts, config)
@@ -180,7 +182,11 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
         capacity = round_up(need, CAPACITY_BUCKET)
     elif capacity < need:
         raise ValueError(f"cache capacity {capacity} is smaller than prompt + max_new_tokens = {need}")
-    make_cache = cache_factory or (lambda b, c: init_cache_for(params, config, b, c))
+    if cache_factory is None or isinstance(cache_factory, str):
+        mode = cache_factory or "dense"
+        make_cache = functools.partial(init_cache, params, config, mode=mode, policy=policy)
+    else:
+        make_cache = cache_factory
     cache = commit_arrays(make_cache(B, capacity))
     if cache.capacity < need:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than prompt + max_new_tokens = {need}")

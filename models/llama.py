@@ -101,6 +101,17 @@ def init_cache_for(params: Params, config: LlamaConfig, batch: int, capacity: in
                              dtype=_model_dtype(params))
 
 
+def init_cache(params: Params, config: LlamaConfig, batch: int, capacity: int, mode: str = "dense",
+               policy: Any = None) -> KVCache:
+    """A KV cache for this model: mode "dense" (model dtype), or "naive" / "certified" (tiered, with an
+    optional `certattn_jax.CertPolicy`)."""
+    if mode == "dense":
+        return init_cache_for(params, config, batch, capacity)
+    from certattn_jax.model_cache import tiered_cache_factory
+
+    return tiered_cache_factory(config, _model_dtype(params), policy, mode)(batch, capacity)
+
+
 def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,
                    valid_lengths: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """Run the transformer; return final-normed hidden states [B, T, D] and the updated cache.

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Set up .venv (dev + parity extras) and run the whole test suite on CPU. Extra args go to pytest.
+# PYTEST_WORKERS (default 2) processes share the work: the suite is compile-bound, one core per worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 ensure_venv "dev,parity"
 export JAX_PLATFORMS=cpu
+workers="${PYTEST_WORKERS:-2}"
+if [ "$workers" -gt 1 ]; then
+  exec .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup "$@"
+fi
 exec .venv/bin/python -m pytest -q "$@"

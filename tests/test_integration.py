@@ -116,13 +116,15 @@ def test_cli_errors_are_clear(tiny_checkpoint, capsys):
 
 @pytest.mark.slow
 def test_smollm2_certified_generation_matches_dense():
+    from certattn_jax.demo import haystack_prompt
     from models import load_pretrained
 
     pre = load_pretrained("smollm2", dtype=jnp.float32)
     tok = pre.tokenizer
-    texts = ["Write a haiku about the sea.", "What is 17 times 23? Think step by step.",
-             "List three uses of a paperclip."]
+    # long enough that most of each prompt sits in quantized blocks (block size 64)
+    texts = [haystack_prompt(tok, n, seed)[0] for n, seed in ((150, 1), (260, 2), (380, 3))]
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+    assert min(len(p) for p in prompts) > 3 * 64
     policy = CertPolicy()
     kw = dict(eos_token_ids=tok.eos_token_ids, progress=False)
     dense = gen.generate(pre.params, pre.config, prompts, 24, **kw)
