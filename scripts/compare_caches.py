@@ -58,14 +58,19 @@ def main() -> None:
                     row[mode]["tier1_fraction"] = memory_report(out.cache)["tier1_fraction"]
             row["certificates"] = summarize(outs["certified"].step_records)
             rows.append(row)
+            _write(args.out, policy, args.model, rows)
             print(json.dumps({k: v for k, v in row.items() if k != "certificates"} | {
                 "cert": {k: row["certificates"][k] for k in ("rung_histogram", "mean_k_star",
                                                               "fraction_certified", "max_error_bound")}}), flush=True)
-    result = {"device": jax.devices()[0].device_kind, "jax_version": jax.__version__, "model": args.model,
+
+
+def _write(out: str | None, policy, model: str, rows: list) -> None:
+    if not out:
+        return
+    result = {"device": jax.devices()[0].device_kind, "jax_version": jax.__version__, "model": model,
               "policy": repr(policy), "rows": rows}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
