@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from models.config import LlamaConfig
+from models.config import LlamaConfig, read_json
 from models.params import Params, params_to_numpy, validate_params
 from models.tokenizer import TOKENIZER_FILE, Tokenizer
 
@@ -80,10 +80,7 @@ def read_marker(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
     if not marker_path.is_file():
         raise ValueError(f"{path} is not a certattn checkpoint: {MARKER_FILE} is missing")
-    try:
-        marker = json.loads(marker_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"corrupt checkpoint marker {marker_path}: {e}") from None
+    marker = read_json(marker_path, f"{MARKER_FILE} is missing in {path}")
     if not isinstance(marker, dict) or marker.get("format") != FORMAT_NAME:
         raise ValueError(f"{marker_path} is not a {FORMAT_NAME} marker")
     if marker.get("version") != FORMAT_VERSION:

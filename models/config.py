@@ -13,6 +13,16 @@ from pathlib import Path
 from typing import Any
 
 
+def read_json(path: Path, missing: str) -> Any:
+    """Parse a JSON file; FileNotFoundError(missing) if absent, ValueError naming the file if corrupt."""
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"corrupt {path.name} at {path}: {e}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """llama3-style RoPE frequency scaling (LLaMA 3.1): see `models.rope.rope_inv_freq`."""
@@ -135,13 +145,7 @@ class LlamaConfig:
     @classmethod
     def from_json_file(cls, path: str | Path) -> LlamaConfig:
         path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file not found: {path}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"corrupt config file {path}: {e}") from None
-        return cls.from_hf_dict(d)
+        return cls.from_hf_dict(read_json(path, f"config file not found: {path}"))
 
     def param_shapes(self) -> dict[str, Any]:
         """Expected shapes of the parameter pytree (see `models.llama` for the layout)."""

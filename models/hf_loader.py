@@ -31,7 +31,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from models.config import LlamaConfig
+from models.config import LlamaConfig, read_json
 from models.params import Params, validate_params
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -128,12 +128,7 @@ def read_hf_config(path: str | Path) -> tuple[LlamaConfig, dict[str, Any]]:
     """(`LlamaConfig`, raw dict) from `<path>/config.json`, rejecting non-LLaMA architectures."""
     path = Path(path)
     cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"config.json not found in Hugging Face model directory {path}")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"corrupt config file {cfg_path}: {e}") from None
+    raw = read_json(cfg_path, f"config.json not found in Hugging Face model directory {path}")
     archs = raw.get("architectures") or []
     if archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ValueError(f"unsupported architecture {archs} in {cfg_path}: supported {list(SUPPORTED_ARCHITECTURES)}")
