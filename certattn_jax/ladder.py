@@ -25,11 +25,11 @@ from certattn_jax.attention import (
     StageResult,
     _overlay_residual,
     build_context,
-    combine,
     dense_attention_f32,
     evaluate_stage,
     exact_items,
     exact_keys_values,
+    log_mass,
 )
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate
@@ -125,8 +125,8 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     ctx = build_context(q, cache, policy)
 
     # Selection from the INT8 estimate, then make the candidates resident in the hot set.
-    _, est = combine([ctx.apx, ctx.res])
-    est = jnp.exp(est)
+    # INT8 estimate of each block's (and the residual's) share of attention, from the context's normalizer
+    est = jnp.exp(jnp.concatenate([ctx.apx_lm, log_mass(ctx.res)], axis=-1) - ctx.log_norm[..., None])
     kp = policy.k_max
     ranked, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], 2 * kp,
                                              policy.tau_cov)

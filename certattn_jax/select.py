@@ -50,7 +50,6 @@ def plan_residency(hot_ids: jax.Array, wanted: jax.Array) -> tuple[jax.Array, ja
     Returns (new_hot_ids [B, H, K], slot_of_wanted [B, H, K] (-1 for none), fetch_into [B, H, K]: for each
     slot, the block id to fetch from tier 2 or -1).
     """
-    K = hot_ids.shape[-1]
     match = (hot_ids[..., :, None] == wanted[..., None, :]) & (wanted[..., None, :] >= 0)  # [B,H,slot,want]
     resident = jnp.any(match, axis=-2)  # [B, H, want]
     keep = jnp.any(match, axis=-1)  # [B, H, slot]
@@ -66,7 +65,6 @@ def plan_residency(hot_ids: jax.Array, wanted: jax.Array) -> tuple[jax.Array, ja
     new_hot = jnp.where(gets, incoming, hot_ids)
     slot_match = (new_hot[..., :, None] == wanted[..., None, :]) & (wanted[..., None, :] >= 0)
     slot_of_wanted = jnp.where(jnp.any(slot_match, axis=-2), jnp.argmax(slot_match, axis=-2), -1)
-    del K
     return new_hot, slot_of_wanted.astype(jnp.int32), fetch_into
 
 
