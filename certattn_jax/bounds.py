@@ -8,10 +8,13 @@ keys for the tail) and v_tilde the values we use (exact or dequantized).
   |s_i - s_hat_i| <= Delta_n for every token i of item n (a block, a hot slot or the residual).
   TV(p, p_hat) <= min( tanh(max_n Delta_n / 2),  X / (1 - Y) ),
       X = sum_n m_n (e^{Delta_n} - 1),  Y = sum_n m_n (1 - e^{-Delta_n}),  m_n = sum_{i in n} p_hat_i.
-  E_key = TV * ||r||_2,          r_c = max_i v_ic - min_i v_ic        (since sum_i (p_i - p_hat_i) = 0)
+  E_key = TV * min(||r||_2, 2 max_i ||v_i||_2),   r_c = max_i v_ic - min_i v_ic   (since sum_i (p_i - p_hat_i) = 0)
   E_val = sum_n m_n * eta_n,     eta_n = max_{i in n} ||v_i - v_tilde_i||_2  (0 for exact values)
   E_num = floating-point error of our own softmax / weighted sum, plus the final cast to the output dtype.
   ||o - o_returned||_2 <= E_key + E_val + E_num.
+
+Every quantity here is an upper bound evaluated in float32 and rounded *up* for its own evaluation error. A
+bound is a number or +inf, never NaN (`finite_or_inf`): whatever cannot be evaluated proves nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import jax.numpy as jnp
 from certattn_jax import quant
 
 U = 2.0 ** -24  # float32 unit roundoff
+TINY = float(jnp.finfo(jnp.float32).tiny)  # smallest normal float32 (XLA:CPU flushes subnormals to zero)
 
 
 def gamma(n: int | float) -> float:
@@ -31,10 +35,21 @@ def gamma(n: int | float) -> float:
     return n * U / (1.0 - n * U)
 
 
+def round_up_sum(x: jax.Array, n_terms: int) -> jax.Array:
+    """A computed n-term sum of non-negative terms (plus one product), inflated to bound the exact sum."""
+    return x * (1.0 + gamma(n_terms + 4))
+
+
 # Relative error of one softmax weight exp(s - m) computed in float32 (exp to a few ulps, plus the
 # subtraction's rounding amplified by |s - m| <= 104; below that the weight underflows to 0, an absolute
-# error < 1e-45 absorbed by the (1 + ...) slack).
+# error < TINY accounted for by `flush_floor`).
 EPS_WEIGHT = 8 * U + 104 * U
+# The dense/exact path (kv_cache.masked_attention_f32) evaluates exp((r - m) * c) with c = fl(1/sqrt(d)): three
+# roundings of the argument (subtraction, c, product), each amplified by |argument| <= 104.
+EPS_WEIGHT_DENSE = 8 * U + 3 * 105 * U
+# Splitting float32 probabilities into three bfloat16 parts (kv_cache.probs_times_values) leaves |r| <= 2^-27 p,
+# and summing the three partial outputs adds two roundings.
+SPLIT_PROBS_ERROR = U / 8 + 3 * U
 
 
 def sum_error(n_inner: int, n_outer: int) -> float:
@@ -42,83 +57,136 @@ def sum_error(n_inner: int, n_outer: int) -> float:
     return gamma(n_inner) + gamma(n_outer) * (1 + gamma(n_inner))
 
 
+def flush_floor(n_terms: int, value_abs: jax.Array) -> jax.Array:
+    """Absolute error from results below the smallest normal float (underflow to 0, or flushed subnormals on
+    XLA:CPU) in a normalized weighted sum of n_terms values: each weight and each product loses < TINY, and
+    the normalizer is >= 1/2 (`combine` checks it), so the output moves by < 2 (2 n + 8) TINY (max|v| + 1)
+    per channel. value_abs [..., d] bounds |v|; returns [...]."""
+    d = value_abs.shape[-1]
+    per_channel = 2.0 * (2 * n_terms + 8) * TINY * (jnp.max(value_abs, axis=-1) + 1.0)
+    return per_channel * math.sqrt(d) * 2.0
+
+
 def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array, bits: int) -> jax.Array:
     """Delta_n for INT keys: [..., G, nb] from |q| [..., G, d] and scale/zero [..., nb, d].
 
     Each reconstructed key element is within s_c (1/2 + slack) of the original (quant.py), and the float32
-    dot product of q with the reconstruction adds at most gamma(d + 4) * sum_c |q_c| |k_hat_c|, where
-    |k_hat_c| <= M_c = max(|z_c|, |z_c + L s_c|).
+    dot product of q / sqrt(d) (rounded) with the reconstruction adds at most gamma(d + 6) * sum_c |q_c|
+    |k_hat_c| / sqrt(d), where |k_hat_c| <= M_c = max(|z_c|, |z_c + L s_c|). The einsums evaluating this bound
+    are rounded up for their own error.
     """
     d = q_abs.shape[-1]
     L = quant.levels(bits)
     s = k_scale.astype(jnp.float32)
     z = k_zero.astype(jnp.float32)
-    mag = jnp.maximum(jnp.abs(z), jnp.abs(z + L * s))
+    mag = jnp.maximum(jnp.abs(z), jnp.abs(z + L * s)) * (1.0 + 2 * U)
     quant_part = jnp.einsum("...gd,...nd->...gn", q_abs, s, precision="highest") * (0.5 + quant.QUANT_ROUNDING_SLACK)
     fp_part = jnp.einsum("...gd,...nd->...gn", q_abs, mag, precision="highest") * gamma(d + 6)
-    return (quant_part + fp_part) * (1.0 + 4 * U) / math.sqrt(d)
+    return round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
 
 
 def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
     """Delta for exact keys (float32 rounding only): [..., G, n] from |q| [..., G, d] and
     max_i |k_ic| over each item [..., n, d]."""
     d = q_abs.shape[-1]
-    return jnp.einsum("...gd,...nd->...gn", q_abs, k_abs_max, precision="highest") * gamma(d + 6) / math.sqrt(d)
+    dot = jnp.einsum("...gd,...nd->...gn", q_abs, k_abs_max, precision="highest")
+    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U)
 
 
-_TINY = float(jnp.finfo(jnp.float32).tiny)
+def _exp_up(arg: jax.Array) -> jax.Array:
+    """An upper bound of e^a for a computed argument `arg` whose own absolute rounding error is at most
+    4 u (|arg| + 1) (covered here), with exp accurate to 8 ulp."""
+    return jnp.exp(arg + 4 * U * (jnp.abs(arg) + 1.0)) * (1.0 + 16 * U)
 
 
-def tv_bound(log_masses: jax.Array, deltas: jax.Array, mass_rel_err: float) -> jax.Array:
-    """Total-variation bound [...] from per-item log-masses and deltas [..., n] (empty items: log-mass -inf).
+def log_mass_upper(log_masses: jax.Array, log_mass_err: jax.Array, mass_rel_err: float) -> jax.Array:
+    """Upper bounds of the items' log-masses: computed log-mass + its absolute rounding (log_mass_err, from
+    `combine`) + log(1 + relative error of the weights and sums)."""
+    return log_masses + log_mass_err + math.log1p(mass_rel_err) * (1.0 + 4 * U)
 
-    Works in log space: an item whose computed mass underflows float32 still contributes
-    m_n (e^{Delta_n} - 1), which can be large when Delta_n is. mass_rel_err: relative error of the computed
-    masses (inflating them only loosens X and Y). Each term that underflows is < the smallest normal float,
-    so n_items of those are added back.
+
+def item_broken(valid: jax.Array, log_masses: jax.Array, deltas: jax.Array, item_ok: jax.Array) -> jax.Array:
+    """[...] True when some valid item cannot be bounded: its partial sums failed `combine`'s checks
+    (item_ok), its log-mass is not finite (e.g. every weight underflowed), or its Delta is not finite."""
+    fine = item_ok & jnp.isfinite(log_masses) & jnp.isfinite(deltas)
+    return jnp.any(valid & ~fine, axis=-1)
+
+
+def tv_bound(log_mass_up: jax.Array, deltas: jax.Array, valid: jax.Array, broken: jax.Array) -> jax.Array:
+    """Total-variation bound [...] from per-item upper log-masses and deltas [..., n].
+
+    valid [..., n]: the item holds tokens (decided from validity masks, never from its computed mass: a valid
+    item whose mass evaluated to 0 still counts). broken [...]: some valid item cannot be bounded -> +inf.
+    Works in log space: an item whose computed mass underflows float32 still contributes m_n (e^{Delta_n} - 1),
+    which can be large when Delta_n is. Each term is rounded up (`_exp_up`); terms that underflow are each
+    below TINY, so n_items of those are added back.
     """
-    live = jnp.isfinite(log_masses)
-    lm = jnp.where(live, log_masses, 0.0) + jnp.log1p(mass_rel_err)
-    dl = jnp.where(live, deltas, 0.0)
-    slack = log_masses.shape[-1] * _TINY
-    x_terms = jnp.exp(lm + jnp.log(jnp.where(dl > 0, jnp.expm1(dl), 1.0)))
-    x = jnp.sum(jnp.where(live & (dl > 0), x_terms, 0.0), axis=-1) * (1 + 8 * U) + slack
-    y_terms = jnp.exp(lm + jnp.log(jnp.where(dl > 0, -jnp.expm1(-dl), 1.0)))
-    y = jnp.sum(jnp.where(live & (dl > 0), y_terms, 0.0), axis=-1) * (1 + 8 * U) + slack
-    weighted = jnp.where(y < 1.0, x / jnp.maximum(1.0 - y, 1e-30), jnp.inf)
+    lm = jnp.where(valid, log_mass_up, 0.0)
+    dl = jnp.where(valid, deltas, 0.0)
+    use = valid & (dl > 0)
+    n = log_mass_up.shape[-1]
+    slack = (n + 1) * TINY
+    log_em1 = jnp.log(jnp.where(use, jnp.expm1(dl), 1.0))  # log(e^D - 1)
+    log_1me = jnp.log(jnp.where(use, -jnp.expm1(-dl), 1.0))  # log(1 - e^-D)
+    x = jnp.sum(jnp.where(use, _exp_up(lm + log_em1), 0.0), axis=-1)
+    y = jnp.sum(jnp.where(use, _exp_up(lm + log_1me), 0.0), axis=-1)
+    x = round_up_sum(x, n) + slack
+    y = round_up_sum(y, n) + slack
+    weighted = jnp.where(y < 1.0, x / jnp.maximum(1.0 - y, 1e-30) * (1.0 + 4 * U), jnp.inf)
     uniform = jnp.tanh(jnp.max(dl, axis=-1) / 2.0) * (1 + 4 * U)
     tv = jnp.minimum(jnp.minimum(weighted, uniform), 1.0)
-    # A non-finite delta (NaN/Inf keys) proves nothing.
-    return jnp.where(jnp.all(jnp.isfinite(deltas) | ~live, axis=-1), tv, jnp.inf)
+    return jnp.where(broken | jnp.isnan(tv), jnp.inf, tv)
 
 
-def weighted_sum(log_masses: jax.Array, errors: jax.Array, mass_rel_err: float) -> jax.Array:
-    """sum_n m_n * errors_n over the last axis with masses given as logs (no underflow of large products)."""
-    live = jnp.isfinite(log_masses) & (errors > 0)
-    lm = jnp.where(live, log_masses, 0.0) + jnp.log1p(mass_rel_err)
-    terms = jnp.exp(lm + jnp.log(jnp.where(live, errors, 1.0)))
-    n = log_masses.shape[-1]
-    total = jnp.sum(jnp.where(live, terms, 0.0), axis=-1) * (1 + (n + 2) * U) + n * _TINY
-    broken = jnp.any(jnp.isfinite(log_masses) & ~jnp.isfinite(errors), axis=-1)
-    return jnp.where(broken, jnp.inf, total)
+def key_error(tv: jax.Array, key_scale: jax.Array) -> jax.Array:
+    """E_key = TV * key_scale, +inf when TV is (an unbounded TV proves nothing even for constant values: the
+    computed weights themselves may be garbage)."""
+    e = tv * key_scale * (1.0 + 2 * U)
+    return jnp.where(jnp.isinf(tv) | jnp.isnan(e), jnp.inf, e)
+
+
+def weighted_sum(log_mass_up: jax.Array, errors: jax.Array, valid: jax.Array, broken: jax.Array) -> jax.Array:
+    """sum_n m_n * errors_n over the last axis with masses given as upper log-masses (no underflow of large
+    products); +inf when broken or when a valid item's error is not finite."""
+    use = valid & (errors > 0)
+    lm = jnp.where(use, log_mass_up, 0.0)
+    terms = _exp_up(lm + jnp.log(jnp.where(use, errors, 1.0)))
+    n = log_mass_up.shape[-1]
+    total = round_up_sum(jnp.sum(jnp.where(use, terms, 0.0), axis=-1), n) + (n + 1) * TINY
+    bad = broken | jnp.any(valid & ~jnp.isfinite(errors), axis=-1)
+    return jnp.where(bad | jnp.isnan(total), jnp.inf, total)
 
 
 def l2(x: jax.Array) -> jax.Array:
-    """Euclidean norm over the last axis, rounded up for its own float32 error."""
+    """Euclidean norm over the last axis as an upper bound: scaled by the largest magnitude so that squares
+    neither underflow (values ~1e-20) nor overflow (~1e30), and rounded up for its own float32 error.
+    +inf when x holds a non-finite entry."""
     n = x.shape[-1]
-    return jnp.sqrt(jnp.sum(x * x, axis=-1)) * (1.0 + (n + 4) * U)
+    a = jnp.abs(x.astype(jnp.float32))
+    big = jnp.max(a, axis=-1, keepdims=True)
+    safe = jnp.where(big > 0, big, 1.0)
+    r = a / safe
+    norm = big[..., 0] * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (n + 8) * U)
+    norm = norm + TINY  # the division's result may have been flushed below TINY
+    finite = jnp.all(jnp.isfinite(x), axis=-1)
+    return jnp.where(finite & ~jnp.isnan(norm), jnp.where(big[..., 0] > 0, norm, 0.0), jnp.inf)
 
 
 def numeric_error(v_abs_bound: jax.Array, rel: float) -> jax.Array:
     """E_num of a softmax-weighted average with weight/sum relative error `rel`: 3 (rel + 2u) ||V_abs||_2,
-    V_abs_c bounding |v_tilde_ic| over every token."""
-    return 3.0 * (rel + EPS_WEIGHT + 2 * U) * l2(v_abs_bound)
+    V_abs_c bounding |v_tilde_ic| over every token (rounded up)."""
+    return 3.0 * (rel + EPS_WEIGHT + 2 * U) * l2(v_abs_bound) * (1.0 + 4 * U)
 
 
 def cast_error(out_f32: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """(out cast to dtype, ||out_f32 - cast||_2 exactly up to the norm's rounding)."""
+    """(out cast to dtype, an upper bound of ||out_f32 - cast||_2: exact up to the norm's rounding)."""
     out = out_f32.astype(dtype)
     return out, l2(out_f32 - out.astype(jnp.float32))
+
+
+def finite_or_inf(bound: jax.Array) -> jax.Array:
+    """A bound is a number or +inf, never NaN."""
+    return jnp.where(jnp.isnan(bound), jnp.inf, bound)
 
 
 def low_precision_unit(dtype) -> float:

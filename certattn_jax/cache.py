@@ -226,13 +226,15 @@ class TieredKVCache:
         return c.replace(host_k=host_k, host_v=host_v)
 
     def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array) -> TieredKVCache:
-        """Update the running value range and the non-finite flag with the valid new tokens."""
+        """Update the running value range and the non-finite flag with the valid new tokens *as stored*:
+        after the cast to the cache dtype (an f32 1002.1 is 1000 in bf16; 7e4 is Inf in f16)."""
         T = k.shape[1]
         mask = (jnp.arange(T)[None, :] < valid[:, None])[:, :, None, None]  # [B, T, 1, 1]
-        v32 = v.astype(jnp.float32)
+        k32 = k.astype(self.dtype).astype(jnp.float32)
+        v32 = v.astype(self.dtype).astype(jnp.float32)
         v_min = jnp.minimum(self.v_min, jnp.min(jnp.where(mask, v32, jnp.inf), axis=1))
         v_max = jnp.maximum(self.v_max, jnp.max(jnp.where(mask, v32, -jnp.inf), axis=1))
-        finite = jnp.isfinite(k.astype(jnp.float32)) & jnp.isfinite(v32)
+        finite = jnp.isfinite(k32) & jnp.isfinite(v32)
         bad = jnp.any(mask & ~finite, axis=(1, 3))  # [B, H]
         return self.replace(v_min=v_min, v_max=v_max, nonfinite=self.nonfinite | bad)
 

@@ -125,7 +125,14 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
 
 def masked_attention_f32(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array,
                          kv_lengths: jax.Array, impl: str = "einsum") -> jax.Array:
-    """`masked_attention` before the final cast: float32 [B, T, Hq, d]."""
+    """`masked_attention` before the final cast: float32 [B, T, Hq, d].
+
+    Arithmetic (docs/bounds.md section 7, relied on by the exact rungs' bound): raw scores r = q.k in float32
+    (computed once); per row m = max r; weights exp((r - m) / sqrt(d)) -- the scaling comes *after* the
+    subtraction, so the max key's weight is exactly 1 whatever a compiler contracts or recomputes, and the
+    normalizer is >= 1. Decode (T = 1) multiplies the float32 probabilities with the values at float32
+    precision (`probs_times_values`): the exact rungs are never less exact than the quantized rung 0.
+    """
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose from {ATTENTION_IMPLS}")
     B, T, Hq, d = q.shape
@@ -134,22 +141,43 @@ def masked_attention_f32(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: 
     q5 = q.reshape(B, T, Hkv, G, d)
     scale = 1.0 / jnp.sqrt(jnp.float32(d))
     if impl == "einsum":
-        scores = einsum_f32("btkgd,bksd->bkgts", q5, k)
+        raw = einsum_f32("btkgd,bksd->bkgts", q5, k)
     else:
         q6 = q5.transpose(0, 2, 3, 1, 4)[:, :, :, :, None, :].astype(jnp.float32)  # [B,K,G,T,1,d]
-        scores = jnp.sum(q6 * k[:, :, None, None, :, :].astype(jnp.float32), axis=-1)
-    scores = scores * scale
+        raw = jnp.sum(q6 * k[:, :, None, None, :, :].astype(jnp.float32), axis=-1)
     key_pos = jnp.arange(S, dtype=jnp.int32)
     visible = (key_pos[None, None, :] <= q_positions[:, :, None]) & (
         key_pos[None, None, :] < kv_lengths[:, None, None])  # [B, T, S]
-    scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
-    # A query with no visible key (padding rows) would give NaN; give it zeros instead.
-    any_visible = jnp.any(visible, axis=-1)[:, None, None, :, None]
-    probs = jax.nn.softmax(jnp.where(any_visible, scores, 0.0), axis=-1)
-    probs = jnp.where(any_visible, probs, 0.0)
+    raw = jnp.where(visible[:, None, None, :, :], raw, -jnp.inf)
+    m = jnp.max(raw, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # a query with no visible key (padding rows): all weights 0
+    w = jnp.exp((raw - m) * scale)
+    denom = jnp.sum(w, axis=-1, keepdims=True)
+    probs = w / jnp.where(denom > 0, denom, 1.0)
     if impl == "einsum":
-        out = einsum_f32("bkgts,bksd->btkgd", probs.astype(v.dtype), v)
+        out = probs_times_values(probs, v) if T == 1 else einsum_f32("bkgts,bksd->btkgd", probs.astype(v.dtype), v)
     else:
         out = jnp.sum(probs[..., None] * v[:, :, None, None, :, :].astype(jnp.float32), axis=-2)
         out = out.transpose(0, 3, 1, 2, 4)
     return out.reshape(B, T, Hq, d)
+
+
+def probs_times_values(probs: jax.Array, v: jax.Array) -> jax.Array:
+    """out[b, t, k, g, d] = sum_s probs[b, k, g, t, s] v[b, k, s, d] with float32 probabilities (no rounding
+    of the probabilities to the values' dtype).
+
+    float32 values, or any values on CPU: a float32 product. bfloat16 values on an accelerator: the
+    probabilities are split exactly into three bfloat16 parts p = hi + mid + lo + r with |r| <= 2^-27 |p|,
+    stacked as extra rows of one bf16 x bf16 -> f32 product (the values are read once; bf16 products are exact
+    in float32), then summed. Other dtypes are upcast.
+    """
+    if v.dtype == jnp.float32 or jax.default_backend() == "cpu" or v.dtype != jnp.bfloat16:
+        return jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(jnp.float32), precision="highest",
+                          preferred_element_type=jnp.float32)
+    hi = probs.astype(jnp.bfloat16)
+    r1 = probs - hi.astype(jnp.float32)
+    mid = r1.astype(jnp.bfloat16)
+    lo = (r1 - mid.astype(jnp.float32)).astype(jnp.bfloat16)
+    parts = jnp.stack([hi, mid, lo], axis=2)  # [B, K, 3, G, T, S]
+    out3 = jnp.einsum("bkpgts,bksd->pbtkgd", parts, v, preferred_element_type=jnp.float32)
+    return (out3[0] + out3[1]) + out3[2]

@@ -7,33 +7,38 @@
   rung 4  exact dense attention for the whole layer (that sequence's every head), when at least
           layer_fallback_fraction of its heads would need rung 3 — bit-for-bit the dense path's output.
 A head stops at the first rung whose bound is within tolerance and whose ranking check passes. Rungs 1-4 are
-computed only when some head needs them (lax.cond); heads whose cache holds NaN/Inf go straight to rung 3/4 and
-get an infinite bound (nothing can be proven about them).
+computed only when some head needs them (lax.cond); heads whose cache or query holds NaN/Inf go straight to
+rung 3/4 and get an infinite bound (nothing can be proven about them). Each rung is a named function under a
+`jax.named_scope`, so profiles read "rung1_widen" etc.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from certattn_jax import bounds, select, tiers
-from certattn_jax.attention import (
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.certificate import Certificate
+from certattn_jax.policy import CertPolicy
+from certattn_jax.step import (
     ExactItems,
     Partials,
     StageResult,
-    _overlay_residual,
+    StepContext,
     build_context,
     dense_attention_f32,
     evaluate_stage,
     exact_items,
     exact_keys_values,
     log_mass,
+    overlay_residual,
 )
-from certattn_jax.cache import TieredKVCache
-from certattn_jax.certificate import Certificate
-from certattn_jax.policy import CertPolicy
+
+__all__ = ["run", "exact_bound"]
 
 
 def _skipped_like(st: StageResult) -> StageResult:
@@ -50,28 +55,89 @@ def _no_items(B: int, H: int, G: int, S: int, d: int) -> ExactItems:
 
 
 def exact_bound(q_abs: jax.Array, k_abs_max: jax.Array, value_abs: jax.Array, key_scale: jax.Array,
-                seq_len: int, value_dtype) -> tuple[jax.Array, jax.Array]:
-    """(e_key, e_num before the output cast) of exact dense attention computed in float32 over seq_len keys.
+                seq_len: int) -> tuple[jax.Array, jax.Array]:
+    """(e_key, e_num before the output cast) of exact dense attention (kv_cache.masked_attention_f32) over
+    seq_len keys.
 
     q_abs [..., G, d], k_abs_max [..., d] (max |k| over valid keys), value_abs [..., d] (max |v|),
-    key_scale [...] (attention.key_term_scale): float rounding of the scores (tanh bound) and of the
-    softmax-weighted sum, including
-    the cast of the probabilities to the value dtype that the dense path makes.
+    key_scale [...] (step.key_term_scale): the float32 rounding of the raw scores (tanh bound -> key term),
+    the weights exp((r - m)/sqrt(d)), the seq_len-term sums and the probabilities x values product at float32
+    precision (docs/bounds.md section 7).
     """
     d = q_abs.shape[-1]
-    delta = jnp.einsum("...gd,...d->...g", q_abs, k_abs_max, precision="highest") * bounds.gamma(d + 6) / math.sqrt(d)
-    e_key = jnp.tanh(delta / 2) * (1 + 4 * bounds.U) * key_scale[..., None]
-    rel = bounds.gamma(seq_len) + 2 * bounds.EPS_WEIGHT + bounds.low_precision_unit(value_dtype)
-    e_num = bounds.numeric_error(value_abs, rel)[..., None]
-    return e_key, jnp.broadcast_to(e_num, e_key.shape)
+    dot = jnp.einsum("...gd,...d->...g", q_abs, k_abs_max, precision="highest")
+    delta = bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d)
+    tv = jnp.tanh(delta / 2) * (1 + 4 * bounds.U)
+    e_key = bounds.key_error(jnp.where(jnp.isnan(tv), jnp.inf, tv), key_scale[..., None])
+    rel = bounds.gamma(seq_len) + 2 * bounds.EPS_WEIGHT_DENSE + bounds.SPLIT_PROBS_ERROR
+    e_num = bounds.numeric_error(value_abs, rel) + bounds.flush_floor(seq_len, value_abs)
+    return e_key, jnp.broadcast_to(e_num[..., None], e_key.shape)
 
 
 def _value_abs_exact(cache: TieredKVCache) -> jax.Array:
     ok = jnp.isfinite(cache.v_min) & jnp.isfinite(cache.v_max)
-    return jnp.where(ok, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0)
+    return jnp.where(ok, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0) * (1.0 + 2 * bounds.U)
 
 
-def _rung3_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx):
+class Selection(NamedTuple):
+    """The promoted blocks of a step: hot [rung 0] and hot_wide [rung 1] items, the next candidates to fetch
+    for rung 1 (wide_extra [B, H, kp]), and the cache with its hot set updated."""
+
+    hot: ExactItems
+    hot_wide: ExactItems
+    wide_extra: jax.Array
+    cache: TieredKVCache
+
+
+def select_and_promote(ctx: StepContext, cache: TieredKVCache, policy: CertPolicy) -> Selection:
+    """INT8 estimate -> top candidates -> make them resident in the hot set (tier-2 reads only for new ones)."""
+    nb, K = cache.num_blocks, cache.k_max
+    est = jnp.exp(jnp.concatenate([ctx.apx_lm, log_mass(ctx.res)], axis=-1) - ctx.log_norm[..., None])
+    kp = policy.k_max
+    ranked, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], 2 * kp,
+                                              policy.tau_cov)
+    k_star = jnp.minimum(k_star, kp)
+    cand, wide_extra = ranked[..., :kp], ranked[..., kp:]
+    if kp < K:  # the cache has more hot slots than this policy promotes
+        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - kp,), -1, cand.dtype)], -1)
+    hot_ids, slot_of_cand, fetch_into = select.plan_residency(cache.hot_ids, cand)
+    hot_k, hot_v = select.fetch_blocks(cache.hot_k, cache.hot_v, cache.host_k, cache.host_v, fetch_into)
+    cache = cache.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=hot_ids)
+    slot_rank = jnp.min(jnp.where(slot_of_cand[..., None, :] == jnp.arange(K)[:, None], jnp.arange(K), K), axis=-1)
+    n_cand = jnp.sum(cand >= 0, axis=-1)
+    hot = exact_items(ctx, hot_k, hot_v, hot_ids, slot_rank < k_star[..., None])
+    hot_wide = hot._replace(active=(slot_rank < n_cand[..., None]) & (hot_ids >= 0))
+    return Selection(hot=hot, hot_wide=hot_wide, wide_extra=wide_extra, cache=cache)
+
+
+def _fetch_exact(ctx: StepContext, cache: TieredKVCache, ids: jax.Array) -> ExactItems:
+    """Exact keys+values of blocks ids [B, H, S] (-1 = none) fetched from tier 2 into temporaries."""
+    shape = ids.shape + (cache.block_size, cache.head_dim)
+    xk, xv = select.fetch_blocks(jnp.zeros(shape, cache.dtype), jnp.zeros(shape, cache.dtype),
+                                 cache.host_k, cache.host_v, ids)
+    return exact_items(ctx, xk, xv, ids, ids >= 0)
+
+
+def rung1_widen(ctx: StepContext, cache: TieredKVCache, sel: Selection, failing: jax.Array, out_dtype,
+                policy: CertPolicy) -> tuple[StageResult, ExactItems]:
+    """Every hot candidate plus the next k_max candidates from tier 2, for the KV heads with a failing head."""
+    need = jnp.any(failing, axis=-1, keepdims=True)
+    extra = _fetch_exact(ctx, cache, jnp.where(need, sel.wide_extra, -1))
+    return evaluate_stage(ctx, [sel.hot_wide, extra], out_dtype, policy), extra
+
+
+def rung2_exact_values(ctx: StepContext, cache: TieredKVCache, sel: Selection, wide: ExactItems,
+                       st1: StageResult, failing: jax.Array, out_dtype, policy: CertPolicy) -> StageResult:
+    """Also exact keys+values for the blocks carrying more than v_tol of a failing head's value-error term."""
+    nb = cache.num_blocks
+    share = st1.masses * ctx.eta[:, :, None, :] / jnp.maximum(st1.e_val, 1e-30)[..., None]
+    share = jnp.max(jnp.where(failing[..., None], share, 0.0), axis=2)  # [B, H, nb]
+    top, ids = jax.lax.top_k(share, min(policy.v_max, nb))
+    ids = jnp.where(top > policy.v_tol, ids, -1)
+    return evaluate_stage(ctx, [sel.hot_wide, wide, _fetch_exact(ctx, cache, ids)], out_dtype, policy)
+
+
+def rung3_exact_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: StepContext):
     """Exact dense attention for the KV heads where need [B, H]: out [B, H, G, d] f32, e_key, e_num [B, H, G]."""
     B, H = need.shape
     G, d = ctx.q32.shape[2], ctx.q32.shape[3]
@@ -88,12 +154,12 @@ def _rung3_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx):
             k = tiers.read_head(cache.host_k, b, h).reshape(1, 1, S, d)
             v = tiers.read_head(cache.host_v, b, h).reshape(1, 1, S, d)
             fl, ln = cache.flushed[b][None], cache.lengths[b][None]
-            k = _overlay_residual(k, cache.res_k[b, h][None, None], fl, ln)
-            v = _overlay_residual(v, cache.res_v[b, h][None, None], fl, ln)
+            k = overlay_residual(k, cache.res_k[b, h][None, None], fl, ln)
+            v = overlay_residual(v, cache.res_v[b, h][None, None], fl, ln)
             o = dense_attention_f32(q_heads[b, h][None], k, v, ln)[0]  # [G, d]
             valid = (jnp.arange(S) < ln[0])[:, None]
             kmax = jnp.max(jnp.where(valid, jnp.abs(k[0, 0].astype(jnp.float32)), 0.0), axis=0)
-            k_e, n_e = exact_bound(ctx.q_abs[b, h], kmax, v_abs[b, h], ctx.key_scale[b, h], S, cache.dtype)
+            k_e, n_e = exact_bound(ctx.q_abs[b, h], kmax, v_abs[b, h], ctx.key_scale[b, h], S)
             return (jax.lax.dynamic_update_slice(out, o[None, None], (b, h, 0, 0)),
                     jax.lax.dynamic_update_slice(ek, k_e[None, None], (b, h, 0)),
                     jax.lax.dynamic_update_slice(en, n_e[None, None], (b, h, 0)))
@@ -104,8 +170,8 @@ def _rung3_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx):
     return jax.lax.fori_loop(0, B * H, one, init)
 
 
-def _rung4_layer(q: jax.Array, cache: TieredKVCache, ctx):
-    """Exact dense attention for every head (the dense path's computation): out [B, Hq, d] f32, bounds."""
+def rung4_exact_layer(q: jax.Array, cache: TieredKVCache, ctx: StepContext):
+    """Exact dense attention for every head (the dense path's computation): out [B, H, G, d] f32, bounds."""
     B, Hq, d = q.shape
     H = cache.num_kv_heads
     G = Hq // H
@@ -114,72 +180,42 @@ def _rung4_layer(q: jax.Array, cache: TieredKVCache, ctx):
     S = k.shape[2]
     valid = (jnp.arange(S)[None, :] < cache.lengths[:, None])[:, None, :, None]
     kmax = jnp.max(jnp.where(valid, jnp.abs(k.astype(jnp.float32)), 0.0), axis=2)  # [B, H, d]
-    e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.key_scale, S, cache.dtype)
+    e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.key_scale, S)
     return out.reshape(B, H, G, d), e_key, e_num
 
 
 def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Array, Certificate, TieredKVCache]:
     B, Hq, d = q.shape
-    H, nb, K = cache.num_kv_heads, cache.num_blocks, cache.k_max
+    H = cache.num_kv_heads
     G = Hq // H
-    ctx = build_context(q, cache, policy)
-
-    # Selection from the INT8 estimate, then make the candidates resident in the hot set.
-    # INT8 estimate of each block's (and the residual's) share of attention, from the context's normalizer
-    est = jnp.exp(jnp.concatenate([ctx.apx_lm, log_mass(ctx.res)], axis=-1) - ctx.log_norm[..., None])
-    kp = policy.k_max
-    ranked, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], 2 * kp,
-                                             policy.tau_cov)
-    k_star = jnp.minimum(k_star, kp)
-    cand, wide_extra = ranked[..., :kp], ranked[..., kp:]
-    if kp < K:  # the cache has more hot slots than this policy promotes
-        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - kp,), -1, cand.dtype)], -1)
-    hot_ids, slot_of_cand, fetch_into = select.plan_residency(cache.hot_ids, cand)
-    hot_k, hot_v = select.fetch_blocks(cache.hot_k, cache.hot_v, cache.host_k, cache.host_v, fetch_into)
-    cache = cache.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=hot_ids)
-    slot_rank = jnp.min(jnp.where(slot_of_cand[..., None, :] == jnp.arange(K)[:, None], jnp.arange(K), K), axis=-1)
-    n_cand = jnp.sum(cand >= 0, axis=-1)
-    hot = exact_items(ctx, hot_k, hot_v, hot_ids, slot_rank < k_star[..., None])
-    hot_wide = hot._replace(active=(slot_rank < n_cand[..., None]) & (hot_ids >= 0))
-
-    bad = cache.nonfinite[:, :, None]
+    with jax.named_scope("tier1_context"):
+        ctx = build_context(q, cache, policy)
+    with jax.named_scope("select_and_promote"):
+        sel = select_and_promote(ctx, cache, policy)
+    cache = sel.cache
     tol = ctx.tolerance
 
     def passes(st: StageResult) -> jax.Array:
-        return (st.bound <= tol) & st.ranking_ok & ~bad
+        return (st.bound <= tol) & st.ranking_ok & ~ctx.bad
 
-    st0 = evaluate_stage(ctx, [hot], q.dtype, policy)
+    with jax.named_scope("rung0_certified"):
+        st0 = evaluate_stage(ctx, [sel.hot], q.dtype, policy)
     ok0 = passes(st0)
 
-    def fetch_exact(ids: jax.Array) -> ExactItems:
-        """Exact keys+values of blocks ids [B, H, S] (-1 = none) fetched from tier 2 into temporaries."""
-        shape = ids.shape + (cache.block_size, d)
-        xk, xv = select.fetch_blocks(jnp.zeros(shape, cache.dtype), jnp.zeros(shape, cache.dtype),
-                                     cache.host_k, cache.host_v, ids)
-        return exact_items(ctx, xk, xv, ids, ids >= 0)
-
-    def widened_stage() -> tuple[StageResult, ExactItems]:
-        # only the KV heads that need it fetch anything
-        need = jnp.any(~ok0, axis=-1, keepdims=True)
-        extra = fetch_exact(jnp.where(need, wide_extra, -1))
-        return evaluate_stage(ctx, [hot_wide, extra], q.dtype, policy), extra
-
-    st1, wide = jax.lax.cond(jnp.any(~ok0), widened_stage,
-                             lambda: (_skipped_like(st0), _no_items(B, H, G, kp, d)))
+    with jax.named_scope("rung1_widen"):
+        st1, wide = jax.lax.cond(
+            jnp.any(~ok0), lambda: rung1_widen(ctx, cache, sel, ~ok0, q.dtype, policy),
+            lambda: (_skipped_like(st0), _no_items(B, H, G, policy.k_max, d)))
     ok1 = passes(st1)
 
-    def value_stage() -> StageResult:
-        share = st1.masses * ctx.eta[:, :, None, :] / jnp.maximum(st1.e_val, 1e-30)[..., None]
-        share = jnp.max(jnp.where((~ok1)[..., None], share, 0.0), axis=2)  # [B, H, nb]
-        V = min(policy.v_max, nb)
-        top, ids = jax.lax.top_k(share, V)
-        ids = jnp.where(top > policy.v_tol, ids, -1)
-        return evaluate_stage(ctx, [hot_wide, wide, fetch_exact(ids)], q.dtype, policy)
-
-    if policy.v_max > 0:
-        st2 = jax.lax.cond(jnp.any(~ok0 & ~ok1), value_stage, lambda: _skipped_like(st0))
-    else:
-        st2 = _skipped_like(st0)
+    with jax.named_scope("rung2_exact_values"):
+        failing2 = ~ok0 & ~ok1
+        if policy.v_max > 0:
+            st2 = jax.lax.cond(jnp.any(failing2),
+                               lambda: rung2_exact_values(ctx, cache, sel, wide, st1, failing2, q.dtype, policy),
+                               lambda: _skipped_like(st0))
+        else:
+            st2 = _skipped_like(st0)
     ok2 = passes(st2)
 
     need3 = ~ok0 & ~ok1 & ~ok2  # [B, H, G]
@@ -187,10 +223,12 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     need3_kv = jnp.any(need3, axis=-1) & ~need4[:, None]
     zeros_out = jnp.zeros((B, H, G, d), jnp.float32)
     infs = jnp.full((B, H, G), jnp.inf)
-    out3, ek3, en3 = jax.lax.cond(jnp.any(need3_kv), lambda: _rung3_heads(q, cache, need3_kv, ctx),
-                                  lambda: (zeros_out, infs, infs))
-    out4, ek4, en4 = jax.lax.cond(jnp.any(need4), lambda: _rung4_layer(q, cache, ctx),
-                                  lambda: (zeros_out, infs, infs))
+    with jax.named_scope("rung3_exact_heads"):
+        out3, ek3, en3 = jax.lax.cond(jnp.any(need3_kv), lambda: rung3_exact_heads(q, cache, need3_kv, ctx),
+                                      lambda: (zeros_out, infs, infs))
+    with jax.named_scope("rung4_exact_layer"):
+        out4, ek4, en4 = jax.lax.cond(jnp.any(need4), lambda: rung4_exact_layer(q, cache, ctx),
+                                      lambda: (zeros_out, infs, infs))
 
     rung = jnp.where(ok0, 0, jnp.where(ok1, 1, jnp.where(ok2, 2, 3)))
     rung = jnp.where(need4[:, None, None], 4, rung).astype(jnp.int32)
@@ -206,7 +244,10 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     e_key = pick(st0.e_key, st1.e_key, st2.e_key, ek3, ek4)
     e_val = pick(st0.e_val, st1.e_val, st2.e_val, zero, zero)
     e_num = pick(st0.e_num, st1.e_num, st2.e_num, en3 + cast3, en4 + cast4)
-    bound = jnp.where(bad, jnp.inf, e_key + e_val + e_num)
+    # Nothing is proven for NaN/Inf data or queries, nor for an output that is not finite (e.g. scores that
+    # overflow float32): +inf, never NaN.
+    unprovable = ctx.bad | ~jnp.all(jnp.isfinite(out.astype(jnp.float32)), axis=-1)
+    bound = jnp.where(unprovable, jnp.inf, bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U)))
     all_blocks = jnp.broadcast_to(jnp.sum(ctx.block_valid, axis=-1)[:, None, None], rung.shape).astype(jnp.int32)
     k_used = pick(st0.k_star, st1.k_star, st2.k_star, all_blocks, all_blocks)
     true_ = jnp.ones_like(st0.ranking_ok)
@@ -219,6 +260,3 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
                        tolerance=heads(tol), k_star=heads(k_used), rung=heads(rung), ranking_ok=heads(ranking_ok),
                        certified=heads(bound <= tol))
     return heads(out), cert, cache
-
-
-__all__ = ["run", "exact_bound", "ExactItems"]

@@ -131,7 +131,14 @@ def dequantize_values(packed: jax.Array, scale: jax.Array, zero: jax.Array, grou
 
 
 def token_error_norms(v: jax.Array, v_hat: jax.Array) -> jax.Array:
-    """||v_i - v_hat_i||_2 per token (float32), inflated to cover float32 rounding of the norm itself."""
-    diff = v.astype(jnp.float32) - v_hat
+    """Upper bounds of ||v_i - v_hat_i||_2 per token (float32): scaled by the largest difference so that the
+    squares neither underflow (values ~1e-20) nor overflow (~1e30), and rounded up for the norm's own float32
+    error (and for a difference that may have been flushed below the smallest normal float)."""
+    diff = jnp.abs(v.astype(jnp.float32) - v_hat)
     d = v.shape[-1]
-    return jnp.sqrt(jnp.sum(diff * diff, axis=-1)) * (1.0 + (d + 4) * float(jnp.finfo(jnp.float32).eps))
+    big = jnp.max(diff, axis=-1, keepdims=True)
+    r = diff / jnp.where(big > 0, big, 1.0)
+    eps = float(jnp.finfo(jnp.float32).eps)
+    norm = big[..., 0] * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (d + 8) * eps)
+    tiny = float(jnp.finfo(jnp.float32).tiny)
+    return jnp.where(jnp.isfinite(norm), norm + tiny * (d + 2), jnp.inf)

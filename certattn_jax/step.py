@@ -1,0 +1,296 @@
+"""The machinery of one certified decode step, shared by the attention entry points and the ladder.
+
+    ctx = build_context(q, cache, policy)                  # everything that does not depend on the rung
+    items = exact_items(ctx, keys, values, ids, active)    # blocks attended with exact keys and values
+    stage = evaluate_stage(ctx, [items, ...], dtype, policy)   # output + bound with those blocks exact
+
+Flow is one-directional: `attention` (public API) -> `ladder` (which rung) -> `step` (this module) ->
+`bounds` / `select` / `quant`. Shapes: B sequences, H KV heads, G query heads per KV head, nb full blocks of
+Bk tokens, d head dim.
+
+Arithmetic model (docs/bounds.md section 5, relied on by the proofs): scores are the float32 dot products of
+the *pre-scaled* query q / sqrt(d) with the keys, computed once; the block max and the weights exp(s - m) read
+the same score values (so the max token of every item has weight exactly 1 and its l >= 1, which `combine`
+checks at run time: a valid item with l < 1/2, a non-finite l or m, is "broken" and gets an infinite bound).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from certattn_jax import bounds, quant, select
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.kv_cache import masked_attention_f32
+from certattn_jax.policy import CertPolicy
+
+_HI = "highest"
+
+
+class Partials(NamedTuple):
+    """Flash-decoding partials of attention items (blocks): m [..., n] max score, l [..., n] sum of
+    exp(s - m), acc [..., n, d] sum of exp(s - m) * v."""
+
+    m: jax.Array
+    l: jax.Array
+    acc: jax.Array
+
+
+def scaled_query(q32: jax.Array) -> jax.Array:
+    """q / sqrt(d) in float32: scores are dot products with this (no multiply after the dot that a compiler
+    could contract with the softmax's subtraction and evaluate differently in two places)."""
+    return q32 * (1.0 / math.sqrt(q32.shape[-1]))
+
+
+def partials(scores: jax.Array, values: jax.Array) -> Partials:
+    """scores [B, H, G, n, t] (-inf = masked), values [B, H, n, t, d] shared by the G query heads (masked
+    positions must hold finite values: callers zero them)."""
+    m = jnp.max(scores, axis=-1)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp(scores - m_safe[..., None])
+    l = jnp.sum(w, axis=-1)
+    acc = jnp.einsum("bhgnt,bhntd->bhgnd", w, values, precision=_HI)
+    return Partials(m=m, l=l, acc=acc)
+
+
+def mask_partials(p: Partials, keep: jax.Array) -> Partials:
+    """Drop items where keep [..., n] (broadcast over G) is False."""
+    return Partials(m=jnp.where(keep, p.m, -jnp.inf), l=jnp.where(keep, p.l, 0.0),
+                    acc=jnp.where(keep[..., None], p.acc, 0.0))
+
+
+class Combined(NamedTuple):
+    """The merge of item partials: out [B, H, G, d] float32; per item [B, H, G, n]: log_masses (natural log
+    of the item's share of the softmax, -inf for empty items), log_mass_err (absolute rounding of that log),
+    item_ok (l and m finite and l >= 1/2: the arithmetic behaved as modelled)."""
+
+    out: jax.Array
+    log_masses: jax.Array
+    log_mass_err: jax.Array
+    item_ok: jax.Array
+
+
+def combine(parts: list[Partials]) -> Combined:
+    """Merge item partials (docs/bounds.md sections 2 and 5).
+
+    Log-masses are kept in log space because a share can underflow float32 (below e^-87) while its error
+    term, e^Delta times larger, does not (bounds.tv_bound). Their absolute rounding, a few ulps of each
+    magnitude in m + log l - (big + log denom), is returned so the bound can cover it (it is ~u * |score|
+    nats: not negligible when scores are in the thousands).
+    """
+    m = jnp.concatenate([p.m for p in parts], axis=-1)
+    l = jnp.concatenate([p.l for p in parts], axis=-1)
+    acc = jnp.concatenate([p.acc for p in parts], axis=-2)
+    big = jnp.max(m, axis=-1, keepdims=True)
+    big = jnp.where(jnp.isfinite(big), big, 0.0)
+    w = jnp.where(jnp.isfinite(m), jnp.exp(m - big), 0.0)
+    denom = jnp.sum(l * w, axis=-1, keepdims=True)
+    safe = jnp.where(denom > 0, denom, 1.0)
+    out = jnp.einsum("bhgn,bhgnd->bhgd", w, acc, precision=_HI) / safe
+    live = l > 0
+    log_l = jnp.log(jnp.where(live, l, 1.0))
+    item_lm = jnp.where(live, m + log_l, -jnp.inf)
+    log_denom = jnp.log(safe)
+    lm = item_lm - (big + log_denom)
+    finite_lm = jnp.where(jnp.isfinite(lm), lm, 0.0)
+    err = 8 * bounds.U * (jnp.abs(jnp.where(jnp.isfinite(m), m, 0.0)) + jnp.abs(log_l) + jnp.abs(big)
+                          + jnp.abs(log_denom) + jnp.abs(finite_lm) + 2.0)
+    item_ok = jnp.isfinite(m) & jnp.isfinite(l) & (l >= 0.5) & jnp.isfinite(denom)
+    return Combined(out=out, log_masses=lm, log_mass_err=err, item_ok=item_ok)
+
+
+def log_mass(p: Partials) -> jax.Array:
+    """log sum_i e^{s_i} of each item (-inf for empty items)."""
+    return jnp.where(p.l > 0, p.m + jnp.log(jnp.where(p.l > 0, p.l, 1.0)), -jnp.inf)
+
+
+class StepContext(NamedTuple):
+    """Everything of one step that does not depend on the rung."""
+
+    q32: jax.Array  # [B, H, G, d]
+    q_abs: jax.Array
+    q_scaled: jax.Array  # [B, H, G, d] q / sqrt(d)
+    apx: Partials  # all full blocks, INT keys / INT values  [B, H, G, nb]
+    apx_delta: jax.Array  # [B, H, G, nb]
+    apx_lm: jax.Array  # [B, H, G, nb] INT8 log-mass
+    log_norm: jax.Array  # [B, H, G] log of the INT8 estimate's softmax normalizer (all blocks + residual)
+    res: Partials  # residual block, exact  [B, H, G, 1]
+    res_delta: jax.Array  # [B, H, G, 1]
+    res_valid: jax.Array  # [B] the residual block holds tokens
+    block_valid: jax.Array  # [B, nb]
+    eta: jax.Array  # [B, H, nb]
+    value_range: jax.Array  # [B, H] ||r||_2
+    key_scale: jax.Array  # [B, H] E_key = TV * key_scale, key_scale = min(||r||_2, 2 max_i ||v_i||_2)
+    value_abs: jax.Array  # [B, H, d] bound on |v_tilde_ic|
+    tolerance: jax.Array  # [B, H, G]
+    bad: jax.Array  # [B, H, G] nothing can be proven: NaN/Inf in the cache or in the query
+
+
+class StageResult(NamedTuple):
+    out: jax.Array  # [B, H, G, d] in q's dtype
+    bound: jax.Array  # [B, H, G]
+    e_key: jax.Array
+    e_val: jax.Array
+    e_num: jax.Array
+    ranking_ok: jax.Array
+    k_star: jax.Array  # [B, H, G] int32
+    masses: jax.Array  # [B, H, G, nb] mass of each approx (non-exact) block, 0 for exact ones
+
+
+class ExactItems(NamedTuple):
+    """Blocks attended with exact keys and values: partials [B, H, G, S], their block ids [B, H, S],
+    which are used at this rung (active [B, H, S]) and their deltas [B, H, G, S]."""
+
+    parts: Partials
+    ids: jax.Array
+    active: jax.Array
+    delta: jax.Array
+
+
+def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> StepContext:
+    B, Hq, d = q.shape
+    H, nb, Bk = cache.num_kv_heads, cache.num_blocks, cache.block_size
+    G = Hq // H
+    q32 = q.astype(jnp.float32).reshape(B, H, G, d)
+    q_abs = jnp.abs(q32)
+    q_s = scaled_query(q32)
+    block_valid = jnp.arange(nb)[None, :] < (cache.flushed // Bk)[:, None]
+
+    k_hat = quant.dequantize_keys(cache.k_codes, cache.k_scale, cache.k_zero, cache.key_bits)
+    s_apx = jnp.einsum("bhgd,bhntd->bhgnt", q_s, k_hat, precision=_HI)
+    s_apx = jnp.where(block_valid[:, None, None, :, None], s_apx, -jnp.inf)
+    v_hat = quant.dequantize_values(cache.v_codes, cache.v_scale, cache.v_zero, cache.group_size,
+                                    cache.value_bits)
+    v_hat = jnp.where(block_valid[:, None, :, None, None], v_hat, 0.0)  # empty slots must not meet 0 * inf
+    apx = partials(s_apx, v_hat)
+    apx_delta = bounds.key_delta_quantized(q_abs, cache.k_scale, cache.k_zero, cache.key_bits)
+
+    r_count = cache.lengths - cache.flushed
+    res_tok = jnp.arange(Bk)[None, :] < r_count[:, None]  # [B, Bk]
+    res_k = jnp.where(res_tok[:, None, :, None], cache.res_k.astype(jnp.float32), 0.0)  # padding never counts
+    res_v = jnp.where(res_tok[:, None, :, None], cache.res_v.astype(jnp.float32), 0.0)
+    s_res = jnp.einsum("bhgd,bhtd->bhgt", q_s, res_k, precision=_HI)
+    s_res = jnp.where(res_tok[:, None, None, :], s_res, -jnp.inf)[:, :, :, None, :]
+    res = partials(s_res, res_v[:, :, None])
+    res_kmax = jnp.max(jnp.abs(res_k), axis=2)[:, :, None]
+    res_delta = bounds.key_delta_exact(q_abs, res_kmax)
+
+    eta = jnp.where(block_valid[:, None, :], cache.v_err, 0.0)
+    has_values = jnp.isfinite(cache.v_min) & jnp.isfinite(cache.v_max)
+    v_range = jnp.where(has_values, cache.v_max - cache.v_min, 0.0)
+    value_range = bounds.l2(v_range)
+    eta_inf = jnp.max(eta, axis=-1)
+    value_abs = jnp.where(has_values, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0)
+    value_abs = (value_abs + eta_inf[..., None]) * (1.0 + 2 * bounds.U)
+    tolerance = policy.eps * value_range + policy.abs_tol
+    res_norm = jnp.max(bounds.l2(res_v), axis=-1)
+    max_norm = jnp.maximum(jnp.max(jnp.where(block_valid[:, None, :], cache.v_norm, 0.0), axis=-1), res_norm)
+    all_lm = jnp.concatenate([log_mass(apx), log_mass(res)], axis=-1)
+    log_norm = jax.scipy.special.logsumexp(all_lm, axis=-1)
+    q_bad = ~jnp.all(jnp.isfinite(q32), axis=-1)  # [B, H, G]
+    bad = cache.nonfinite[:, :, None] | q_bad
+    return StepContext(q32=q32, q_abs=q_abs, q_scaled=q_s, apx=apx, apx_delta=apx_delta, apx_lm=log_mass(apx),
+                       log_norm=log_norm, res=res, res_delta=res_delta, res_valid=r_count > 0,
+                       block_valid=block_valid, eta=eta, value_range=value_range,
+                       key_scale=key_term_scale(value_range, max_norm),
+                       value_abs=value_abs, tolerance=jnp.broadcast_to(tolerance[..., None], (B, H, G)), bad=bad)
+
+
+def key_term_scale(value_range: jax.Array, max_value_norm: jax.Array) -> jax.Array:
+    """The factor turning TV into E_key: ||sum_i (p_i - p_hat_i) v_i|| <= TV * min(||r||_2, 2 max_i ||v_i||_2)
+    (centre c = mid-range per channel, or c = 0; docs/bounds.md section 3)."""
+    return jnp.minimum(value_range, 2.0 * max_value_norm)
+
+
+def exact_items(ctx: StepContext, keys: jax.Array, values: jax.Array, ids: jax.Array, active: jax.Array,
+                ) -> ExactItems:
+    """Exact partials for blocks keys/values [B, H, S, Bk, d] (device), ids [B, H, S] (-1 = empty slot)."""
+    filled = ids >= 0
+    k32 = jnp.where(filled[..., None, None], keys.astype(jnp.float32), 0.0)
+    v32 = jnp.where(filled[..., None, None], values.astype(jnp.float32), 0.0)
+    s = jnp.einsum("bhgd,bhstd->bhgst", ctx.q_scaled, k32, precision=_HI)
+    s = jnp.where(filled[:, :, None, :, None], s, -jnp.inf)
+    parts = partials(s, v32)
+    delta = bounds.key_delta_exact(ctx.q_abs, jnp.max(jnp.abs(k32), axis=-2))
+    return ExactItems(parts=parts, ids=ids, active=active & filled, delta=delta)
+
+
+def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy: CertPolicy) -> StageResult:
+    """Output and bound when the blocks of `exact` (where active) use exact keys and values, the other full
+    blocks INT keys/values, and the residual is exact."""
+    B, H, G = ctx.tolerance.shape
+    nb = ctx.apx.m.shape[-1]
+    is_exact = jnp.zeros((B, H, nb), bool)
+    for ex in exact:
+        hit = (ex.ids[..., :, None] == jnp.arange(nb)) & ex.active[..., None]
+        is_exact = is_exact | jnp.any(hit, axis=-2)
+    keep = (~is_exact)[:, :, None, :]
+    apx = mask_partials(ctx.apx, keep)
+    ex_parts = [mask_partials(ex.parts, ex.active[:, :, None, :]) for ex in exact]
+    comb = combine([apx, *ex_parts, ctx.res])
+    n_items = comb.log_masses.shape[-1]
+    # Which items hold tokens, from the validity masks alone (never from their computed masses).
+    valid = jnp.concatenate(
+        [jnp.broadcast_to(keep & ctx.block_valid[:, None, None, :], (B, H, G, nb))]
+        + [jnp.broadcast_to(ex.active[:, :, None, :], (B, H, G) + ex.active.shape[-1:]) for ex in exact]
+        + [jnp.broadcast_to(ctx.res_valid[:, None, None, None], (B, H, G, 1))], axis=-1)
+    deltas = jnp.concatenate([ctx.apx_delta, *[ex.delta for ex in exact], ctx.res_delta], axis=-1)
+
+    n_tokens = n_items * policy.block_size
+    rel = bounds.sum_error(policy.block_size, n_items) + 2 * bounds.EPS_WEIGHT
+    lm_up = bounds.log_mass_upper(comb.log_masses, comb.log_mass_err, 2 * rel)
+    broken = bounds.item_broken(valid, comb.log_masses, deltas, comb.item_ok)
+    tv = bounds.tv_bound(lm_up, deltas, valid, broken)
+    e_key = bounds.key_error(tv, ctx.key_scale[..., None])
+    e_val = bounds.weighted_sum(lm_up[..., :nb], ctx.eta[:, :, None, :], valid[..., :nb], broken)
+    out, cast = bounds.cast_error(comb.out, out_dtype)
+    e_num = (bounds.numeric_error(ctx.value_abs, rel) + bounds.flush_floor(n_tokens, ctx.value_abs))[..., None]
+    e_num = jnp.where(broken, jnp.inf, e_num + cast)
+    bound = bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U))
+
+    norm = ctx.log_norm[..., None]
+    approx_lm, exact_lm, active = [], [], []
+    for ex in exact:
+        approx_lm.append(jnp.take_along_axis(ctx.apx_lm, jnp.maximum(ex.ids, 0)[:, :, None, :], axis=-1) - norm)
+        exact_lm.append(log_mass(ex.parts) - norm)
+        active.append(ex.active)
+    tail_upper = jnp.where(keep & ctx.block_valid[:, None, None, :], ctx.apx_lm + ctx.apx_delta - norm, -jnp.inf)
+    ranking_ok = select.ranking_consistent(jnp.concatenate(approx_lm, -1), jnp.concatenate(exact_lm, -1),
+                                           jnp.concatenate(active, -1), tail_upper, policy.rank_margin)
+    ranking_ok = jnp.broadcast_to(ranking_ok[:, :, None], (B, H, G))
+    k_star = sum(jnp.sum(ex.active, axis=-1) for ex in exact)
+    k_star = jnp.broadcast_to(k_star[:, :, None], (B, H, G)).astype(jnp.int32)
+    apx_mass = jnp.exp(jnp.where(valid[..., :nb], comb.log_masses[..., :nb], -jnp.inf))
+    return StageResult(out=out, bound=bound, e_key=e_key, e_val=e_val, e_num=e_num, ranking_ok=ranking_ok,
+                       k_star=k_star, masses=apx_mass)
+
+
+def overlay_residual(full: jax.Array, res: jax.Array, flushed: jax.Array, lengths: jax.Array) -> jax.Array:
+    """full [B, H, S, d] with positions [flushed, lengths) taken from the residual block res [B, H, Bk, d]."""
+    S, Bk = full.shape[2], res.shape[2]
+    pos = jnp.arange(S)
+    idx = jnp.clip(pos[None, :] - flushed[:, None], 0, Bk - 1)  # [B, S]
+    taken = jnp.take_along_axis(res, idx[:, None, :, None], axis=2)
+    use = (pos[None, :] >= flushed[:, None]) & (pos[None, :] < lengths[:, None])
+    return jnp.where(use[:, None, :, None], taken.astype(full.dtype), full)
+
+
+def exact_keys_values(cache: TieredKVCache) -> tuple[jax.Array, jax.Array]:
+    """The originals, [B, H, capacity, d] each: tier 2 (moved to the device) with the residual overlaid."""
+    from certattn_jax import tiers
+
+    B, H, nb, Bk, d = cache.host_k.shape
+    k = tiers.read_all(cache.host_k).reshape(B, H, nb * Bk, d)
+    v = tiers.read_all(cache.host_v).reshape(B, H, nb * Bk, d)
+    return (overlay_residual(k, cache.res_k, cache.flushed, cache.lengths),
+            overlay_residual(v, cache.res_v, cache.flushed, cache.lengths))
+
+
+def dense_attention_f32(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Exact attention of q [B, Hq, d] over k, v [B, H, S, d] (first lengths[b] valid): float32 [B, Hq, d].
+    The same computation as the dense KV cache's decode step (masked_attention)."""
+    out = masked_attention_f32(q[:, None], k, v, (lengths - 1)[:, None], lengths)
+    return out[:, 0]

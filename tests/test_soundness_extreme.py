@@ -1,0 +1,321 @@
+"""Soundness under incremental builds and extreme magnitudes (issue: certificates that lie).
+
+Families (each a bare `error <= bound` check against a float64 reference over exactly what tier 2 and the
+residual hold, i.e. the inputs *after* their cast to the cache dtype):
+  * incremental builds: float32 inputs written into bf16 / f16 caches token by token across flushes, and in
+    chunks, with value offsets that the cast moves (1002 +- 0.1 in bf16) and values that overflow f16;
+  * extreme magnitudes: scores up to ~1e10, values from 1e-25 to 1e30, absolute tolerances that certify;
+  * non-finite and overflowing queries: a bound is a number or +inf, never NaN;
+  * garbage beyond `lengths` in the residual block never influences the result;
+  * the exact rungs are never less exact than rung 0 (float32 probabilities with a bf16 cache).
+Plus unit checks of the bound's building blocks (liveness from masks, scaled norms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from certattn_jax import bounds, quant
+from certattn_jax.attention import certified_attention
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.policy import CertPolicy
+
+attn = jax.jit(certified_attention, static_argnums=2)
+
+
+def stored(x, dtype) -> np.ndarray:
+    """What a cache of `dtype` holds for input x, as float64."""
+    return np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32)).astype(np.float64)
+
+
+def reference(q, k, v, lengths) -> np.ndarray:
+    """float64 attention of q [B, Hq, d] over k, v [B, T, H, d] (float64 arrays), first lengths[b] tokens."""
+    q = np.asarray(q).astype(np.float64)
+    B, T, H, d = k.shape
+    Hq = q.shape[1]
+    G = Hq // H
+    out = np.empty((B, Hq, d))
+    for b in range(B):
+        n = int(lengths[b])
+        for h in range(Hq):
+            s = k[b, :n, h // G] @ q[b, h] / math.sqrt(d)
+            w = np.exp(s - np.max(s))
+            out[b, h] = (w @ v[b, :n, h // G]) / np.sum(w)
+    return out
+
+
+def check(q, k64, v64, lengths, cache, policy, *, allow_unproven=None, what=""):
+    """Every head: bound is a number or +inf (never NaN), error <= bound; a non-finite output only with an
+    infinite bound. allow_unproven [B, Hq]: heads that must report +inf (NaN/Inf data or query)."""
+    out, cert = attn(q, cache, policy)
+    c = jax.tree.map(np.asarray, cert)
+    bound = c.error_bound.astype(np.float64)
+    assert not np.any(np.isnan(bound)), f"NaN bound {what}: {bound}"
+    assert np.all(bound >= 0), bound
+    np.testing.assert_array_equal(c.certified, c.error_bound <= c.tolerance)
+    ref = reference(q, k64, v64, lengths)
+    out64 = np.asarray(out).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.linalg.norm(out64 - ref, axis=-1)
+    skip = np.zeros(bound.shape, bool) if allow_unproven is None else np.asarray(allow_unproven)
+    assert np.all(np.isposinf(bound[skip])) and not np.any(c.certified[skip]), (what, bound, c.certified)
+    nonfinite_out = ~np.all(np.isfinite(out64), axis=-1)
+    assert np.all(np.isposinf(bound[nonfinite_out])), f"non-finite output with a finite bound {what}"
+    ok = skip | nonfinite_out | (err <= bound)
+    if not ok.all():
+        bad = [(b, h, err[b, h], bound[b, h], int(c.rung[b, h]), float(c.e_key[b, h]), float(c.e_val[b, h]),
+                float(c.e_num[b, h])) for b, h in zip(*np.nonzero(~ok), strict=True)]
+        raise AssertionError(f"UNSOUND {what} policy={policy}: (b, h, err, bound, rung, e_key, e_val, e_num) {bad}")
+    return err, c, np.asarray(out)
+
+
+# ------------------------------------------------------------------------------- incremental builds
+INC_POLICY = CertPolicy(block_size=16, group_size=16, key_bits=8, value_bits=4, k_max=2, eps=0.05)
+INC_POLICY_K4 = CertPolicy(block_size=16, group_size=16, key_bits=4, value_bits=2, k_max=2, eps=1.0)
+CAP = 96
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_one(cache, k, v):
+    return cache.flush().write_token(k, v)
+
+
+@jax.jit
+def _append(cache, k, v):
+    return cache.append(k, v)
+
+
+def _build_incremental(k, v, dtype, policy, mode):
+    B, T, H, d = k.shape
+    cache = TieredKVCache.init(batch=B, capacity=CAP, num_kv_heads=H, head_dim=d, dtype=dtype, policy=policy)
+    if mode == "tokens":
+        for t in range(T):
+            cache = _write_one(cache, k[:, t:t + 1], v[:, t:t + 1])
+    else:
+        for t in range(0, T, 23):
+            cache = _append(cache, k[:, t:t + 23], v[:, t:t + 23])
+    return cache
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("policy", [INC_POLICY, INC_POLICY_K4], ids=["K8V4", "K4V2"])
+@pytest.mark.parametrize("mode", ["tokens", "chunks"])
+def test_incremental_float32_inputs_into_low_precision_caches(dtype, policy, mode):
+    """f32 values 1002 +- 0.1: the bf16 cache stores a range of ~4 (the audit's case: a range recorded before
+    the cast was 0.2); T = 70 crosses 4 flushes and leaves a partial residual (token mode: a full one too)."""
+    rng = np.random.default_rng(hash((str(dtype), policy.key_bits, mode)) % 2 ** 32)
+    B, T, H, G, d = 2, 70, 2, 2, 32
+    k = rng.standard_normal((B, T, H, d)).astype(np.float32) * 2
+    v = (1002.0 + 0.1 * rng.standard_normal((B, T, H, d))).astype(np.float32)
+    v[:, :, 1] = rng.standard_normal((B, T, d)) * 3  # a plain KV head beside it
+    q = (rng.standard_normal((B, H * G, d)) * 2).astype(np.float32)
+    for n in (64, 70):  # 64: the residual is exactly full (token mode) / empty (chunk mode)
+        cache = _build_incremental(jnp.asarray(k[:, :n]), jnp.asarray(v[:, :n]), dtype, policy, mode)
+        lengths = np.full(B, n)
+        err, c, _ = check(jnp.asarray(q), stored(k[:, :n], dtype), stored(v[:, :n], dtype), lengths, cache, policy,
+                          what=f"incremental {mode} n={n}")
+        v_rng = stored(v[:, :n], dtype).max(axis=1) - stored(v[:, :n], dtype).min(axis=1)  # [B, H, d]
+        np.testing.assert_allclose(np.asarray(cache.v_max - cache.v_min), v_rng, rtol=0, atol=0)
+
+
+def test_f16_overflow_from_float32_inputs_sets_nonfinite():
+    """f32 inputs above 65504 become Inf in an f16 cache: the head must be flagged and never certified."""
+    B, T, H, G, d = 1, 40, 2, 2, 32
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((B, T, H, d)).astype(np.float32)
+    v = rng.standard_normal((B, T, H, d)).astype(np.float32)
+    v[0, 5, 0, 3] = 7.0e4  # Inf in float16
+    k[0, 37, 1, 0] = -9.0e4  # -Inf in float16, in the residual
+    q = rng.standard_normal((B, H * G, d)).astype(np.float32)
+    for mode in ("tokens", "chunks"):
+        cache = _build_incremental(jnp.asarray(k), jnp.asarray(v), jnp.float16, INC_POLICY, mode)
+        assert np.asarray(cache.nonfinite).tolist() == [[True, True]]
+        unproven = np.ones((B, H * G), bool)
+        check(jnp.asarray(q), stored(k, jnp.float16), stored(v, jnp.float16), [T], cache, INC_POLICY,
+              allow_unproven=unproven, what=f"f16 overflow {mode}")
+
+
+# ------------------------------------------------------------------------------- extreme magnitudes
+EXT_CFGS = {
+    "f32-K8V4": (jnp.float32, CertPolicy(block_size=16, group_size=16, k_max=3, eps=0.05)),
+    "bf16-K4V2": (jnp.bfloat16, CertPolicy(block_size=32, group_size=16, key_bits=4, value_bits=2, k_max=2,
+                                           eps=0.5, layer_fallback_fraction=1.0)),
+}
+EXT_B, EXT_H, EXT_G, EXT_D, EXT_T = 2, 2, 2, 32, 160
+
+
+@functools.partial(jax.jit, static_argnames=("policy",))
+def _build(k, v, lengths, policy):
+    return TieredKVCache.from_dense(k, v, policy=policy, lengths=lengths)
+
+
+def _extreme_case(seed, q_mag, k_mag, v_mag, v_off, needle_score):
+    rng = np.random.default_rng(seed)
+    B, H, G, d, T = EXT_B, EXT_H, EXT_G, EXT_D, EXT_T
+    k = rng.standard_normal((B, T, H, d)) * k_mag
+    v = rng.standard_normal((B, T, H, d)) * v_mag + v_off
+    q = rng.standard_normal((B, H * G, d)) * q_mag
+    if needle_score:  # one key per (row, KV head) whose score with the group's first head is ~needle_score
+        for b in range(B):
+            for h in range(H):
+                i = rng.integers(T)
+                qh = q[b, h * G]
+                k[b, i, h] = qh / (qh @ qh) * needle_score * math.sqrt(d)
+    return q, k, v
+
+
+@pytest.mark.parametrize("name", list(EXT_CFGS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+@given(seed=st.integers(0, 2 ** 31 - 1), q_exp=st.floats(-3, 4), k_exp=st.floats(-3, 3),
+       v_exp=st.floats(-25, 30), v_off_rel=st.sampled_from([0.0, 0.0, 3.0, 1e3]),
+       needle=st.sampled_from([0.0, 0.0, 1e3, 3e5, 1e10]), abs_tol=st.sampled_from([0.0, 1e-3, 10.0]),
+       data=st.data())
+def test_extreme_magnitudes_are_bounded(name, seed, q_exp, k_exp, v_exp, v_off_rel, needle, abs_tol, data):
+    dtype, policy = EXT_CFGS[name]
+    policy = dataclasses.replace(policy, abs_tol=abs_tol)
+    v_mag = 10.0 ** v_exp
+    q, k, v = _extreme_case(seed, 10.0 ** q_exp, 10.0 ** k_exp, v_mag, v_off_rel * v_mag, needle)
+    lengths = np.asarray(data.draw(st.lists(st.integers(1, EXT_T), min_size=EXT_B, max_size=EXT_B)))
+    kj, vj = jnp.asarray(k, dtype), jnp.asarray(v, dtype)
+    cache = _build(kj, vj, jnp.asarray(lengths, jnp.int32), policy)
+    check(jnp.asarray(q, jnp.float32), stored(k, dtype), stored(v, dtype), lengths, cache, policy,
+          what=f"{name} q=1e{q_exp:.1f} k=1e{k_exp:.1f} v=1e{v_exp:.1f} needle={needle}")
+
+
+@pytest.mark.parametrize("v_mag, abs_tol", [(1e-20, 0.0), (1e-20, 1e-3), (1e-25, 0.0), (1e30, 0.0)])
+def test_tiny_and_huge_values(v_mag, abs_tol):
+    """Values ~1e-20: the norm of the value range underflowed (bound 0.0 at rung 4; 3.5e-38 at rung 0 with
+    abs_tol = 1e-3, against true errors ~1e-27). Values ~1e30: the squares overflow."""
+    dtype, policy = EXT_CFGS["f32-K8V4"]
+    policy = dataclasses.replace(policy, abs_tol=abs_tol)
+    q, k, v = _extreme_case(11, 1.0, 1.0, v_mag, 0.0, 0.0)
+    for pol in (policy, dataclasses.replace(policy, eps=0.0, layer_fallback_fraction=0.1)):  # rung 0/1, rung 4
+        cache = _build(jnp.asarray(k, dtype), jnp.asarray(v, dtype), jnp.full((EXT_B,), EXT_T, jnp.int32), pol)
+        err, c, _ = check(jnp.asarray(q, jnp.float32), stored(k, dtype), stored(v, dtype), [EXT_T] * EXT_B,
+                          cache, pol, what=f"values ~{v_mag}")
+        assert np.all(np.isfinite(c.error_bound)) and np.all(c.error_bound > 0)
+
+
+def test_needle_score_1e10_is_never_dropped():
+    """A needle whose score is ~1e10 (finite): its block must never be treated as empty. Either it is
+    promoted (exact) or the bound says nothing (+inf -> exact rungs)."""
+    dtype, policy = EXT_CFGS["f32-K8V4"]
+    q, k, v = _extreme_case(5, 1.0, 1.0, 1.0, 0.0, 1e10)
+    v = v.copy()
+    cache = _build(jnp.asarray(k, dtype), jnp.asarray(v, dtype), jnp.full((EXT_B,), EXT_T, jnp.int32), policy)
+    check(jnp.asarray(q, jnp.float32), stored(k, dtype), stored(v, dtype), [EXT_T] * EXT_B, cache, policy,
+          what="needle 1e10")
+
+
+def test_bf16_max_key_from_float32_input():
+    """An f32 key of 3.39e38 is stored as bf16's largest finite value (the audit: true error 903 against a
+    certified bound of 8.8)."""
+    dtype, policy = EXT_CFGS["f32-K8V4"]
+    rng = np.random.default_rng(4)
+    B, T, H, d = 1, 60, 2, 32
+    k = rng.standard_normal((B, T, H, d)).astype(np.float32)
+    v = rng.standard_normal((B, T, H, d)).astype(np.float32)
+    k[0, 21, 0, :] = 3.39e38 * np.sign(rng.standard_normal(d))
+    q = rng.standard_normal((B, 2 * H, d)).astype(np.float32) * 1e-30  # scores stay finite: ~1e8
+    cache = TieredKVCache.init(batch=B, capacity=CAP, num_kv_heads=H, head_dim=d, dtype=jnp.bfloat16, policy=policy)
+    cache = _append(cache, jnp.asarray(k), jnp.asarray(v))
+    check(jnp.asarray(q), stored(k, jnp.bfloat16), stored(v, jnp.bfloat16), [T], cache, policy, what="bf16 max key")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 3e38])
+def test_nonfinite_and_overflowing_queries_get_a_number_or_inf(bad):
+    dtype, policy = EXT_CFGS["f32-K8V4"]
+    q, k, v = _extreme_case(6, 1.0, 1.0, 1.0, 0.0, 0.0)
+    q = q.astype(np.float32)
+    q[0, 1, 4] = bad  # one query head
+    cache = _build(jnp.asarray(k, dtype), jnp.asarray(v, dtype), jnp.full((EXT_B,), EXT_T, jnp.int32), policy)
+    unproven = np.zeros((EXT_B, EXT_H * EXT_G), bool)
+    if not np.isfinite(bad):
+        unproven[0, 1] = True
+    err, c, out = check(jnp.asarray(q), stored(k, dtype), stored(v, dtype), [EXT_T] * EXT_B, cache, policy,
+                        allow_unproven=unproven, what=f"query {bad}")
+    others = np.ones_like(unproven)
+    others[0, 1] = False
+    assert np.all(c.rung[others] <= 2)  # the other heads are not dragged to the exact rungs
+
+
+def test_garbage_beyond_lengths_in_the_residual_does_not_escalate():
+    """NaN/Inf beyond `lengths` inside the residual block made rung 0 produce NaN (0 * inf) and the layer drop
+    to rung 4: padding must never influence the result."""
+    dtype, policy = EXT_CFGS["f32-K8V4"]
+    q, k, v = _extreme_case(7, 2.0, 1.0, 1.0, 0.0, 0.0)
+    lengths = np.array([EXT_T - 5, 100 + 3])  # residual partially filled in both rows
+    k, v = k.copy(), v.copy()
+    for b, n in enumerate(lengths):
+        k[b, n:] = np.nan
+        v[b, n:] = np.inf
+    cache = _build(jnp.asarray(k, dtype), jnp.asarray(v, dtype), jnp.asarray(lengths, jnp.int32), policy)
+    assert not np.asarray(cache.nonfinite).any()
+    err, c, out = check(jnp.asarray(q, jnp.float32), stored(k, dtype), stored(v, dtype), lengths, cache, policy,
+                        what="garbage in the residual")
+    assert np.all(c.rung == 0), c.rung
+    assert np.all(np.isfinite(out))
+
+
+def test_exact_rungs_are_not_less_exact_than_rung_0_in_bf16():
+    """bf16 cache, values 1000 + N(0, 1): rungs 3/4 used to round the probabilities to bf16 (error ~8 against
+    rung 0's ~1e-2). Now they accumulate at float32 precision."""
+    policy = CertPolicy(block_size=16, group_size=16, k_max=3, eps=0.05)
+    rng = np.random.default_rng(8)
+    B, T, H, G, d = 1, 200, 2, 2, 32
+    k = rng.standard_normal((B, T, H, d))
+    v = 1000.0 + rng.standard_normal((B, T, H, d))
+    q = rng.standard_normal((B, H * G, d)).astype(np.float32) * 0.3  # diffuse attention
+    kj, vj = jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16)
+    cache = _build(kj, vj, jnp.full((B,), T, jnp.int32), policy)
+    k64, v64 = stored(k, jnp.bfloat16), stored(v, jnp.bfloat16)
+    errs = {}
+    for name, pol in (("rung0", dataclasses.replace(policy, eps=10.0)),
+                      ("rung3", dataclasses.replace(policy, eps=0.0, layer_fallback_fraction=2.0)),
+                      ("rung4", dataclasses.replace(policy, eps=0.0, layer_fallback_fraction=0.1))):
+        err, c, _ = check(jnp.asarray(q), k64, v64, [T], cache, pol, what=name)
+        errs[name] = err
+    assert np.all(errs["rung3"] <= 1e-3) and np.all(errs["rung4"] <= 1e-3), errs
+    assert np.all(errs["rung4"] <= errs["rung0"] + 1e-3), errs
+
+
+# ------------------------------------------------------------------------------- building blocks
+def test_tv_bound_counts_valid_items_whose_mass_evaluated_to_zero():
+    """Liveness comes from the validity masks: a valid item whose computed mass is 0 (log-mass -inf) with a
+    huge Delta must make the bound infinite, not vanish."""
+    lm = jnp.array([[0.0, -jnp.inf]])
+    deltas = jnp.array([[1e-6, 1e3]])
+    valid = jnp.array([[True, True]])
+    ok = jnp.array([[True, False]])
+    broken = bounds.item_broken(valid, lm, deltas, ok)
+    assert bool(broken[0])
+    assert float(bounds.tv_bound(lm, deltas, valid, broken)[0]) == np.inf
+    # an invalid (empty) item does not count
+    valid2 = jnp.array([[True, False]])
+    broken2 = bounds.item_broken(valid2, lm, deltas, ok)
+    assert not bool(broken2[0])
+    assert float(bounds.tv_bound(lm, deltas, valid2, broken2)[0]) < 1e-5
+    # a non-finite Delta on a valid item proves nothing
+    broken3 = bounds.item_broken(valid, jnp.array([[0.0, -1.0]]), jnp.array([[0.1, jnp.inf]]), jnp.array([[True] * 2]))
+    assert bool(broken3[0])
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1.0, 1e20, 1e30])
+def test_norms_neither_underflow_nor_overflow(scale):
+    x = np.random.default_rng(9).standard_normal((4, 64)) * scale
+    exact = np.linalg.norm(x.astype(np.float64), axis=-1)
+    got = np.asarray(bounds.l2(jnp.asarray(x, jnp.float32)), np.float64)
+    assert np.all(got >= exact) and np.all(got <= exact * 1.0001 + 1e-37), (got, exact)
+    v = jnp.asarray(x, jnp.float32)
+    err = np.asarray(quant.token_error_norms(v, jnp.zeros_like(v)), np.float64)
+    assert np.all(err >= np.linalg.norm(np.asarray(v, np.float64), axis=-1))
+    assert float(bounds.l2(jnp.array([1.0, jnp.nan]))) == np.inf
