@@ -82,7 +82,15 @@ def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array,
     mag = jnp.maximum(jnp.abs(z), jnp.abs(z + L * s)) * (1.0 + 2 * U)
     quant_part = jnp.einsum("...gd,...nd->...gn", q_abs, s, precision="highest") * (0.5 + quant.QUANT_ROUNDING_SLACK)
     fp_part = jnp.einsum("...gd,...nd->...gn", q_abs, mag, precision="highest") * gamma(d + 6)
-    return round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
+    delta = round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
+    return delta + flush_delta(q_abs)[..., None]
+
+
+def flush_delta(q_abs: jax.Array) -> jax.Array:
+    """Score error [...] from subnormal keys or products flushed to zero (XLA:CPU): each of the d products
+    loses < TINY, and a flushed key element moves its product by < |q_c| TINY."""
+    d = q_abs.shape[-1]
+    return (2.0 * jnp.sum(q_abs, axis=-1) + 2 * d + 8) * TINY
 
 
 def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
@@ -90,7 +98,7 @@ def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
     max_i |k_ic| over each item [..., n, d]."""
     d = q_abs.shape[-1]
     dot = jnp.einsum("...gd,...nd->...gn", q_abs, k_abs_max, precision="highest")
-    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U)
+    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U) + flush_delta(q_abs)[..., None]
 
 
 def _exp_up(arg: jax.Array) -> jax.Array:
@@ -179,9 +187,21 @@ def numeric_error(v_abs_bound: jax.Array, rel: float) -> jax.Array:
 
 
 def cast_error(out_f32: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """(out cast to dtype, an upper bound of ||out_f32 - cast||_2: exact up to the norm's rounding)."""
+    """(out cast to dtype, an upper bound of ||out_f32 - cast||_2).
+
+    The bound is analytic, u_dtype ||out_f32||_2 plus half the dtype's smallest subnormal per channel, not the
+    difference out_f32 - f32(cast): XLA may evaluate that round trip at excess precision (it does on GPU) and
+    report 0 for a cast that did round. An output that overflows the dtype is caught by the caller (non-finite
+    output -> infinite bound)."""
     out = out_f32.astype(dtype)
-    return out, l2(out_f32 - out.astype(jnp.float32))
+    dt = jnp.dtype(dtype)
+    if dt.itemsize >= 4:
+        return out, jnp.zeros(out_f32.shape[:-1], jnp.float32)
+    fi = jnp.finfo(dt)
+    d = out_f32.shape[-1]
+    half_subnormal = float(fi.smallest_subnormal) / 2 if hasattr(fi, "smallest_subnormal") else float(fi.tiny) / 2
+    err = float(fi.eps) / 2 * l2(out_f32) + (max(half_subnormal, TINY) * d + TINY) * (1.0 + 4 * U)
+    return out, err * (1.0 + 4 * U)
 
 
 def finite_or_inf(bound: jax.Array) -> jax.Array:

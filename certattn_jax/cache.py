@@ -226,15 +226,30 @@ class TieredKVCache:
         return c.replace(host_k=host_k, host_v=host_v)
 
     def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array) -> TieredKVCache:
-        """Update the running value range and the non-finite flag with the valid new tokens *as stored*:
-        after the cast to the cache dtype (an f32 1002.1 is 1000 in bf16; 7e4 is Inf in f16)."""
+        """Update the running value range and the non-finite flag with the valid new tokens *as stored*.
+
+        When the inputs are wider than the cache dtype (float32 into bf16/f16) the stored values are the inputs
+        rounded: the range is widened by that rounding (half an ulp, relative, plus half the smallest subnormal)
+        so that it contains every stored value, and an input at or beyond the dtype's largest finite value
+        (it may round to Inf) sets the flag. Computing the range from an f32 -> bf16 -> f32 round trip is not an
+        option: XLA may elide the round trip (excess precision, on GPU). (An f32 1002.1 is stored as 1000 in
+        bf16; 7e4 is Inf in f16: the audit found a range recorded before the cast, 0.2 against a stored 4.)
+        """
         T = k.shape[1]
         mask = (jnp.arange(T)[None, :] < valid[:, None])[:, :, None, None]  # [B, T, 1, 1]
-        k32 = k.astype(self.dtype).astype(jnp.float32)
-        v32 = v.astype(self.dtype).astype(jnp.float32)
-        v_min = jnp.minimum(self.v_min, jnp.min(jnp.where(mask, v32, jnp.inf), axis=1))
-        v_max = jnp.maximum(self.v_max, jnp.max(jnp.where(mask, v32, -jnp.inf), axis=1))
+        k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
+        lo = jnp.min(jnp.where(mask, v32, jnp.inf), axis=1)
+        hi = jnp.max(jnp.where(mask, v32, -jnp.inf), axis=1)
         finite = jnp.isfinite(k32) & jnp.isfinite(v32)
+        if _narrows(k.dtype, self.dtype):
+            fi = jnp.finfo(self.dtype)
+            rel = float(fi.eps) / 2 * (1.0 + 2.0 ** -20)
+            absolute = max(float(fi.smallest_subnormal), float(jnp.finfo(jnp.float32).tiny))
+            lo = jnp.where(jnp.isfinite(lo), lo - jnp.abs(lo) * rel - absolute, lo)
+            hi = jnp.where(jnp.isfinite(hi), hi + jnp.abs(hi) * rel + absolute, hi)
+            finite = finite & (jnp.abs(k32) < float(fi.max)) & (jnp.abs(v32) < float(fi.max))
+        v_min = jnp.minimum(self.v_min, lo)
+        v_max = jnp.maximum(self.v_max, hi)
         bad = jnp.any(mask & ~finite, axis=(1, 3))  # [B, H]
         return self.replace(v_min=v_min, v_max=v_max, nonfinite=self.nonfinite | bad)
 
@@ -263,6 +278,12 @@ class TieredKVCache:
         v = jnp.concatenate([tiers.read_all(self.host_v).reshape(B, H, nb * Bk, d), pad], axis=2)
         put = jax.vmap(lambda buf, blk, at: jax.lax.dynamic_update_slice(buf, blk, (0, at, 0)))
         return put(k, self.res_k, self.flushed), put(v, self.res_v, self.flushed)
+
+
+def _narrows(src, dst) -> bool:
+    """Casting src to dst may round (dst has fewer significand bits or a smaller range)."""
+    a, b = jnp.finfo(src), jnp.finfo(dst)
+    return b.nmant < a.nmant or float(b.max) < float(a.max)
 
 
 def _check_kv(k: jax.Array, v: jax.Array) -> None:

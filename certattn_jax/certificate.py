@@ -25,7 +25,7 @@ class Certificate:
                  4 = exact dense for the whole layer.
     ranking_ok:  the INT8 block ranking agreed with the exact one on promoted blocks (and no tail block could
                  outrank them) at the rung used (True for the exact rungs 3 and 4).
-    certified:   error_bound <= tolerance.
+    certified:   error_bound <= tolerance and error_bound is finite (an infinite tolerance certifies nothing).
     """
 
     error_bound: jax.Array

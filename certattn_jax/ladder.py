@@ -66,7 +66,7 @@ def exact_bound(q_abs: jax.Array, k_abs_max: jax.Array, value_abs: jax.Array, ke
     """
     d = q_abs.shape[-1]
     dot = jnp.einsum("...gd,...d->...g", q_abs, k_abs_max, precision="highest")
-    delta = bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d)
+    delta = bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d) + bounds.flush_delta(q_abs)
     tv = jnp.tanh(delta / 2) * (1 + 4 * bounds.U)
     e_key = bounds.key_error(jnp.where(jnp.isnan(tv), jnp.inf, tv), key_scale[..., None])
     rel = bounds.gamma(seq_len) + 2 * bounds.EPS_WEIGHT_DENSE + bounds.SPLIT_PROBS_ERROR
@@ -196,7 +196,7 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     tol = ctx.tolerance
 
     def passes(st: StageResult) -> jax.Array:
-        return (st.bound <= tol) & st.ranking_ok & ~ctx.bad
+        return (st.bound <= tol) & jnp.isfinite(st.bound) & st.ranking_ok & ~ctx.bad
 
     with jax.named_scope("rung0_certified"):
         st0 = evaluate_stage(ctx, [sel.hot], q.dtype, policy)
@@ -258,5 +258,5 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
 
     cert = Certificate(error_bound=heads(bound), e_key=heads(e_key), e_val=heads(e_val), e_num=heads(e_num),
                        tolerance=heads(tol), k_star=heads(k_used), rung=heads(rung), ranking_ok=heads(ranking_ok),
-                       certified=heads(bound <= tol))
+                       certified=heads((bound <= tol) & jnp.isfinite(bound)))
     return heads(out), cert, cache

@@ -32,14 +32,34 @@ def levels(bits: int) -> int:
     return (1 << bits) - 1
 
 
+def _round_bf16(x: jax.Array, up: bool) -> jax.Array:
+    """float32 x rounded toward +inf (up) or -inf to a bfloat16 value, returned as bfloat16.
+
+    Done on the bit pattern (truncate toward zero, then step one bf16 ulp away from zero where that rounds the
+    wrong way): the result is exactly representable, so the final conversion is exact and no compiler can
+    make the stored value and the value used for the codes differ (XLA on GPU elides f32 -> bf16 -> f32 round
+    trips under its excess-precision rule, which an `astype` + compare formulation relied on)."""
+    x = x.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    trunc_bits = bits & jnp.uint32(0xFFFF0000)
+    trunc = jax.lax.bitcast_convert_type(trunc_bits, jnp.float32)  # toward zero
+    away = jax.lax.bitcast_convert_type(trunc_bits + jnp.uint32(0x10000), jnp.float32)  # one ulp further out
+    inexact = trunc != x
+    wrong_way = (x > 0) if up else (x < 0)  # truncation moved it down (x > 0) or up (x < 0)
+    y = jnp.where(inexact & wrong_way & jnp.isfinite(x), away, trunc)
+    return y.astype(jnp.bfloat16)
+
+
 def _round_down(x: jax.Array, dtype) -> jax.Array:
-    y = x.astype(dtype)
-    return jnp.where(y.astype(jnp.float32) > x, jnp.nextafter(y, jnp.asarray(-jnp.inf, dtype)), y)
+    if jnp.dtype(dtype) != jnp.bfloat16:
+        raise ValueError(f"scales are stored in bfloat16, not {dtype}")
+    return _round_bf16(x, up=False)
 
 
 def _round_up(x: jax.Array, dtype) -> jax.Array:
-    y = x.astype(dtype)
-    return jnp.where(y.astype(jnp.float32) < x, jnp.nextafter(y, jnp.asarray(jnp.inf, dtype)), y)
+    if jnp.dtype(dtype) != jnp.bfloat16:
+        raise ValueError(f"scales are stored in bfloat16, not {dtype}")
+    return _round_bf16(x, up=True)
 
 
 def quantize(x: jax.Array, axis: int, bits: int) -> tuple[jax.Array, jax.Array, jax.Array]:
