@@ -47,9 +47,9 @@ EPS_WEIGHT = 8 * U + 104 * U
 # The dense/exact path (kv_cache.masked_attention_f32) evaluates exp((r - m) * c) with c = fl(1/sqrt(d)): three
 # roundings of the argument (subtraction, c, product), each amplified by |argument| <= 104.
 EPS_WEIGHT_DENSE = 8 * U + 3 * 105 * U
-# Splitting float32 probabilities into three bfloat16 parts (kv_cache.probs_times_values) leaves |r| <= 2^-27 p,
-# and summing the three partial outputs adds two roundings.
-SPLIT_PROBS_ERROR = U / 8 + 3 * U
+# Slack for the float32 probabilities x values product of the exact path (kv_cache.probs_times_values): its
+# n-term sums are in gamma_n; this covers the product's own rounding.
+SPLIT_PROBS_ERROR = 2 * U
 
 
 def sum_error(n_inner: int, n_outer: int) -> float:

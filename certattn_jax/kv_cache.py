@@ -164,30 +164,11 @@ def masked_attention_f32(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: 
 
 def probs_times_values(probs: jax.Array, v: jax.Array) -> jax.Array:
     """out[b, t, k, g, d] = sum_s probs[b, k, g, t, s] v[b, k, s, d] with float32 probabilities (no rounding
-    of the probabilities to the values' dtype).
+    of the probabilities to the values' dtype): a float32 product, the values upcast (exactly).
 
-    float32 values, or any values on CPU: a float32 product. bfloat16 values on an accelerator: the
-    probabilities are split into three bfloat16-representable parts by truncating their bit patterns,
-    p = hi + mid + lo + r with |r| < 2^-21 |p| (each truncation keeps 8 significant bits), stacked as extra rows
-    of one bf16 x bf16 -> f32 product (the values are read once; bf16 products are exact in float32), then
-    summed. The split uses integer masks, not f32 -> bf16 -> f32 round trips: XLA's excess-precision
-    simplification removes such round trips on GPU, which silently turned an earlier split into plain bf16
-    probabilities. Other dtypes are upcast.
+    (A cheaper-looking alternative, splitting the probabilities into three bf16 parts for a bf16 x bf16 -> f32
+    product, returned NaN for some heads on an H200 under jax 0.11.2 when XLA fused the bit masks into the
+    gemm, and an f32 -> bf16 -> f32 split is elided by XLA's excess-precision rule: docs/bounds.md section 7.)
     """
-    if v.dtype == jnp.float32 or jax.default_backend() == "cpu" or v.dtype != jnp.bfloat16:
-        return jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(jnp.float32), precision="highest",
-                          preferred_element_type=jnp.float32)
-    hi = truncate_to_bf16(probs)
-    r1 = probs - hi
-    mid = truncate_to_bf16(r1)
-    lo = truncate_to_bf16(r1 - mid)
-    parts = jnp.stack([hi, mid, lo], axis=2).astype(jnp.bfloat16)  # [B, K, 3, G, T, S], exact conversions
-    out3 = jnp.einsum("bkpgts,bksd->pbtkgd", parts, v, preferred_element_type=jnp.float32)
-    return (out3[0] + out3[1]) + out3[2]
-
-
-def truncate_to_bf16(x: jax.Array) -> jax.Array:
-    """float32 x with the low 16 bits of its bit pattern cleared (rounded toward zero to a bfloat16 value, kept
-    in float32). Integer ops: no compiler may elide it (unlike an f32 -> bf16 -> f32 round trip)."""
-    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
-    return jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000), jnp.float32)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(jnp.float32), precision="highest",
+                      preferred_element_type=jnp.float32)

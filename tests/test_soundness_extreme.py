@@ -286,8 +286,10 @@ def test_exact_rungs_are_not_less_exact_than_rung_0_in_bf16():
                       ("rung4", dataclasses.replace(policy, eps=0.0, layer_fallback_fraction=0.1))):
         err, c, _ = check(jnp.asarray(q), k64, v64, [T], cache, pol, what=name)
         errs[name] = err
-    assert np.all(errs["rung3"] <= 1e-3) and np.all(errs["rung4"] <= 1e-3), errs
-    assert np.all(errs["rung4"] <= errs["rung0"] + 1e-3), errs
+    # float32-level accuracy (an n-term float32 sum of values ~1e3: ~1e-4 typical, 1e-2 worst case) and far
+    # better than rung 0; bf16 probabilities gave 0.5-1.0 here
+    for name in ("rung3", "rung4"):
+        assert np.all(errs[name] <= 5e-3) and np.all(errs[name] <= errs["rung0"] / 5), errs
 
 
 # ------------------------------------------------------------------------------- building blocks
