@@ -154,3 +154,44 @@ def test_bad_inputs_are_named():
         tier1_pass(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, key_bits=4, variant="fast")
     with pytest.raises(ValueError, match="n_valid"):
         tier1_pass(q, kc, ks, kz, vc, vs, vz, nv[:1], group_size=GS, key_bits=4)
+
+
+def test_drop_promoted_blocks_and_combine_match_float64():
+    """Split partials from the kernel, promoted blocks subtracted (a repeated id, an empty slot, and a block
+    past one sequence's valid count), combined with exact items: equals float64 numpy over the per-block
+    partials with those blocks masked out."""
+    from pallas_kernels.split_combine import combine, drop_blocks, promoted_block_partials
+
+    case = dict(RAGGED, B=2, n_valid=[5, 2])
+    args = _inputs(**case)
+    q, kc, ks, kz, vc, vs, vz, nv = args
+    parts = tier1_pass(*args, group_size=GS, blocks_per_split=2)
+    ids = jnp.array([[[1, 4, -1, 1], [0, 3, 2, -1]], [[4, 1, -1, -1], [0, -1, -1, -1]]], jnp.int32)  # [B, H, K]
+    approx = promoted_block_partials(q, kc, ks, kz, vc, vs, vz, ids, group_size=GS)
+    rng = np.random.default_rng(5)
+    B, H, G, K, d = 2, 2, 4, 4, 128
+    ex_m = jnp.asarray(np.where(rng.random((B, H, G, K)) < 0.8, rng.normal(size=(B, H, G, K)) * 3, -np.inf),
+                       jnp.float32)
+    ex_l = jnp.where(jnp.isfinite(ex_m), jnp.asarray(rng.uniform(1, 5, (B, H, G, K)), jnp.float32), 0.0)
+    ex_acc = jnp.where(jnp.isfinite(ex_m)[..., None], jnp.asarray(rng.normal(size=(B, H, G, K, d)), jnp.float32), 0.0)
+    out, lm = combine(drop_blocks(parts, ids, approx, 2), [(ex_m, ex_l, ex_acc)])
+
+    m, l, pv = (np.asarray(x, np.float64) for x in tier1_pass_reference(*args, group_size=GS, per_block_acc=True)[:3])
+    ids_np = np.asarray(ids)
+    for b in range(B):
+        for h in range(H):
+            for n in set(ids_np[b, h][ids_np[b, h] >= 0]):
+                m[b, h, :, n], l[b, h, :, n], pv[b, h, :, n] = -np.inf, 0.0, 0.0
+    m_all = np.concatenate([m, np.asarray(ex_m, np.float64)], -1)
+    l_all = np.concatenate([l, np.asarray(ex_l, np.float64)], -1)
+    acc_all = np.concatenate([pv, np.asarray(ex_acc, np.float64)], -2)
+    big = m_all.max(-1, keepdims=True)
+    w = np.where(np.isfinite(m_all), np.exp(m_all - big), 0.0)
+    den = (w * l_all).sum(-1)
+    want = np.einsum("bhgn,bhgnd->bhgd", w, acc_all) / den[..., None]
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with np.errstate(divide="ignore"):
+        want_lm = np.log(w * l_all) - np.log(den)[..., None]
+    fin = np.isfinite(want_lm)
+    np.testing.assert_array_equal(np.isfinite(np.asarray(lm)), fin)
+    np.testing.assert_allclose(np.asarray(lm)[fin], want_lm[fin], rtol=1e-5, atol=1e-5)
