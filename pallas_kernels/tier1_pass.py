@@ -308,10 +308,20 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
         raise ValueError(f"blocks_per_split must be positive, got {bps}")
     if variant not in _VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}: choose one of {sorted(_VARIANTS)}")
-    return _tier1_call(q.astype(jnp.float32), k_codes, k_scale, k_zero, v_codes, v_scale, v_zero,
-                       n_valid.astype(jnp.int32), group=group_size, key_bits=key_bits, value_bits=value_bits,
-                       per_block=per_block_acc, bps=bps, num_warps=num_warps, num_stages=num_stages,
-                       variant=variant, interpret=backend.interpret() if interpret is None else interpret)
+    interpret = backend.interpret() if interpret is None else interpret
+    if not interpret:  # Triton tensors must have power-of-two sizes
+        for name, n in (("block size", Bk), ("head_dim", d), ("value group size", group_size)):
+            if n & (n - 1):
+                raise ValueError(f"the compiled tier-1 kernel needs a power-of-two {name}, got {n}")
+    Gp = 1 << (G - 1).bit_length()  # query heads per KV head, padded to a power of two (SmolLM2: 3 -> 4)
+    q32 = q.astype(jnp.float32)
+    if Gp != G:
+        q32 = jnp.pad(q32, ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
+    out = _tier1_call(q32, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero,
+                      n_valid.astype(jnp.int32), group=group_size, key_bits=key_bits, value_bits=value_bits,
+                      per_block=per_block_acc, bps=bps, num_warps=num_warps, num_stages=num_stages,
+                      variant=variant, interpret=interpret)
+    return out if Gp == G else Tier1Partials(*(x[:, :, :G] for x in out))
 
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",

@@ -69,6 +69,7 @@ SMALL = dict(seed=2, B=2, H=1, G=1, nb=3, Bk=16, d=64, n_valid=[3, 1], key_bits=
     (RAGGED, True, 2),
     (SMALL, False, None),  # default split size; G = 1, d = 64, 4-bit keys
     (SMALL, True, None),
+    (dict(SMALL, G=3, key_bits=8), False, 2),  # SmolLM2's 3 query heads per KV head: padded to 4 inside
 ])
 def test_kernel_matches_reference(case, per_block, bps):
     args = _inputs(**case)
@@ -195,3 +196,6 @@ def test_drop_promoted_blocks_and_combine_match_float64():
     fin = np.isfinite(want_lm)
     np.testing.assert_array_equal(np.isfinite(np.asarray(lm)), fin)
     np.testing.assert_allclose(np.asarray(lm)[fin], want_lm[fin], rtol=1e-5, atol=1e-5)
+    odd = _inputs(seed=4, B=1, H=1, G=1, nb=1, Bk=16, d=96, n_valid=[1])
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        tier1_pass(*odd, group_size=GS, interpret=False)  # what Triton cannot compile is refused up front
