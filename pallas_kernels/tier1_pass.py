@@ -234,14 +234,45 @@ def _dot(a: jax.Array, b: jax.Array, b_contract: int, a_contract: int = 1) -> ja
                                precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
 
+def _pow2(e: jax.Array) -> jax.Array:
+    """2.0 ** e for int32 e in [-126, 127], built from the exponent bits (exact)."""
+    return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
+
+
+def _int8_pieces(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Exact fixed-point split of each row of a [G, d] (float32) into 4 int8 pieces:
+
+        a_gc = inv_f_g * sum_k P[g*4 + k, c] 2^(-7k) + r_gc,   |P| <= 65,   |r_gc| <= max(2^-26 max_c |a_gc|, 2^-126)
+
+    with inv_f_g = 2^(E_g - 6) a power of two, 2^(E_g - 1) <= max_c |a_gc| < 2^E_g. Returns (P int8 [4G, d],
+    inv_f [G]). All steps are exact in float32 (power-of-two scalings, floor, differences of nearby integers);
+    the 2^-126 covers platforms that flush subnormal inputs to zero."""
+    G, d = a.shape
+    amax = jnp.max(jnp.abs(a), axis=1)  # [G]
+    e = jnp.maximum((jax.lax.bitcast_convert_type(amax, jnp.int32) >> 23) & 0xFF, 6)  # biased exponent of amax
+    x = a * _pow2(132 - e)[:, None]  # |x| < 64 (E = e - 126; scale 2^(6 - E))
+    k = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
+    y = x[:, None, :] * _pow2(7 * k)  # [G, 4, d]: x 2^(7k), exact
+    # floor(y + 1/2): round to nearest (no round primitive in the Triton lowering); off by at most 1 where
+    # |y| >= 2^23, which keeps |P| <= 65 and the telescoped remainder below 2^-21 in units of x.
+    r_k = jnp.floor(y + 0.5)
+    r_prev = jnp.floor(y * (1.0 / 128.0) + 0.5)  # the previous piece's rounding; 0 for k = 0 since |x| < 64
+    pieces = (r_k - 128.0 * r_prev).astype(jnp.int8).reshape(4 * G, d)
+    return pieces, _pow2(e - 132)
+
+
 def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                       *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
-                      value_bits: int, per_block: bool, magic: bool, transposed: bool = False):
+                      value_bits: int, per_block: bool, magic: bool, transposed: bool = False,
+                      int_keys: bool = False):
     """Same contract as _tier1_kernel; the G query heads are scored together with float32 dot products
     (IEEE inputs, `precision=HIGHEST`: FMA, no TF32) and the key scale is folded into the query:
     s_gi = (sum_c (q_gc s_c) code_ic + sum_c q_gc z_c) / sqrt(d).
     transposed: compute the scores as [Bk, G] (codes . (q s)^T) so that only the small operands are transposed
-    (the [G, Bk] form transposes the [Bk, d] code tile, which the ablation in docs/kernels.md found costly)."""
+    (the [G, Bk] form transposes the [Bk, d] code tile, which the ablation in docs/kernels.md found costly).
+    int_keys (implies transposed): the key dot is exact integer arithmetic on the tensor cores: q s split into
+    int8 pieces (`_int8_pieces`), codes shifted to signed, int32 accumulation (no rounding at all);
+    s_gi = (inv_f_g sum_k 2^-7k S_ik + off sum_c a_gc + sum_c q_gc z_c) / sqrt(d), off = 2^(bits-1)."""
     f32 = jnp.float32
     split = pl.program_id(2)
     start = split * bps
@@ -255,13 +286,27 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
     def valid_block(n, carry):
         ks = ks_ref[n, :].astype(f32)
         kz = kz_ref[n, :].astype(f32)
-        codes = _codes_f32(_unpack(kc_ref[n, :, :], key_bits), magic)  # [Bk, d]
         qz = jnp.sum(q * kz[None, :], axis=1)  # [G]
-        if transposed:
+        if int_keys:
+            off = 1 << (key_bits - 1)
+            a = q * ks[None, :]
+            pieces, inv_f = _int8_pieces(a)
+            codes_i8 = (_unpack(kc_ref[n, :, :], key_bits) - off).astype(jnp.int8)  # [Bk, d]
+            si = jax.lax.dot_general(codes_i8, pieces, (((1,), (1,)), ((), ())),
+                                     preferred_element_type=jnp.int32)  # [Bk, 4G], exact
+            kk = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
+            t = jnp.sum(si.astype(f32).reshape(Bk, G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
+            base = off * jnp.sum(a, axis=1) + qz  # [G]
+            s = (t * inv_f[None, :] + base[None, :]) * inv_sqrt_d
+            m = jnp.max(s, axis=0)
+            p = jnp.exp(s - m[None, :])
+        elif transposed:
+            codes = _codes_f32(_unpack(kc_ref[n, :, :], key_bits), magic)  # [Bk, d]
             s = (_dot(codes, q * ks[None, :], 1) + qz[None, :]) * inv_sqrt_d  # [Bk, G]
             m = jnp.max(s, axis=0)  # [G]
             p = jnp.exp(s - m[None, :])
         else:
+            codes = _codes_f32(_unpack(kc_ref[n, :, :], key_bits), magic)  # [Bk, d]
             s = (_dot(q * ks[None, :], codes, 1) + qz[:, None]) * inv_sqrt_d  # [G, Bk]
             m = jnp.max(s, axis=1)  # [G]
             p = jnp.exp(s - m[:, None])
@@ -269,9 +314,10 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
         vs = vs_ref[n, :, :].astype(f32)
         vz = vz_ref[n, :, :].astype(f32)
         v_hat = (vcodes * vs[:, :, None] + vz[:, :, None]).reshape(Bk, d)
-        pv = _dot(p, v_hat, 0, a_contract=0 if transposed else 1)  # [G, d]
+        tr = transposed or int_keys
+        pv = _dot(p, v_hat, 0, a_contract=0 if tr else 1)  # [G, d]
         m_ref[:, n] = m
-        l_ref[:, n] = jnp.sum(p, axis=0 if transposed else 1)
+        l_ref[:, n] = jnp.sum(p, axis=0 if tr else 1)
         if per_block:
             acc_ref[:, n, :] = pv
             return carry
@@ -313,7 +359,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
         for name, n in (("block size", Bk), ("head_dim", d), ("value group size", group_size)):
             if n & (n - 1):
                 raise ValueError(f"the compiled tier-1 kernel needs a power-of-two {name}, got {n}")
-    Gp = 1 << (G - 1).bit_length()  # query heads per KV head, padded to a power of two (SmolLM2: 3 -> 4)
+    # query heads per KV head, padded to a power of two (SmolLM2: 3 -> 4) and to what the variant's dots need
+    Gp = max(1 << (G - 1).bit_length(), _MIN_G.get(variant, 1))
     q32 = q.astype(jnp.float32)
     if Gp != G:
         q32 = jnp.pad(q32, ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
@@ -362,10 +409,14 @@ def _tier1_call(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, 
 
 # variant name -> kernel: "reduce" (broadcast-multiply-reduce per query head), "dot" (float32 IEEE dots,
 # scale folded into q), "dot_magic" (as dot, codes converted to float by the 2^23 bit trick), "dot_t" (as
-# dot_magic with [Bk, G] scores; not yet timed on the GPU). docs/kernels.md has the measurements.
+# dot_magic with [Bk, G] scores), "int_keys" (exact int8 tensor-core key dot); the last two are not yet timed
+# on the GPU. docs/kernels.md has the measurements.
 _VARIANTS = {"reduce": _tier1_kernel, "dot": functools.partial(_tier1_kernel_dot, magic=False),
              "dot_magic": functools.partial(_tier1_kernel_dot, magic=True),
-             "dot_t": functools.partial(_tier1_kernel_dot, magic=True, transposed=True)}
+             "dot_t": functools.partial(_tier1_kernel_dot, magic=True, transposed=True),
+             "int_keys": functools.partial(_tier1_kernel_dot, magic=True, int_keys=True)}
+# fewest query-head rows a variant's dots need (int8 MMA tiles: 4 pieces x 4 heads = 16)
+_MIN_G = {"int_keys": 4}
 
 
 def naive_output(p: Tier1Partials) -> jax.Array:

@@ -83,11 +83,16 @@ def test_kernel_matches_reference(case, per_block, bps):
         assert (np.asarray(got.l)[b, ..., n_valid[b]:] == 0).all()
 
 
-@pytest.mark.parametrize("variant", ["dot", "dot_t", "reduce"])
-def test_other_variants_match_reference(variant):
-    case = dict(RAGGED, B=2, n_valid=[4, 1])
+@pytest.mark.parametrize("variant,case", [
+    ("dot", dict(RAGGED, B=2, n_valid=[4, 1])),
+    ("dot_t", dict(RAGGED, B=2, n_valid=[4, 1])),
+    ("reduce", dict(RAGGED, B=2, n_valid=[4, 1])),
+    ("int_keys", dict(RAGGED, B=2, n_valid=[4, 1])),
+    ("int_keys", SMALL),  # G = 1 padded to 4 rows, 4-bit keys
+])
+def test_other_variants_match_reference(variant, case):
     args = _inputs(**case)
-    kw = dict(group_size=GS, blocks_per_split=2)
+    kw = dict(group_size=GS, blocks_per_split=2, key_bits=case.get("key_bits", 8))
     _assert_close(tier1_pass(*args, variant=variant, **kw), tier1_pass_reference(*args, **kw))
 
 
@@ -199,3 +204,22 @@ def test_drop_promoted_blocks_and_combine_match_float64():
     odd = _inputs(seed=4, B=1, H=1, G=1, nb=1, Bk=16, d=96, n_valid=[1])
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         tier1_pass(*odd, group_size=GS, interpret=False)  # what Triton cannot compile is refused up front
+
+
+def test_int8_pieces_are_an_exact_split():
+    """The int_keys variant's fixed-point split: pieces fit int8 and reconstruct a to the stated remainder,
+    for ordinary, huge, tiny (subnormal), zero and mixed-sign rows."""
+    from pallas_kernels.tier1_pass import _int8_pieces
+
+    rng = np.random.default_rng(6)
+    rows = [rng.normal(size=64), rng.normal(size=64) * 1e30, rng.normal(size=64) * 1e-40, np.zeros(64),
+            np.where(rng.random(64) < 0.5, -1.0, 1.0) * 2.0 ** rng.integers(-60, 60, 64)]
+    a = jnp.asarray(np.stack(rows), jnp.float32)
+    pieces, inv_f = _int8_pieces(a)
+    P = np.asarray(pieces, np.float64).reshape(len(rows), 4, 64)
+    assert np.abs(P).max() <= 65
+    recon = np.asarray(inv_f, np.float64)[:, None] * np.einsum("gkc,k->gc", P, 2.0 ** (-7.0 * np.arange(4)))
+    a64 = np.asarray(a, np.float64)
+    # 2^-126: a platform that flushes subnormal inputs to zero (XLA on CPU does) loses them entirely
+    bound = np.maximum(2.0 ** -26 * np.abs(a64).max(axis=1, keepdims=True), 2.0 ** -126)
+    assert (np.abs(a64 - recon) <= bound).all()
