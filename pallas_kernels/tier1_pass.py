@@ -261,6 +261,100 @@ def _int8_pieces(a: jax.Array) -> tuple[jax.Array, jax.Array]:
     return pieces, _pow2(e - 132)
 
 
+def _int8_pieces_cols(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`_int8_pieces` of each column of w [n, G] (exponent shared down a column): (P int8 [n, 4G] with
+    w_ig = inv_f_g sum_k P[i, g*4 + k] 2^(-7k) + r_ig, inv_f [G]); same bounds."""
+    amax = jnp.max(jnp.abs(w), axis=0)  # [G]
+    e = jnp.maximum((jax.lax.bitcast_convert_type(amax, jnp.int32) >> 23) & 0xFF, 6)
+    x = w * _pow2(132 - e)[None, :]
+    k = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
+    y = x[:, :, None] * _pow2(7 * k)  # [n, G, 4]
+    pieces = (jnp.floor(y + 0.5) - 128.0 * jnp.floor(y * (1.0 / 128.0) + 0.5)).astype(jnp.int8)
+    return pieces.reshape(w.shape[0], 4 * w.shape[1]), _pow2(e - 132)
+
+
+def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float):
+    """Scores [Bk, G] of q [G, d] against one block's packed key codes with the exact int8 dot (see
+    _tier1_kernel_dot, int_keys)."""
+    f32 = jnp.float32
+    G = q.shape[0]
+    off = 1 << (key_bits - 1)
+    a = q * ks[None, :]
+    pieces, inv_f = _int8_pieces(a)
+    codes_i8 = (_unpack(codes_packed, key_bits) - off).astype(jnp.int8)  # [Bk, d]
+    si = jax.lax.dot_general(codes_i8, pieces, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
+    t = jnp.sum(si.astype(f32).reshape(codes_i8.shape[0], G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
+    base = off * jnp.sum(a, axis=1) + jnp.sum(q * kz[None, :], axis=1)  # [G]
+    return (t * inv_f[None, :] + base[None, :]) * inv_sqrt_d
+
+
+def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
+                      *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
+                      value_bits: int, per_block: bool):
+    """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
+    scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
+    tokens (`_int8_pieces_cols`) and codes shifted to signed:
+        pv_gc = inv_f_g sum_k 2^-7k sum_i P_i,gk (code_ic - off) + off sum_i w_ig + sum_i p_ig y_ij.
+    No float32 dequantized value exists; no [Bk, d] float tile either (each group is [Bk, group])."""
+    f32 = jnp.float32
+    split = pl.program_id(2)
+    start = split * bps
+    stop = jnp.minimum(start + bps, nb)
+    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
+    v_stop = jnp.clip(n_valid, start, stop)
+    inv_sqrt_d = 1.0 / math.sqrt(d)
+    ng = d // group
+    hg = group * value_bits // 8  # packed bytes per group and token
+    voff = 1 << (value_bits - 1)
+    q = q_ref[...].astype(f32)  # [G, d]
+    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
+
+    def valid_block(n, carry):
+        s = _int_scores(q, ks_ref[n, :].astype(f32), kz_ref[n, :].astype(f32), kc_ref[n, :, :], key_bits,
+                        inv_sqrt_d)  # [Bk, G]
+        m = jnp.max(s, axis=0)  # [G]
+        p = jnp.exp(s - m[None, :])
+        m_ref[:, n] = m
+        l_ref[:, n] = jnp.sum(p, axis=0)
+        pvs = []
+        for j in range(ng):
+            t_j = vs_ref[n, :, j].astype(f32)  # [Bk]
+            y_j = vz_ref[n, :, j].astype(f32)
+            w = p * t_j[:, None]  # [Bk, G]
+            pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4G]
+            codes = (_unpack(vc_ref[n, :, pl.ds(j * hg, hg)], value_bits) - voff).astype(jnp.int8)  # [Bk, group]
+            si = jax.lax.dot_general(pieces, codes, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+            t = jnp.sum(si.astype(f32).reshape(G, 4, group) * _pow2(-7 * kk), axis=1)  # [G, group]
+            base = voff * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)  # [G]
+            pvs.append(t * inv_f[:, None] + base[:, None])
+        if per_block:
+            for j in range(ng):
+                acc_ref[:, n, pl.ds(j * group, group)] = pvs[j]
+            return carry
+        m_run, accs = carry
+        m_new = jnp.maximum(m_run, m)
+        alpha = jnp.exp(m_run - m_new)[:, None]
+        beta = jnp.exp(m - m_new)[:, None]
+        return m_new, tuple(acc * alpha + beta * pv for acc, pv in zip(accs, pvs, strict=True))
+
+    def empty_block(n, carry):
+        m_ref[:, n] = jnp.full((G,), -jnp.inf, f32)
+        l_ref[:, n] = jnp.zeros((G,), f32)
+        if per_block:
+            acc_ref[:, n, :] = jnp.zeros((G, d), f32)
+        return carry
+
+    init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
+    final = jax.lax.fori_loop(start, v_stop, valid_block, init)
+    jax.lax.fori_loop(v_stop, stop, empty_block, 0)
+    if not per_block:
+        (am_ref,) = maybe_am_ref
+        for j in range(ng):
+            acc_ref[:, split, pl.ds(j * group, group)] = final[1][j]
+        am_ref[:, split] = final[0]
+
+
 def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                       *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
                       value_bits: int, per_block: bool, magic: bool, transposed: bool = False,
@@ -286,18 +380,9 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
     def valid_block(n, carry):
         ks = ks_ref[n, :].astype(f32)
         kz = kz_ref[n, :].astype(f32)
-        qz = jnp.sum(q * kz[None, :], axis=1)  # [G]
+        qz = None if int_keys else jnp.sum(q * kz[None, :], axis=1)  # [G]
         if int_keys:
-            off = 1 << (key_bits - 1)
-            a = q * ks[None, :]
-            pieces, inv_f = _int8_pieces(a)
-            codes_i8 = (_unpack(kc_ref[n, :, :], key_bits) - off).astype(jnp.int8)  # [Bk, d]
-            si = jax.lax.dot_general(codes_i8, pieces, (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.int32)  # [Bk, 4G], exact
-            kk = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
-            t = jnp.sum(si.astype(f32).reshape(Bk, G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
-            base = off * jnp.sum(a, axis=1) + qz  # [G]
-            s = (t * inv_f[None, :] + base[None, :]) * inv_sqrt_d
+            s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d)  # [Bk, G]
             m = jnp.max(s, axis=0)
             p = jnp.exp(s - m[None, :])
         elif transposed:
@@ -409,14 +494,15 @@ def _tier1_call(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, 
 
 # variant name -> kernel: "reduce" (broadcast-multiply-reduce per query head), "dot" (float32 IEEE dots,
 # scale folded into q), "dot_magic" (as dot, codes converted to float by the 2^23 bit trick), "dot_t" (as
-# dot_magic with [Bk, G] scores), "int_keys" (exact int8 tensor-core key dot); the last two are not yet timed
-# on the GPU. docs/kernels.md has the measurements.
+# dot_magic with [Bk, G] scores), "int_keys" (exact int8 tensor-core key dot), "int_kv" (exact int8 dots for
+# keys and values); the last three are not yet timed on the GPU. docs/kernels.md has the measurements.
 _VARIANTS = {"reduce": _tier1_kernel, "dot": functools.partial(_tier1_kernel_dot, magic=False),
              "dot_magic": functools.partial(_tier1_kernel_dot, magic=True),
              "dot_t": functools.partial(_tier1_kernel_dot, magic=True, transposed=True),
-             "int_keys": functools.partial(_tier1_kernel_dot, magic=True, int_keys=True)}
+             "int_keys": functools.partial(_tier1_kernel_dot, magic=True, int_keys=True),
+             "int_kv": _tier1_kernel_int}
 # fewest query-head rows a variant's dots need (int8 MMA tiles: 4 pieces x 4 heads = 16)
-_MIN_G = {"int_keys": 4}
+_MIN_G = {"int_keys": 4, "int_kv": 4}
 
 
 def naive_output(p: Tier1Partials) -> jax.Array:

@@ -83,16 +83,21 @@ def test_kernel_matches_reference(case, per_block, bps):
         assert (np.asarray(got.l)[b, ..., n_valid[b]:] == 0).all()
 
 
-@pytest.mark.parametrize("variant,case", [
-    ("dot", dict(RAGGED, B=2, n_valid=[4, 1])),
-    ("dot_t", dict(RAGGED, B=2, n_valid=[4, 1])),
-    ("reduce", dict(RAGGED, B=2, n_valid=[4, 1])),
-    ("int_keys", dict(RAGGED, B=2, n_valid=[4, 1])),
-    ("int_keys", SMALL),  # G = 1 padded to 4 rows, 4-bit keys
+TWO = dict(RAGGED, B=2, n_valid=[4, 1])
+
+
+@pytest.mark.parametrize("variant,case,per_block", [
+    ("dot", TWO, False),
+    ("dot_t", TWO, False),
+    ("reduce", TWO, False),
+    ("int_keys", TWO, False),
+    ("int_keys", SMALL, False),  # G = 1 padded to 4 rows, 4-bit keys
+    ("int_kv", TWO, False),
+    ("int_kv", SMALL, True),
 ])
-def test_other_variants_match_reference(variant, case):
+def test_other_variants_match_reference(variant, case, per_block):
     args = _inputs(**case)
-    kw = dict(group_size=GS, blocks_per_split=2, key_bits=case.get("key_bits", 8))
+    kw = dict(group_size=GS, blocks_per_split=2, key_bits=case.get("key_bits", 8), per_block_acc=per_block)
     _assert_close(tier1_pass(*args, variant=variant, **kw), tier1_pass_reference(*args, **kw))
 
 
