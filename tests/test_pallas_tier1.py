@@ -228,3 +228,18 @@ def test_int8_pieces_are_an_exact_split():
     # 2^-126: a platform that flushes subnormal inputs to zero (XLA on CPU does) loses them entirely
     bound = np.maximum(2.0 ** -26 * np.abs(a64).max(axis=1, keepdims=True), 2.0 ** -126)
     assert (np.abs(a64 - recon) <= bound).all()
+
+
+@pytest.mark.parametrize("variant", ["dot_magic", "dot", "dot_t", "reduce", "int_keys", "int_kv"])
+def test_kernels_lower_to_triton(variant, monkeypatch):
+    """Cross-lower the compiled (non-interpret) kernel for CUDA on this CPU machine: catches what the Pallas
+    Triton lowering rejects (unsupported primitives, literal stores, non-power-of-two tensors) without a GPU.
+    It does not run Triton's own compiler (PTX), which only the GPU bench exercises."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")  # Triton compiler params, as on a GPU
+    args = _inputs(seed=7, B=1, H=2, G=4, nb=4, Bk=16, d=64, n_valid=[3])
+    for per_block in (False, True):
+        f = jax.jit(lambda *a, pb=per_block: tier1_pass(*a, group_size=GS, blocks_per_split=2, variant=variant,
+                                                         per_block_acc=pb, interpret=False))
+        allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+        text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(*args).mlir_module()
+        assert "xla.gpu.triton" in text
