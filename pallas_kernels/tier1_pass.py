@@ -1,0 +1,517 @@
+"""The tier-1 pass of certified decode attention: one read of the quantized KV bytes.
+
+Per sequence b, KV head h and block n < n_valid[b] of Bk tokens, for each of the G query heads g that share
+the KV head (all G scored together, so every byte is read once):
+
+    k_hat_ic = s_nc * code_ic + z_nc              INT keys, per-block per-channel scale/zero (quant.py)
+    v_hat_ic = t_i,c//gs * code'_ic + y_i,c//gs    INT values, per-token scale/zero per group of gs channels
+    s_gi  = (q_g . k_hat_i) / sqrt(d)
+    m_gn  = max_{i in n} s_gi                      (block max score)
+    l_gn  = sum_{i in n} exp(s_gi - m_gn)          (block sum-exp: log-mass = m + log l)
+    pv_gn = sum_{i in n} exp(s_gi - m_gn) v_hat_i  (block value sum)
+
+which are the flash-decoding partials that `certattn_jax.attention.build_context` computes with jnp. The
+value sums leave the kernel in one of two layouts (`per_block_acc`):
+
+  * per block:  acc [B, H, G, nb, d] = pv, acc_m = m (what the jnp code keeps; 4 d bytes per block and query
+    head of extra writes: ~15% of the bytes read for G = 4, d = 128);
+  * per split:  the blocks are cut into S = ceil(nb / bps) splits of `bps` blocks; each split keeps an online-
+    softmax accumulator acc [B, H, G, S, d] = sum_{n in split} exp(m_n - acc_m) pv_n with acc_m [B, H, G, S] =
+    max_{n in split} m_n (-inf and 0 for a split without valid blocks). The promoted blocks' approximate
+    contributions are removed later by subtracting exp(m_n - acc_m) pv_n recomputed for those blocks only
+    (docs/kernels.md: rounding model).
+
+Blocks n >= n_valid[b] are never read; their m is -inf, l is 0 (and acc 0 in the per-block layout). Float32
+dequantized keys or values never exist in memory: codes are unpacked and dequantized in registers.
+
+Layouts are those of `certattn_jax.cache.TieredKVCache` (codes packed along d, low bits = lower channel):
+    q        [B, H, G, d]          float32 (any float: cast)
+    k_codes  [B, H, nb, Bk, d*kb/8] uint8,   k_scale, k_zero [B, H, nb, d]        (bf16)
+    v_codes  [B, H, nb, Bk, d*vb/8] uint8,   v_scale, v_zero [B, H, nb, Bk, d/gs] (bf16)
+    n_valid  [B] int32             full blocks of each sequence (clipped to [0, nb])
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from certattn_jax import quant
+from pallas_kernels import backend
+
+_HI = "highest"
+# Default number of programs to aim for when choosing blocks per split (a few waves of 132 SMs).
+_TARGET_PROGRAMS = 1024
+
+
+class Tier1Partials(NamedTuple):
+    """m, l [B, H, G, nb]; acc [B, H, G, n_acc, d] relative to acc_m [B, H, G, n_acc] (n_acc = nb per block,
+    S per split)."""
+
+    m: jax.Array
+    l: jax.Array
+    acc: jax.Array
+    acc_m: jax.Array
+
+
+def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:
+    """Blocks per split so that batch * kv_heads * splits is about _TARGET_PROGRAMS."""
+    splits = max(1, min(num_blocks, -(-_TARGET_PROGRAMS // max(1, batch * kv_heads))))
+    return max(1, -(-num_blocks // splits))
+
+
+def _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, group_size, key_bits,
+                  value_bits) -> tuple[int, ...]:
+    if q.ndim != 4:
+        raise ValueError(f"q must be [B, H, G, d], got {q.shape}")
+    B, H, G, d = q.shape
+    for bits, name in ((key_bits, "key_bits"), (value_bits, "value_bits")):
+        if bits not in (2, 4, 8):
+            raise ValueError(f"{name} must be 2, 4 or 8, got {bits}")
+    if k_codes.ndim != 5 or k_codes.shape[:2] != (B, H):
+        raise ValueError(f"k_codes must be [B, H, nb, Bk, d*kb/8] with (B, H) = {(B, H)}, got {k_codes.shape}")
+    nb, Bk = k_codes.shape[2], k_codes.shape[3]
+    if d % group_size:
+        raise ValueError(f"head_dim {d} must be a multiple of the value group size {group_size}")
+    want = {
+        "k_codes": (k_codes, (B, H, nb, Bk, d * key_bits // 8), jnp.uint8),
+        "k_scale": (k_scale, (B, H, nb, d), None),
+        "k_zero": (k_zero, (B, H, nb, d), None),
+        "v_codes": (v_codes, (B, H, nb, Bk, d * value_bits // 8), jnp.uint8),
+        "v_scale": (v_scale, (B, H, nb, Bk, d // group_size), None),
+        "v_zero": (v_zero, (B, H, nb, Bk, d // group_size), None),
+        "n_valid": (n_valid, (B,), None),
+    }
+    for name, (x, shape, dtype) in want.items():
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {shape}")
+        if dtype is not None and x.dtype != dtype:
+            raise TypeError(f"{name} must be {jnp.dtype(dtype).name}, got {x.dtype}")
+    if not jnp.issubdtype(n_valid.dtype, jnp.integer):
+        raise TypeError(f"n_valid must be integer, got {n_valid.dtype}")
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        raise TypeError(f"q must be floating point, got {q.dtype}")
+    return B, H, G, d, nb, Bk
+
+
+# ---------------------------------------------------------------------------------------------- reference
+def block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
+                             key_bits: int = 8, value_bits: int = 4) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-block (m, l, pv) with jnp, the math of `attention.build_context` / `attention.partials`:
+    m, l [B, H, G, nb], pv [B, H, G, nb, d] (float32 dequantized keys/values are materialized here)."""
+    B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
+                                       group_size, key_bits, value_bits)
+    q32 = q.astype(jnp.float32)
+    valid = jnp.arange(nb)[None, :] < jnp.clip(n_valid, 0, nb)[:, None]  # [B, nb]
+    k_hat = quant.dequantize_keys(k_codes, k_scale, k_zero, key_bits)
+    s = jnp.einsum("bhgd,bhntd->bhgnt", q32, k_hat, precision=_HI) * (1.0 / math.sqrt(d))
+    s = jnp.where(valid[:, None, None, :, None], s, -jnp.inf)
+    v_hat = quant.dequantize_values(v_codes, v_scale, v_zero, group_size, value_bits)
+    m = jnp.max(s, axis=-1)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp(s - m_safe[..., None])
+    l = jnp.sum(w, axis=-1)
+    pv = jnp.einsum("bhgnt,bhntd->bhgnd", w, v_hat, precision=_HI)
+    return m, l, pv
+
+
+def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
+                         key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
+                         blocks_per_split: int | None = None, **_unused) -> Tier1Partials:
+    """Pure-jnp `tier1_pass` (same signature and outputs). Split accumulators are formed from the per-block
+    partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n."""
+    m, l, pv = block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
+                                        group_size=group_size, key_bits=key_bits, value_bits=value_bits)
+    if per_block_acc:
+        return Tier1Partials(m=m, l=l, acc=pv, acc_m=m)
+    B, H, G, nb = m.shape
+    bps = blocks_per_split or default_blocks_per_split(B, H, nb)
+    S = -(-nb // bps)
+    pad = S * bps - nb
+    m_p = jnp.pad(m, ((0, 0),) * 3 + ((0, pad),), constant_values=-jnp.inf).reshape(B, H, G, S, bps)
+    pv_p = jnp.pad(pv, ((0, 0),) * 3 + ((0, pad), (0, 0))).reshape(B, H, G, S, bps, -1)
+    acc_m = jnp.max(m_p, axis=-1)
+    w = jnp.where(jnp.isfinite(m_p), jnp.exp(m_p - jnp.where(jnp.isfinite(acc_m), acc_m, 0.0)[..., None]), 0.0)
+    acc = jnp.einsum("bhgsn,bhgsnd->bhgsd", w, pv_p, precision=_HI)
+    return Tier1Partials(m=m, l=l, acc=acc, acc_m=acc_m)
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+def _interleave(parts: list[jax.Array]) -> jax.Array:
+    """parts[k][..., j] -> out[..., j * len(parts) + k] (len a power of 2; only 2-way stacks: Triton's join)."""
+    if len(parts) == 1:
+        return parts[0]
+    a = _interleave(parts[0::2])
+    b = _interleave(parts[1::2])
+    return jnp.stack([a, b], axis=-1).reshape(*a.shape[:-1], 2 * a.shape[-1])
+
+
+def _unpack(packed: jax.Array, bits: int) -> jax.Array:
+    """uint8 [..., m] -> int32 codes [..., m * 8 / bits] (quant.pack's layout: lowest bits = lowest index)."""
+    x = packed.astype(jnp.int32)
+    if bits == 8:
+        return x
+    per, mask = 8 // bits, (1 << bits) - 1
+    return _interleave([(x >> (k * bits)) & mask for k in range(per)])
+
+
+def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
+                  *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
+                  value_bits: int, per_block: bool):
+    # refs (b, h squeezed): q [G, d]; kc [nb, Bk, dk]; ks, kz [nb, d]; vc [nb, Bk, dv]; vs, vz [nb, Bk, d/gs];
+    # m, l [G, nb]; acc [G, nb | S, d]; am [G, S] (split layout only)
+    f32 = jnp.float32
+    split = pl.program_id(2)
+    start = split * bps
+    stop = jnp.minimum(start + bps, nb)
+    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
+    v_stop = jnp.clip(n_valid, start, stop)
+    inv_sqrt_d = 1.0 / math.sqrt(d)
+    ng = d // group
+    qs = [q_ref[g, :].astype(f32) for g in range(G)]
+
+    def valid_block(n, carry):
+        ks = ks_ref[n, :].astype(f32)
+        kz = kz_ref[n, :].astype(f32)
+        k_hat = _unpack(kc_ref[n, :, :], key_bits).astype(f32) * ks[None, :] + kz[None, :]  # [Bk, d]
+        vcodes = _unpack(vc_ref[n, :, :], value_bits).astype(f32).reshape(Bk, ng, group)
+        vs = vs_ref[n, :, :].astype(f32)
+        vz = vz_ref[n, :, :].astype(f32)
+        v_hat = (vcodes * vs[:, :, None] + vz[:, :, None]).reshape(Bk, d)  # [Bk, d]
+        new = []
+        for g in range(G):
+            s = jnp.sum(k_hat * qs[g][None, :], axis=1) * inv_sqrt_d  # [Bk]
+            m = jnp.max(s)
+            p = jnp.exp(s - m)
+            pv = jnp.sum(p[:, None] * v_hat, axis=0)  # [d]
+            m_ref[g, n] = m
+            l_ref[g, n] = jnp.sum(p)
+            if per_block:
+                acc_ref[g, n, :] = pv
+            else:
+                m_run, acc = carry[g]
+                m_new = jnp.maximum(m_run, m)
+                new.append((m_new, acc * jnp.exp(m_run - m_new) + jnp.exp(m - m_new) * pv))
+        return tuple(new) if not per_block else carry
+
+    def empty_block(n, carry):
+        # broadcast arrays, not Python scalars: the Triton lowering of jax 0.11 mis-types literal stores
+        m_ref[:, n] = jnp.full((G,), -jnp.inf, f32)
+        l_ref[:, n] = jnp.zeros((G,), f32)
+        if per_block:
+            acc_ref[:, n, :] = jnp.zeros((G, d), f32)
+        return carry
+
+    init = () if per_block else tuple((jnp.array(-jnp.inf, f32), jnp.zeros((d,), f32)) for _ in range(G))
+    final = jax.lax.fori_loop(start, v_stop, valid_block, init)
+    jax.lax.fori_loop(v_stop, stop, empty_block, 0)
+    if not per_block:
+        (am_ref,) = maybe_am_ref
+        for g in range(G):
+            m_run, acc = final[g]
+            acc_ref[g, split, :] = acc
+            am_ref[g, split] = m_run
+
+
+def _codes_f32(codes: jax.Array, magic: bool) -> jax.Array:
+    """int32 codes in [0, 255] -> exact float32. magic: bit trick (2^23 + c) - 2^23 (an OR and an exact FADD)
+    instead of an int->float conversion instruction (quarter rate on the GPU)."""
+    if not magic:
+        return codes.astype(jnp.float32)
+    return jax.lax.bitcast_convert_type(codes | 0x4B000000, jnp.float32) - 8388608.0
+
+
+def _dot(a: jax.Array, b: jax.Array, b_contract: int, a_contract: int = 1) -> jax.Array:
+    """2-D a . b contracting a's axis a_contract with b's axis b_contract, in float32 with HIGHEST precision: the
+    Triton lowering then asks for IEEE float32 inputs (no TF32), i.e. FMA accumulation (pl.dot is gone in
+    jax 0.11, so lax directly)."""
+    return jax.lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+
+def _pow2(e: jax.Array) -> jax.Array:
+    """2.0 ** e for int32 e in [-126, 127], built from the exponent bits (exact)."""
+    return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
+
+
+def _int8_pieces(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Exact fixed-point split of each row of a [G, d] (float32) into 4 int8 pieces:
+
+        a_gc = inv_f_g * sum_k P[g*4 + k, c] 2^(-7k) + r_gc,   |P| <= 65,   |r_gc| <= max(2^-26 max_c |a_gc|, 2^-126)
+
+    with inv_f_g = 2^(E_g - 6) a power of two, 2^(E_g - 1) <= max_c |a_gc| < 2^E_g. Returns (P int8 [4G, d],
+    inv_f [G]). All steps are exact in float32 (power-of-two scalings, floor, differences of nearby integers);
+    the 2^-126 covers platforms that flush subnormal inputs to zero."""
+    G, d = a.shape
+    amax = jnp.max(jnp.abs(a), axis=1)  # [G]
+    e = jnp.maximum((jax.lax.bitcast_convert_type(amax, jnp.int32) >> 23) & 0xFF, 6)  # biased exponent of amax
+    x = a * _pow2(132 - e)[:, None]  # |x| < 64 (E = e - 126; scale 2^(6 - E))
+    k = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
+    y = x[:, None, :] * _pow2(7 * k)  # [G, 4, d]: x 2^(7k), exact
+    # floor(y + 1/2): round to nearest (no round primitive in the Triton lowering); off by at most 1 where
+    # |y| >= 2^23, which keeps |P| <= 65 and the telescoped remainder below 2^-21 in units of x.
+    r_k = jnp.floor(y + 0.5)
+    r_prev = jnp.floor(y * (1.0 / 128.0) + 0.5)  # the previous piece's rounding; 0 for k = 0 since |x| < 64
+    pieces = (r_k - 128.0 * r_prev).astype(jnp.int8).reshape(4 * G, d)
+    return pieces, _pow2(e - 132)
+
+
+def _int8_pieces_cols(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`_int8_pieces` of each column of w [n, G] (exponent shared down a column): (P int8 [n, 4G] with
+    w_ig = inv_f_g sum_k P[i, g*4 + k] 2^(-7k) + r_ig, inv_f [G]); same bounds."""
+    amax = jnp.max(jnp.abs(w), axis=0)  # [G]
+    e = jnp.maximum((jax.lax.bitcast_convert_type(amax, jnp.int32) >> 23) & 0xFF, 6)
+    x = w * _pow2(132 - e)[None, :]
+    k = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
+    y = x[:, :, None] * _pow2(7 * k)  # [n, G, 4]
+    pieces = (jnp.floor(y + 0.5) - 128.0 * jnp.floor(y * (1.0 / 128.0) + 0.5)).astype(jnp.int8)
+    return pieces.reshape(w.shape[0], 4 * w.shape[1]), _pow2(e - 132)
+
+
+def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float):
+    """Scores [Bk, G] of q [G, d] against one block's packed key codes with the exact int8 dot (see
+    _tier1_kernel_dot, int_keys)."""
+    f32 = jnp.float32
+    G = q.shape[0]
+    off = 1 << (key_bits - 1)
+    a = q * ks[None, :]
+    pieces, inv_f = _int8_pieces(a)
+    codes_i8 = (_unpack(codes_packed, key_bits) - off).astype(jnp.int8)  # [Bk, d]
+    si = jax.lax.dot_general(codes_i8, pieces, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
+    t = jnp.sum(si.astype(f32).reshape(codes_i8.shape[0], G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
+    base = off * jnp.sum(a, axis=1) + jnp.sum(q * kz[None, :], axis=1)  # [G]
+    return (t * inv_f[None, :] + base[None, :]) * inv_sqrt_d
+
+
+def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
+                      *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
+                      value_bits: int, per_block: bool):
+    """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
+    scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
+    tokens (`_int8_pieces_cols`) and codes shifted to signed:
+        pv_gc = inv_f_g sum_k 2^-7k sum_i P_i,gk (code_ic - off) + off sum_i w_ig + sum_i p_ig y_ij.
+    No float32 dequantized value exists; no [Bk, d] float tile either (each group is [Bk, group])."""
+    f32 = jnp.float32
+    split = pl.program_id(2)
+    start = split * bps
+    stop = jnp.minimum(start + bps, nb)
+    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
+    v_stop = jnp.clip(n_valid, start, stop)
+    inv_sqrt_d = 1.0 / math.sqrt(d)
+    ng = d // group
+    hg = group * value_bits // 8  # packed bytes per group and token
+    voff = 1 << (value_bits - 1)
+    q = q_ref[...].astype(f32)  # [G, d]
+    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
+
+    def valid_block(n, carry):
+        s = _int_scores(q, ks_ref[n, :].astype(f32), kz_ref[n, :].astype(f32), kc_ref[n, :, :], key_bits,
+                        inv_sqrt_d)  # [Bk, G]
+        m = jnp.max(s, axis=0)  # [G]
+        p = jnp.exp(s - m[None, :])
+        m_ref[:, n] = m
+        l_ref[:, n] = jnp.sum(p, axis=0)
+        pvs = []
+        for j in range(ng):
+            t_j = vs_ref[n, :, j].astype(f32)  # [Bk]
+            y_j = vz_ref[n, :, j].astype(f32)
+            w = p * t_j[:, None]  # [Bk, G]
+            pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4G]
+            codes = (_unpack(vc_ref[n, :, pl.ds(j * hg, hg)], value_bits) - voff).astype(jnp.int8)  # [Bk, group]
+            si = jax.lax.dot_general(pieces, codes, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+            t = jnp.sum(si.astype(f32).reshape(G, 4, group) * _pow2(-7 * kk), axis=1)  # [G, group]
+            base = voff * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)  # [G]
+            pvs.append(t * inv_f[:, None] + base[:, None])
+        if per_block:
+            for j in range(ng):
+                acc_ref[:, n, pl.ds(j * group, group)] = pvs[j]
+            return carry
+        m_run, accs = carry
+        m_new = jnp.maximum(m_run, m)
+        alpha = jnp.exp(m_run - m_new)[:, None]
+        beta = jnp.exp(m - m_new)[:, None]
+        return m_new, tuple(acc * alpha + beta * pv for acc, pv in zip(accs, pvs, strict=True))
+
+    def empty_block(n, carry):
+        m_ref[:, n] = jnp.full((G,), -jnp.inf, f32)
+        l_ref[:, n] = jnp.zeros((G,), f32)
+        if per_block:
+            acc_ref[:, n, :] = jnp.zeros((G, d), f32)
+        return carry
+
+    init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
+    final = jax.lax.fori_loop(start, v_stop, valid_block, init)
+    jax.lax.fori_loop(v_stop, stop, empty_block, 0)
+    if not per_block:
+        (am_ref,) = maybe_am_ref
+        for j in range(ng):
+            acc_ref[:, split, pl.ds(j * group, group)] = final[1][j]
+        am_ref[:, split] = final[0]
+
+
+def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
+                      *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
+                      value_bits: int, per_block: bool, magic: bool, transposed: bool = False,
+                      int_keys: bool = False):
+    """Same contract as _tier1_kernel; the G query heads are scored together with float32 dot products
+    (IEEE inputs, `precision=HIGHEST`: FMA, no TF32) and the key scale is folded into the query:
+    s_gi = (sum_c (q_gc s_c) code_ic + sum_c q_gc z_c) / sqrt(d).
+    transposed: compute the scores as [Bk, G] (codes . (q s)^T) so that only the small operands are transposed
+    (the [G, Bk] form transposes the [Bk, d] code tile, which the ablation in docs/kernels.md found costly).
+    int_keys (implies transposed): the key dot is exact integer arithmetic on the tensor cores: q s split into
+    int8 pieces (`_int8_pieces`), codes shifted to signed, int32 accumulation (no rounding at all);
+    s_gi = (inv_f_g sum_k 2^-7k S_ik + off sum_c a_gc + sum_c q_gc z_c) / sqrt(d), off = 2^(bits-1)."""
+    f32 = jnp.float32
+    split = pl.program_id(2)
+    start = split * bps
+    stop = jnp.minimum(start + bps, nb)
+    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
+    v_stop = jnp.clip(n_valid, start, stop)
+    inv_sqrt_d = 1.0 / math.sqrt(d)
+    ng = d // group
+    q = q_ref[...].astype(f32)  # [G, d]
+
+    def valid_block(n, carry):
+        ks = ks_ref[n, :].astype(f32)
+        kz = kz_ref[n, :].astype(f32)
+        qz = None if int_keys else jnp.sum(q * kz[None, :], axis=1)  # [G]
+        if int_keys:
+            s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d)  # [Bk, G]
+            m = jnp.max(s, axis=0)
+            p = jnp.exp(s - m[None, :])
+        elif transposed:
+            codes = _codes_f32(_unpack(kc_ref[n, :, :], key_bits), magic)  # [Bk, d]
+            s = (_dot(codes, q * ks[None, :], 1) + qz[None, :]) * inv_sqrt_d  # [Bk, G]
+            m = jnp.max(s, axis=0)  # [G]
+            p = jnp.exp(s - m[None, :])
+        else:
+            codes = _codes_f32(_unpack(kc_ref[n, :, :], key_bits), magic)  # [Bk, d]
+            s = (_dot(q * ks[None, :], codes, 1) + qz[:, None]) * inv_sqrt_d  # [G, Bk]
+            m = jnp.max(s, axis=1)  # [G]
+            p = jnp.exp(s - m[:, None])
+        vcodes = _codes_f32(_unpack(vc_ref[n, :, :], value_bits), magic).reshape(Bk, ng, group)
+        vs = vs_ref[n, :, :].astype(f32)
+        vz = vz_ref[n, :, :].astype(f32)
+        v_hat = (vcodes * vs[:, :, None] + vz[:, :, None]).reshape(Bk, d)
+        tr = transposed or int_keys
+        pv = _dot(p, v_hat, 0, a_contract=0 if tr else 1)  # [G, d]
+        m_ref[:, n] = m
+        l_ref[:, n] = jnp.sum(p, axis=0 if tr else 1)
+        if per_block:
+            acc_ref[:, n, :] = pv
+            return carry
+        m_run, acc = carry
+        m_new = jnp.maximum(m_run, m)
+        return m_new, acc * jnp.exp(m_run - m_new)[:, None] + jnp.exp(m - m_new)[:, None] * pv
+
+    def empty_block(n, carry):
+        m_ref[:, n] = jnp.full((G,), -jnp.inf, f32)
+        l_ref[:, n] = jnp.zeros((G,), f32)
+        if per_block:
+            acc_ref[:, n, :] = jnp.zeros((G, d), f32)
+        return carry
+
+    init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), jnp.zeros((G, d), f32))
+    final = jax.lax.fori_loop(start, v_stop, valid_block, init)
+    jax.lax.fori_loop(v_stop, stop, empty_block, 0)
+    if not per_block:
+        (am_ref,) = maybe_am_ref
+        acc_ref[:, split, :] = final[1]
+        am_ref[:, split] = final[0]
+
+
+def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
+               key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
+               blocks_per_split: int | None = None, num_warps: int = 4, num_stages: int = 2,
+               variant: str = "dot_magic", interpret: bool | None = None) -> Tier1Partials:
+    """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
+    blocks of one KV head with its G query heads. See the module docstring for the math and layouts."""
+    B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
+                                       group_size, key_bits, value_bits)
+    bps = blocks_per_split or default_blocks_per_split(B, H, nb)
+    if bps <= 0:
+        raise ValueError(f"blocks_per_split must be positive, got {bps}")
+    if variant not in _VARIANTS:
+        raise ValueError(f"unknown kernel variant {variant!r}: choose one of {sorted(_VARIANTS)}")
+    interpret = backend.interpret() if interpret is None else interpret
+    if not interpret:  # Triton tensors must have power-of-two sizes
+        for name, n in (("block size", Bk), ("head_dim", d), ("value group size", group_size)):
+            if n & (n - 1):
+                raise ValueError(f"the compiled tier-1 kernel needs a power-of-two {name}, got {n}")
+    # query heads per KV head, padded to a power of two (SmolLM2: 3 -> 4) and to what the variant's dots need
+    Gp = max(1 << (G - 1).bit_length(), _MIN_G.get(variant, 1))
+    q32 = q.astype(jnp.float32)
+    if Gp != G:
+        q32 = jnp.pad(q32, ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
+    out = _tier1_call(q32, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero,
+                      n_valid.astype(jnp.int32), group=group_size, key_bits=key_bits, value_bits=value_bits,
+                      per_block=per_block_acc, bps=bps, num_warps=num_warps, num_stages=num_stages,
+                      variant=variant, interpret=interpret)
+    return out if Gp == G else Tier1Partials(*(x[:, :, :G] for x in out))
+
+
+@functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
+                                             "num_stages", "variant", "interpret"))
+def _tier1_call(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
+                per_block, bps, num_warps, num_stages, variant, interpret) -> Tier1Partials:
+    B, H, G, d = q.shape
+    nb, Bk = k_codes.shape[2], k_codes.shape[3]
+    dk, dv, ng = k_codes.shape[4], v_codes.shape[4], d // group
+    S = -(-nb // bps)
+    kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
+                               value_bits=value_bits, per_block=per_block)
+    whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731
+    n_acc = nb if per_block else S
+    out_shape = [jax.ShapeDtypeStruct((B, H, G, nb), jnp.float32), jax.ShapeDtypeStruct((B, H, G, nb), jnp.float32),
+                 jax.ShapeDtypeStruct((B, H, G, n_acc, d), jnp.float32)]
+    out_specs = [whole(G, nb), whole(G, nb), whole(G, n_acc, d)]
+    if not per_block:
+        out_shape.append(jax.ShapeDtypeStruct((B, H, G, S), jnp.float32))
+        out_specs.append(whole(G, S))
+    outs = pl.pallas_call(
+        kernel,
+        grid=(B, H, S),
+        in_specs=[pl.BlockSpec((None,), lambda b, h, s: (b,)),
+                  whole(G, d), whole(nb, Bk, dk), whole(nb, d), whole(nb, d),
+                  whole(nb, Bk, dv), whole(nb, Bk, ng), whole(nb, Bk, ng)],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=backend.compiler_params(num_warps, num_stages) if not interpret else None,
+        interpret=interpret,
+        name="certattn_tier1_pass",
+    )(n_valid, q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero)
+    if per_block:
+        m, l, acc = outs
+        return Tier1Partials(m=m, l=l, acc=acc, acc_m=m)
+    return Tier1Partials(*outs)
+
+
+# variant name -> kernel: "reduce" (broadcast-multiply-reduce per query head), "dot" (float32 IEEE dots,
+# scale folded into q), "dot_magic" (as dot, codes converted to float by the 2^23 bit trick), "dot_t" (as
+# dot_magic with [Bk, G] scores), "int_keys" (exact int8 tensor-core key dot), "int_kv" (exact int8 dots for
+# keys and values); the last three are not yet timed on the GPU. docs/kernels.md has the measurements.
+_VARIANTS = {"reduce": _tier1_kernel, "dot": functools.partial(_tier1_kernel_dot, magic=False),
+             "dot_magic": functools.partial(_tier1_kernel_dot, magic=True),
+             "dot_t": functools.partial(_tier1_kernel_dot, magic=True, transposed=True),
+             "int_keys": functools.partial(_tier1_kernel_dot, magic=True, int_keys=True),
+             "int_kv": _tier1_kernel_int}
+# fewest query-head rows a variant's dots need (int8 MMA tiles: 4 pieces x 4 heads = 16)
+_MIN_G = {"int_keys": 4, "int_kv": 4}
+
+
+def naive_output(p: Tier1Partials) -> jax.Array:
+    """The normalized attention output [B, H, G, d] over the tier-1 blocks alone (INT keys and values, no
+    residual block, no certification): sum_s e^{acc_m_s - M} acc_s / sum_n e^{m_n - M} l_n, M = max_n m_n.
+    NaN where no block is valid."""
+    big = jnp.max(p.m, axis=-1, keepdims=True)
+    big = jnp.where(jnp.isfinite(big), big, 0.0)
+    w_acc = jnp.where(jnp.isfinite(p.acc_m), jnp.exp(p.acc_m - big), 0.0)
+    w_l = jnp.where(jnp.isfinite(p.m), jnp.exp(p.m - big), 0.0)
+    num = jnp.einsum("bhgs,bhgsd->bhgd", w_acc, p.acc, precision=_HI)
+    return num / jnp.sum(w_l * p.l, axis=-1)[..., None]

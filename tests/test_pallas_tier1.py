@@ -1,0 +1,245 @@
+"""The tier-1 Pallas kernel (interpret mode on CPU) against its jnp reference, the reference against float64
+numpy, and the kernel on a real TieredKVCache against `attention.build_context`.
+
+Interpret mode fills every output buffer with NaN before the kernel runs (checked below), so "no NaN in the
+output" means the kernel wrote every element. Shapes are tiny: each distinct shape/config is one slow compile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from certattn_jax import quant
+from pallas_kernels import backend
+from pallas_kernels.tier1_pass import Tier1Partials, naive_output, tier1_pass, tier1_pass_reference
+
+GS = 32
+
+
+def _inputs(seed, B, H, G, nb, Bk, d, n_valid, key_bits=8):
+    """Fresh random tier-1 arrays (quantized from Gaussian keys/values with outliers) and a query."""
+    rng = np.random.default_rng(seed)
+    k = rng.normal(size=(B, H, nb, Bk, d)) * rng.uniform(0.5, 3.0, size=(1, 1, 1, 1, d))
+    v = rng.normal(size=(B, H, nb, Bk, d)) + rng.normal(size=(1, H, 1, 1, d))
+    k[..., 0, 3] = 25.0  # an outlier channel value: a wide per-block scale
+    kc, ks, kz = quant.quantize_keys(jnp.asarray(k, jnp.float32), key_bits)
+    vc, vs, vz = quant.quantize_values(jnp.asarray(v, jnp.float32), GS, 4)
+    q = jnp.asarray(rng.normal(size=(B, H, G, d)) * 2.0, jnp.float32)
+    return q, kc, ks, kz, vc, vs, vz, jnp.asarray(n_valid, jnp.int32)
+
+
+def _assert_close(got: Tier1Partials, want: Tier1Partials, rtol=3e-5):
+    for name in Tier1Partials._fields:
+        g, w = np.asarray(getattr(got, name)), np.asarray(getattr(want, name))
+        assert g.shape == w.shape, name
+        assert not np.isnan(g).any(), f"{name}: unwritten (NaN-poisoned) or NaN entries"
+        fin = np.isfinite(w)
+        np.testing.assert_array_equal(g[~fin], w[~fin], err_msg=f"{name}: empty blocks/splits must be -inf")
+        scale = max(float(np.max(np.abs(w[fin]), initial=0.0)), 1e-30)
+        np.testing.assert_allclose(g[fin], w[fin], rtol=rtol, atol=rtol * scale, err_msg=name)
+
+
+def test_interpret_mode_poisons_outputs():
+    """The premise of the NaN checks: an output the kernel never writes comes back NaN."""
+    from jax.experimental import pallas as pl
+
+    assert backend.interpret()
+
+    def kernel(x_ref, o_ref):
+        o_ref[0] = x_ref[0]  # writes one element of eight
+
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), interpret=True)(
+        jnp.ones((8,), jnp.float32))
+    assert float(out[0]) == 1.0 and np.isnan(np.asarray(out[1:])).all()
+
+
+# Ragged sequences: all blocks full, 2 of 5 (T not a multiple of the block is the same thing for tier 1: the
+# partial last block lives in the residual), and none at all (T < one block).
+RAGGED = dict(seed=1, B=3, H=2, G=4, nb=5, Bk=16, d=128, n_valid=[5, 2, 0])
+SMALL = dict(seed=2, B=2, H=1, G=1, nb=3, Bk=16, d=64, n_valid=[3, 1], key_bits=4)
+
+
+@pytest.mark.parametrize("case,per_block,bps", [
+    (RAGGED, False, 2),  # 3 splits, the last one short; a sequence with no valid block
+    (RAGGED, True, 2),
+    (SMALL, False, None),  # default split size; G = 1, d = 64, 4-bit keys
+    (SMALL, True, None),
+    (dict(SMALL, G=3, key_bits=8), False, 2),  # SmolLM2's 3 query heads per KV head: padded to 4 inside
+])
+def test_kernel_matches_reference(case, per_block, bps):
+    args = _inputs(**case)
+    kw = dict(group_size=GS, key_bits=case.get("key_bits", 8), per_block_acc=per_block, blocks_per_split=bps)
+    got = tier1_pass(*args, **kw)
+    _assert_close(got, tier1_pass_reference(*args, **kw))
+    m = np.asarray(got.m)
+    n_valid = np.asarray(args[-1])
+    for b in range(case["B"]):  # invalid blocks are empty, valid ones are not
+        assert np.isneginf(m[b, ..., n_valid[b]:]).all() and np.isfinite(m[b, ..., :n_valid[b]]).all()
+        assert (np.asarray(got.l)[b, ..., n_valid[b]:] == 0).all()
+
+
+TWO = dict(RAGGED, B=2, n_valid=[4, 1])
+
+
+@pytest.mark.parametrize("variant,case,per_block", [
+    ("dot", TWO, False),
+    ("dot_t", TWO, False),
+    ("reduce", TWO, False),
+    ("int_keys", TWO, False),
+    ("int_keys", SMALL, False),  # G = 1 padded to 4 rows, 4-bit keys
+    ("int_kv", TWO, False),
+    ("int_kv", SMALL, True),
+])
+def test_other_variants_match_reference(variant, case, per_block):
+    args = _inputs(**case)
+    kw = dict(group_size=GS, blocks_per_split=2, key_bits=case.get("key_bits", 8), per_block_acc=per_block)
+    _assert_close(tier1_pass(*args, variant=variant, **kw), tier1_pass_reference(*args, **kw))
+
+
+def test_reference_matches_float64_numpy():
+    """tier1_pass_reference (float32 jnp) against an independent float64 computation of the block partials
+    and of the finished (naive) attention output."""
+    case = dict(RAGGED, B=2, n_valid=[5, 3])
+    q, kc, ks, kz, vc, vs, vz, nv = _inputs(**case)
+    ref = tier1_pass_reference(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, per_block_acc=True)
+    f64 = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731 - bf16 -> exact float64
+    kcodes = np.asarray(quant.unpack(kc, 8), np.float64)
+    k_hat = kcodes * f64(ks)[:, :, :, None, :] + f64(kz)[:, :, :, None, :]
+    vcodes = np.asarray(quant.unpack(vc, 4), np.float64)
+    B, H, nb, Bk, d = k_hat.shape
+    vg = vcodes.reshape(B, H, nb, Bk, d // GS, GS)
+    v_hat = (vg * f64(vs)[..., None] + f64(vz)[..., None]).reshape(B, H, nb, Bk, d)
+    s = np.einsum("bhgd,bhntd->bhgnt", f64(q), k_hat) / math.sqrt(d)
+    m = s.max(-1)
+    w = np.exp(s - m[..., None])
+    valid = (np.arange(nb)[None, :] < np.asarray(nv)[:, None])[:, None, None, :]
+    np.testing.assert_allclose(np.asarray(ref.m)[np.broadcast_to(valid, m.shape)], m[np.broadcast_to(valid, m.shape)],
+                               rtol=1e-5, atol=1e-5)
+    sel = np.broadcast_to(valid, m.shape)
+    np.testing.assert_allclose(np.asarray(ref.l)[sel], w.sum(-1)[sel], rtol=1e-5)
+    pv = np.einsum("bhgnt,bhntd->bhgnd", w, v_hat)
+    np.testing.assert_allclose(np.asarray(ref.acc)[sel], pv[sel], rtol=1e-4, atol=1e-4 * np.abs(pv).max())
+    # the finished output over the valid tokens, from the kernel's split partials
+    got = np.asarray(naive_output(tier1_pass(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, blocks_per_split=2)))
+    tok = np.repeat(valid[..., None], Bk, axis=-1).reshape(B, 1, 1, nb * Bk)
+    st = np.where(tok, s.reshape(B, H, -1, nb * Bk), -np.inf)
+    p = np.exp(st - st.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.einsum("bhgt,bhtd->bhgd", p, v_hat.reshape(B, H, nb * Bk, d))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_kernel_on_a_cache_matches_build_context():
+    """The kernel reads a TieredKVCache's own arrays and gives the INT8 partials of attention.build_context."""
+    from certattn_jax.attention import build_context
+    from certattn_jax.cache import TieredKVCache
+    from certattn_jax.policy import CertPolicy
+
+    policy = CertPolicy(block_size=16, group_size=GS)
+    rng = np.random.default_rng(3)
+    B, T, H, G, d = 2, 60, 2, 4, 128
+    k = jnp.asarray(rng.normal(size=(B, T, H, d)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(B, T, H, d)), jnp.float32)
+    cache = TieredKVCache.from_dense(k, v, policy, capacity=64, lengths=jnp.array([60, 9]))  # 3 and 0 blocks
+    q = jnp.asarray(rng.normal(size=(B, H * G, d)), jnp.float32)
+    ctx = build_context(q, cache, policy)
+    got = tier1_pass(ctx.q32, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale,
+                     cache.v_zero, cache.flushed // cache.block_size, group_size=GS, per_block_acc=True)
+    _assert_close(got, Tier1Partials(m=ctx.apx.m, l=ctx.apx.l, acc=ctx.apx.acc, acc_m=ctx.apx.m))
+
+
+def test_bad_inputs_are_named():
+    q, kc, ks, kz, vc, vs, vz, nv = _inputs(**SMALL)
+    with pytest.raises(ValueError, match="v_scale"):
+        tier1_pass(q, kc, ks, kz, vc, vs[..., :1, :], vz, nv, group_size=GS, key_bits=4)
+    with pytest.raises(ValueError, match="k_codes"):
+        tier1_pass(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, key_bits=8)  # 4-bit codes read as 8-bit
+    with pytest.raises(TypeError, match="k_codes"):
+        tier1_pass(q, kc.astype(jnp.int32), ks, kz, vc, vs, vz, nv, group_size=GS, key_bits=4)
+    with pytest.raises(ValueError, match="variant"):
+        tier1_pass(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, key_bits=4, variant="fast")
+    with pytest.raises(ValueError, match="n_valid"):
+        tier1_pass(q, kc, ks, kz, vc, vs, vz, nv[:1], group_size=GS, key_bits=4)
+
+
+def test_drop_promoted_blocks_and_combine_match_float64():
+    """Split partials from the kernel, promoted blocks subtracted (a repeated id, an empty slot, and a block
+    past one sequence's valid count), combined with exact items: equals float64 numpy over the per-block
+    partials with those blocks masked out."""
+    from pallas_kernels.split_combine import combine, drop_blocks, promoted_block_partials
+
+    case = dict(RAGGED, B=2, n_valid=[5, 2])
+    args = _inputs(**case)
+    q, kc, ks, kz, vc, vs, vz, nv = args
+    parts = tier1_pass(*args, group_size=GS, blocks_per_split=2)
+    ids = jnp.array([[[1, 4, -1, 1], [0, 3, 2, -1]], [[4, 1, -1, -1], [0, -1, -1, -1]]], jnp.int32)  # [B, H, K]
+    approx = promoted_block_partials(q, kc, ks, kz, vc, vs, vz, ids, group_size=GS)
+    rng = np.random.default_rng(5)
+    B, H, G, K, d = 2, 2, 4, 4, 128
+    ex_m = jnp.asarray(np.where(rng.random((B, H, G, K)) < 0.8, rng.normal(size=(B, H, G, K)) * 3, -np.inf),
+                       jnp.float32)
+    ex_l = jnp.where(jnp.isfinite(ex_m), jnp.asarray(rng.uniform(1, 5, (B, H, G, K)), jnp.float32), 0.0)
+    ex_acc = jnp.where(jnp.isfinite(ex_m)[..., None], jnp.asarray(rng.normal(size=(B, H, G, K, d)), jnp.float32), 0.0)
+    out, lm = combine(drop_blocks(parts, ids, approx, 2), [(ex_m, ex_l, ex_acc)])
+
+    m, l, pv = (np.asarray(x, np.float64) for x in tier1_pass_reference(*args, group_size=GS, per_block_acc=True)[:3])
+    ids_np = np.asarray(ids)
+    for b in range(B):
+        for h in range(H):
+            for n in set(ids_np[b, h][ids_np[b, h] >= 0]):
+                m[b, h, :, n], l[b, h, :, n], pv[b, h, :, n] = -np.inf, 0.0, 0.0
+    m_all = np.concatenate([m, np.asarray(ex_m, np.float64)], -1)
+    l_all = np.concatenate([l, np.asarray(ex_l, np.float64)], -1)
+    acc_all = np.concatenate([pv, np.asarray(ex_acc, np.float64)], -2)
+    big = m_all.max(-1, keepdims=True)
+    w = np.where(np.isfinite(m_all), np.exp(m_all - big), 0.0)
+    den = (w * l_all).sum(-1)
+    want = np.einsum("bhgn,bhgnd->bhgd", w, acc_all) / den[..., None]
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with np.errstate(divide="ignore"):
+        want_lm = np.log(w * l_all) - np.log(den)[..., None]
+    fin = np.isfinite(want_lm)
+    np.testing.assert_array_equal(np.isfinite(np.asarray(lm)), fin)
+    np.testing.assert_allclose(np.asarray(lm)[fin], want_lm[fin], rtol=1e-5, atol=1e-5)
+    odd = _inputs(seed=4, B=1, H=1, G=1, nb=1, Bk=16, d=96, n_valid=[1])
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        tier1_pass(*odd, group_size=GS, interpret=False)  # what Triton cannot compile is refused up front
+
+
+def test_int8_pieces_are_an_exact_split():
+    """The int_keys variant's fixed-point split: pieces fit int8 and reconstruct a to the stated remainder,
+    for ordinary, huge, tiny (subnormal), zero and mixed-sign rows."""
+    from pallas_kernels.tier1_pass import _int8_pieces
+
+    rng = np.random.default_rng(6)
+    rows = [rng.normal(size=64), rng.normal(size=64) * 1e30, rng.normal(size=64) * 1e-40, np.zeros(64),
+            np.where(rng.random(64) < 0.5, -1.0, 1.0) * 2.0 ** rng.integers(-60, 60, 64)]
+    a = jnp.asarray(np.stack(rows), jnp.float32)
+    pieces, inv_f = _int8_pieces(a)
+    P = np.asarray(pieces, np.float64).reshape(len(rows), 4, 64)
+    assert np.abs(P).max() <= 65
+    recon = np.asarray(inv_f, np.float64)[:, None] * np.einsum("gkc,k->gc", P, 2.0 ** (-7.0 * np.arange(4)))
+    a64 = np.asarray(a, np.float64)
+    # 2^-126: a platform that flushes subnormal inputs to zero (XLA on CPU does) loses them entirely
+    bound = np.maximum(2.0 ** -26 * np.abs(a64).max(axis=1, keepdims=True), 2.0 ** -126)
+    assert (np.abs(a64 - recon) <= bound).all()
+
+
+@pytest.mark.parametrize("variant", ["dot_magic", "dot", "dot_t", "reduce", "int_keys", "int_kv"])
+def test_kernels_lower_to_triton(variant, monkeypatch):
+    """Cross-lower the compiled (non-interpret) kernel for CUDA on this CPU machine: catches what the Pallas
+    Triton lowering rejects (unsupported primitives, literal stores, non-power-of-two tensors) without a GPU.
+    It does not run Triton's own compiler (PTX), which only the GPU bench exercises."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")  # Triton compiler params, as on a GPU
+    args = _inputs(seed=7, B=1, H=2, G=4, nb=4, Bk=16, d=64, n_valid=[3])
+    for per_block in (False, True):
+        f = jax.jit(lambda *a, pb=per_block: tier1_pass(*a, group_size=GS, blocks_per_split=2, variant=variant,
+                                                         per_block_acc=pb, interpret=False))
+        allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+        text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(*args).mlir_module()
+        assert "xla.gpu.triton" in text
