@@ -1,5 +1,5 @@
 """The tier-1 Pallas kernel (interpret mode on CPU) against its jnp reference, the reference against float64
-numpy, and the kernel on a real TieredKVCache against `attention.build_context`.
+numpy, and the kernel on a real TieredKVCache against `step.build_context`.
 
 Interpret mode fills every output buffer with NaN before the kernel runs (checked below), so "no NaN in the
 output" means the kernel wrote every element. Shapes are tiny: each distinct shape/config is one slow compile.
@@ -135,10 +135,10 @@ def test_reference_matches_float64_numpy():
 
 
 def test_kernel_on_a_cache_matches_build_context():
-    """The kernel reads a TieredKVCache's own arrays and gives the INT8 partials of attention.build_context."""
-    from certattn_jax.attention import build_context
+    """The kernel reads a TieredKVCache's own arrays and gives the INT8 partials of step.build_context."""
     from certattn_jax.cache import TieredKVCache
     from certattn_jax.policy import CertPolicy
+    from certattn_jax.step import build_context
 
     policy = CertPolicy(block_size=16, group_size=GS)
     rng = np.random.default_rng(3)
