@@ -69,8 +69,11 @@ def exact_bound(q_abs: jax.Array, k_abs_max: jax.Array, value_abs: jax.Array, ke
     delta = bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d) + bounds.flush_delta(q_abs)
     tv = jnp.tanh(delta / 2) * (1 + 4 * bounds.U)
     e_key = bounds.key_error(jnp.where(jnp.isnan(tv), jnp.inf, tv), key_scale[..., None])
-    rel = bounds.gamma(seq_len) + 2 * bounds.EPS_WEIGHT_DENSE + bounds.SPLIT_PROBS_ERROR
-    e_num = bounds.numeric_error(value_abs, rel) + bounds.flush_floor(seq_len, value_abs)
+    # one exp of an argument rounded three times; the normalizer's sum, the probabilities' division and the
+    # seq_len-term probabilities x values sum
+    sum_rel = 2 * bounds.gamma(seq_len + 1) + bounds.U + bounds.SPLIT_PROBS_ERROR
+    factor = bounds.softmax_average_error(seq_len, sum_rel, n_exps=1, arg_roundings=3)
+    e_num = bounds.numeric_error(value_abs, factor) + bounds.flush_floor(seq_len, value_abs)
     return e_key, jnp.broadcast_to(e_num[..., None], e_key.shape)
 
 

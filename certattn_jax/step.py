@@ -240,14 +240,18 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     deltas = jnp.concatenate([ctx.apx_delta, *[ex.delta for ex in exact], ctx.res_delta], axis=-1)
 
     n_tokens = n_items * policy.block_size
-    rel = bounds.sum_error(policy.block_size, n_items) + 2 * bounds.EPS_WEIGHT
+    # two-level sums (B-term blocks, then n_items partials), each term a product
+    sum_rel = bounds.sum_error(policy.block_size + 1, n_items + 1)
+    rel = sum_rel + 2 * bounds.EPS_WEIGHT  # worst case over an item's weights: for its mass
     lm_up = bounds.log_mass_upper(comb.log_masses, comb.log_mass_err, 2 * rel)
     broken = bounds.item_broken(valid, comb.log_masses, deltas, comb.item_ok)
     tv = bounds.tv_bound(lm_up, deltas, valid, broken)
     e_key = bounds.key_error(tv, ctx.key_scale[..., None])
     e_val = bounds.weighted_sum(lm_up[..., :nb], ctx.eta[:, :, None, :], valid[..., :nb], broken)
     out, cast = bounds.cast_error(comb.out, out_dtype)
-    e_num = (bounds.numeric_error(ctx.value_abs, rel) + bounds.flush_floor(n_tokens, ctx.value_abs))[..., None]
+    # weights e^{s - m_n} e^{m_n - big}: two exps, two rounded subtractions whose |arguments| add to big - s
+    factor = bounds.softmax_average_error(n_tokens, sum_rel, n_exps=2, arg_roundings=1)
+    e_num = (bounds.numeric_error(ctx.value_abs, factor) + bounds.flush_floor(n_tokens, ctx.value_abs))[..., None]
     e_num = jnp.where(broken, jnp.inf, e_num + cast)
     bound = bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U))
 
