@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax.kv_cache import KVCache, commit_arrays
+from certattn_jax.model_cache import CacheSpec, cache_spec
 from models.config import LlamaConfig
-from models.llama import Params, forward_hidden, init_cache, logits_from_hidden
+from models.llama import Params, forward_hidden, logits_from_hidden
 from models.sampling import select_next
 
 CAPACITY_BUCKET = 256
@@ -160,7 +161,10 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     """Generate up to max_new_tokens for each prompt (lists of token ids).
 
     temperature 0 means greedy. cache_factory(batch, capacity) builds the KV cache; it may also be a mode
-    name, "dense" (the default), "naive" or "certified" (with `policy`, a certattn_jax.CertPolicy).
+    name, "dense" (the default), "naive" or "certified" (with `policy`, a certattn_jax.CertPolicy), or a
+    `certattn_jax.model_cache.CacheSpec`. For a mode name or a CacheSpec the prompt is prefilled into a dense
+    staging cache and converted once into the mode's cache (tier 2 is never read back during prefill);
+    `prefill_seconds` includes that conversion (it is the time to the first token's logits).
     capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET.
     With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
     """
@@ -183,11 +187,12 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     elif capacity < need:
         raise ValueError(f"cache capacity {capacity} is smaller than prompt + max_new_tokens = {need}")
     if cache_factory is None or isinstance(cache_factory, str):
-        mode = cache_factory or "dense"
-        make_cache = functools.partial(init_cache, params, config, mode=mode, policy=policy)
+        spec: CacheSpec | None = cache_spec(cache_factory or "dense", config, params["embed"].dtype, policy)
     else:
-        make_cache = cache_factory
-    cache = commit_arrays(make_cache(B, capacity))
+        spec = cache_factory if isinstance(cache_factory, CacheSpec) else None
+    # A CacheSpec prefills into a dense staging cache (the dense path's attention over device-resident
+    # originals) and converts it once; any other factory's cache prefills through its own attend.
+    cache = commit_arrays(spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity))
     if cache.capacity < need:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than prompt + max_new_tokens = {need}")
     eos = tuple(eos_token_ids) if eos_token_ids is not None else config.eos_token_ids
@@ -210,7 +215,9 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
         if bar is not None:
             jax.block_until_ready(last_logits)
             bar.update(1)
-    jax.block_until_ready(last_logits)
+    if spec is not None:
+        cache = spec.from_staging(cache)
+    jax.block_until_ready((last_logits, cache))
     if bar is not None:
         bar.close()
     prefill_s = time.perf_counter() - t0
