@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -35,7 +35,7 @@ from certattn_jax.attention import certified_attention_step, exact_keys_values, 
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate, empty_like_heads
 from certattn_jax.dense_cache import DenseKVCache
-from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, masked_attention
+from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
 from certattn_jax.policy import CertPolicy
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
@@ -84,6 +84,37 @@ class TieredModelCache:
         cert = jax.tree.map(lambda x: jnp.zeros((L,) + x.shape, x.dtype), empty_like_heads(B, num_q_heads))
         return commit_arrays(cls(layers=layers, lengths=dense.lengths, last_certificate=cert, policy=policy,
                                  mode=mode))
+
+    @classmethod
+    def from_layers(cls, layers: Sequence[TieredKVCache], *, num_q_heads: int, policy: CertPolicy | None = None,
+                    mode: str = "certified") -> TieredModelCache:
+        """A model cache from per-layer caches (e.g. `TieredKVCache.from_dense` of existing K/V), which must agree
+        in shape and lengths. Every layer must own its buffers (a donated jit argument may not hold one buffer
+        twice); the model's `lengths` is a fresh copy for the same reason."""
+        if mode not in MODES:
+            raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
+        layers = tuple(layers)
+        if not layers:
+            raise ValueError("from_layers needs at least one layer")
+        policy = policy or CertPolicy()
+        first = layers[0]
+        shape = (first.batch, first.num_kv_heads, first.num_blocks, first.head_dim, first.dtype)
+        for i, c in enumerate(layers):
+            c.check_policy(policy)
+            mine = (c.batch, c.num_kv_heads, c.num_blocks, c.head_dim, c.dtype)
+            if mine != shape:
+                raise ValueError(f"layer {i} has (batch, kv heads, blocks, head_dim, dtype) {mine}, layer 0 {shape}")
+            if is_concrete(c.lengths) and is_concrete(first.lengths) and not bool(jnp.all(c.lengths == first.lengths)):
+                raise ValueError(f"layer {i} holds lengths {c.lengths.tolist()}, layer 0 {first.lengths.tolist()}")
+        ids = [id(x) for x in jax.tree.leaves(layers)]
+        if len(set(ids)) != len(ids):
+            raise ValueError("two layers share a buffer; build each layer's cache separately")
+        if num_q_heads % first.num_kv_heads:
+            raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {first.num_kv_heads}")
+        cert = jax.tree.map(lambda x: jnp.zeros((len(layers),) + x.shape, x.dtype),
+                            empty_like_heads(first.batch, num_q_heads))
+        return commit_arrays(cls(layers=layers, lengths=jnp.array(first.lengths, copy=True), last_certificate=cert,
+                                 policy=policy, mode=mode))
 
     @property
     def capacity(self) -> int:
