@@ -41,25 +41,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 GRID = {"smollm2": (1024, 4096), "llama3.1-8b": (8192, 32768)}
+CPU_GRID = {"smollm2": (256, 1024)}  # --cpu-smollm2: the SmolLM2 shapes at prompts a 2-core CPU can prefill
 TINY_GRID = {"tiny": (100, 300)}
 CACHES = ("dense", "naive", "certified")
 _NO_LAUNCH = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
               "replica-id", "opt-barrier"}
 
 
-def _computations(hlo: str) -> dict[str, list[str]]:
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
+    """(instructions of each computation, the entry computation's name); linear in the text."""
     comps: dict[str, list[str]] = {}
-    name = None
+    name = entry = None
     for line in hlo.splitlines():
-        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        m = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
         if m and not line.startswith(" "):
-            name = m.group(1)
+            name = m.group(2)
+            entry = name if m.group(1) else entry
             comps[name] = []
         elif line.startswith("}"):
             name = None
         elif name is not None and " = " in line:
             comps[name].append(line.strip())
-    return comps
+    return comps, entry
 
 
 def _opcode(instr: str) -> str:
@@ -70,8 +73,7 @@ def _opcode(instr: str) -> str:
 
 def count_launches(hlo: str) -> dict[str, int]:
     """Kernel launches per iteration of the outermost while loop of a compiled module (see module docstring)."""
-    comps = _computations(hlo)
-    entry = next((n for n in comps if re.search(rf"^ENTRY %?{re.escape(n)}\b", hlo, re.M)), None)
+    comps, entry = _computations(hlo)
     whiles = [i for i in comps.get(entry, []) if _opcode(i) == "while"]
     if not whiles:
         raise ValueError("no while loop in the entry computation")
@@ -120,7 +122,8 @@ def _model_config(name: str):
     return MODELS[name]
 
 
-def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int) -> dict:
+def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int,
+            prefill_only: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -135,6 +138,17 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
     kw = dict(eos_token_ids=(), progress=False, prefill_chunk=prefill_chunk, cache_factory=cache, policy=policy)
+    if prefill_only:  # time to first token alone (no decode loop is compiled)
+        cap = gen.round_up(prompt + new_tokens, gen.CAPACITY_BUCKET)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            c, _ = gen.prefill(params, cfg, [ids], cap, cache_factory=cache, policy=policy, prefill_chunk=prefill_chunk)
+            times.append(time.perf_counter() - t0)
+            del c
+        return {"model": model, "cache": cache, "prompt": prompt, "batch": 1, "prefill_cold_s": round(times[0], 4),
+                "prefill_s": round(min(times[1:]), 4), "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)),
+                "prefill_chunk": prefill_chunk}
     cold = gen.generate(params, cfg, [ids], new_tokens, **kw)
     del cold.cache
     warm = gen.generate(params, cfg, [ids], new_tokens, **kw)
@@ -153,30 +167,36 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, CPU friendly")
+    ap.add_argument("--cpu-smollm2", action="store_true", help="SmolLM2 shapes at 256/1024-token prompts")
     ap.add_argument("--models", nargs="+", default=None)
     ap.add_argument("--caches", nargs="+", default=list(CACHES), choices=CACHES)
+    ap.add_argument("--prompts", type=int, nargs="+", default=None, help="only these prompt lengths of the grid")
     ap.add_argument("--new-tokens", type=int, default=None, help="default 64 (8 with --tiny)")
     ap.add_argument("--prefill-chunk", type=int, default=None, help="default 1024 (32 with --tiny)")
     ap.add_argument("--out", default=str(ROOT / "results/bench_generate.json"))
     ap.add_argument("--row", nargs=3, metavar=("MODEL", "CACHE", "PROMPT"), help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per row")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="time to first token only (3 prefills: cold, then the best of two warm); no decode")
     args = ap.parse_args(argv)
     new_tokens = args.new_tokens or (8 if args.tiny else 64)
     chunk = args.prefill_chunk or (32 if args.tiny else 1024)
     if args.row:
         model, cache, prompt = args.row
-        print("ROW " + json.dumps(run_row(model, cache, int(prompt), new_tokens, chunk)), flush=True)
+        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only)
+        print("ROW " + json.dumps(row), flush=True)
         return 0
-    grid = TINY_GRID if args.tiny else GRID
+    grid = TINY_GRID if args.tiny else CPU_GRID if args.cpu_smollm2 else GRID
     models = args.models or list(grid)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     for model in models:
-        for prompt in grid[model]:
+        for prompt in [p for p in grid[model] if args.prompts is None or p in args.prompts]:
             for cache in args.caches:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--row", model, cache, str(prompt),
                        "--new-tokens", str(new_tokens), "--prefill-chunk", str(chunk)]
+                cmd += ["--prefill-only"] if args.prefill_only else []
                 t0 = time.perf_counter()
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
