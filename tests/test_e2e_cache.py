@@ -159,3 +159,56 @@ def test_cache_spec_is_a_factory_and_checks_its_input():
                                       jnp.asarray([49], jnp.int32), POLICY)
     with pytest.raises(ValueError, match="overflow"):
         TieredKVCache.from_dense(jnp.zeros((1, 40, 2, 32)), jnp.zeros((1, 40, 2, 32)), POLICY, capacity=16)
+
+
+def test_bench_generate_counts_launches_of_the_decode_loop():
+    """scripts/bench_generate.py's HLO reading: launches inside the while body, cond branches apart."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from scripts.bench_generate import count_launches
+
+    hlo = """HloModule m
+
+%fused (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+%branch_taken (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %x = f32[4]{0} exponential(%a)
+  ROOT %y = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+}
+
+%branch_skip (b: f32[4]) -> f32[4] {
+  ROOT %b = f32[4]{0} parameter(0)
+}
+
+%body (s: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %s = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %v = f32[4]{0} get-tuple-element(%s), index=1
+  %f = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused
+  %h = f32[4]{0:S(5)} copy(%f)
+  %pred = pred[] constant(false)
+  %c = f32[4]{0} conditional(%pred, %f, %f), true_computation=%branch_taken, false_computation=%branch_skip
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %c)
+}
+
+%cond (s: (s32[], f32[4])) -> pred[] {
+  %s = (s32[], f32[4]{0}) parameter(0)
+  ROOT %p = pred[] constant(true)
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %z = s32[] constant(0)
+  %t = (s32[], f32[4]{0}) tuple(%z, %x)
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body
+  ROOT %r = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+    assert count_launches(hlo) == {"launches": 3, "cond_branch_launches": 2, "host": 1}
+    with pytest.raises(ValueError, match="no while loop"):
+        count_launches(hlo.replace("while(%t), condition=%cond, body=%body", "copy(%t)"))
