@@ -3,6 +3,9 @@
     python scripts/bench_generate.py --out results/bench_generate.json              # GPU: the full grid
     python scripts/bench_generate.py --tiny --out /tmp/bench_generate_tiny.json     # CPU check, tiny shapes
 
+The full grid takes longer than one 10-minute device call: run it in parts (--models / --prompts / --caches,
+each with its own --out) and join them with --merge a.json b.json ... --out results/bench_generate.json.
+
 Grid (random bf16 weights; speed does not depend on their values; batch 1, greedy, no EOS):
   smollm2      (SmolLM2-135M shapes)        prompts 1K, 4K
   llama3.1-8b  (LLaMA-3.1-8B shapes)        prompts 8K, 32K
@@ -176,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "results/bench_generate.json"))
     ap.add_argument("--row", nargs=3, metavar=("MODEL", "CACHE", "PROMPT"), help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per row")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="only merge the rows of these result files (runs split over several calls) into --out")
     ap.add_argument("--prefill-only", action="store_true",
                     help="time to first token only (3 prefills: cold, then the best of two warm); no decode")
     args = ap.parse_args(argv)
@@ -185,6 +190,10 @@ def main(argv=None) -> int:
         model, cache, prompt = args.row
         row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only)
         print("ROW " + json.dumps(row), flush=True)
+        return 0
+    if args.merge:
+        merged = [row for f in args.merge for row in json.loads(Path(f).read_text())["rows"]]
+        Path(args.out).write_text(json.dumps({"rows": merged}, indent=1) + "\n")
         return 0
     grid = TINY_GRID if args.tiny else CPU_GRID if args.cpu_smollm2 else GRID
     models = args.models or list(grid)

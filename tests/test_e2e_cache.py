@@ -87,9 +87,14 @@ def test_prefill_never_reads_tier2_and_conversion_equals_appending(params, monke
         v_btHd = jnp.asarray(v_dense[layer].transpose(0, 2, 1, 3))
         ref = TieredKVCache.init(batch=2, capacity=64, num_kv_heads=2, head_dim=32, dtype=jnp.float32,
                                  policy=POLICY).append(k_btHd, v_btHd, valid)
-        for name in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "v_err", "v_norm", "v_min",
-                     "v_max", "nonfinite", "hot_ids", "lengths", "flushed"):
-            np.testing.assert_array_equal(np.asarray(getattr(c, name)), np.asarray(getattr(ref, name)), err_msg=name)
+        # every field (a field added to the cache later is compared too), except the exact copies that may differ
+        # past the valid tokens: residual and tier 2 (compared through the exact view below)
+        fields = [n for n in c.__dataclass_fields__ if isinstance(getattr(c, n), jax.Array)]
+        assert "k_codes" in fields and "v_err" in fields and "flushed" in fields
+        for name in fields:
+            if name not in ("res_k", "res_v", "host_k", "host_v"):
+                np.testing.assert_array_equal(np.asarray(getattr(c, name)), np.asarray(getattr(ref, name)),
+                                              err_msg=name)
         for b, n in enumerate((40, 23)):  # tier 2 + residual: the originals of every valid token
             from certattn_jax.attention import exact_keys_values
 
