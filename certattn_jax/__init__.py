@@ -6,16 +6,19 @@ from certattn_jax.certificate import Certificate, summarize
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, masked_attention
 from certattn_jax.memory import memory_report
-from certattn_jax.model_cache import TieredModelCache, tiered_cache_factory
+from certattn_jax.model_cache import CACHE_MODES, CacheSpec, TieredModelCache, cache_spec, tiered_cache_factory
 from certattn_jax.policy import CertPolicy
 
 __all__ = [
+    "CACHE_MODES",
+    "CacheSpec",
     "CertPolicy",
     "Certificate",
     "DenseKVCache",
     "KVCache",
     "TieredKVCache",
     "TieredModelCache",
+    "cache_spec",
     "certified_attention",
     "certified_attention_step",
     "dense_attention",

@@ -22,6 +22,7 @@ Writes never lose data: every token is in tier 2 (full blocks) or in the exact r
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -99,11 +100,48 @@ class TieredKVCache:
     @classmethod
     def from_dense(cls, k: jax.Array, v: jax.Array, policy: CertPolicy | None = None,
                    capacity: int | None = None, lengths: jax.Array | None = None) -> TieredKVCache:
-        """Build from keys/values [B, T, Hkv, d] (all T tokens valid unless `lengths` [B] says fewer)."""
+        """Build from keys/values [B, T, Hkv, d] (all T tokens valid unless `lengths` [B] says fewer).
+
+        One bulk conversion (see `from_head_major`); the result equals `init(...).append(k, v, lengths)` on every
+        valid token. Works eagerly (one compiled program per shape, reused) and inside jit.
+        """
         _check_kv(k, v)
+        policy = policy or CertPolicy()
         B, T, H, d = k.shape
-        cache = cls.init(batch=B, capacity=capacity or T, num_kv_heads=H, head_dim=d, dtype=k.dtype, policy=policy)
-        return cache.append(k, v, lengths)
+        Bk = policy.block_size
+        cap = -(-(capacity or T) // Bk) * Bk
+        if T > cap:
+            raise ValueError(f"KV cache overflow: {T} tokens do not fit a capacity of {cap}")
+        valid = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+        if is_concrete(valid) and (bool(jnp.any(valid > T)) or bool(jnp.any(valid < 0))):
+            raise ValueError(f"lengths must lie in [0, {T}], got {valid.tolist()}")
+
+        def head_major(x):
+            return jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (0, cap - T), (0, 0)))
+
+        return cls.from_head_major(head_major(k), head_major(v), valid, policy)
+
+    @classmethod
+    def from_head_major(cls, k: jax.Array, v: jax.Array, lengths: jax.Array,
+                        policy: CertPolicy | None = None) -> TieredKVCache:
+        """Build from head-major keys/values k, v [B, Hkv, S, d] (a dense cache layer; S = the capacity, a multiple
+        of the block size), the first lengths[b] tokens valid.
+
+        Every full block is quantized into tier 1 in one batched pass; the originals go to tier 2 in one
+        contiguous copy per array ([B, H, S, d] is [B, H, nb, Bk, d] reshaped), the partial last block into the
+        exact residual. Nothing is read back from tier 2. Positions past the full blocks are zero in tier 1 and
+        tier 2, as `init` + `append` leave them.
+        """
+        policy = policy or CertPolicy()
+        _check_kv(k, v)
+        if jnp.asarray(lengths).shape != (k.shape[0],):
+            raise ValueError(f"lengths must be [B] = [{k.shape[0]}], got shape {jnp.asarray(lengths).shape}")
+        if k.shape[2] % policy.block_size:
+            raise ValueError(f"capacity {k.shape[2]} must be a multiple of the block size {policy.block_size}")
+        lengths = jnp.asarray(lengths, jnp.int32)
+        if is_concrete(lengths) and (bool(jnp.any(lengths > k.shape[2])) or bool(jnp.any(lengths < 0))):
+            raise ValueError(f"lengths must lie in [0, {k.shape[2]}], got {lengths.tolist()}")
+        return _from_head_major(k, v, lengths, policy)
 
     # ------------------------------------------------------------------ shape facts
     @property
@@ -207,11 +245,7 @@ class TieredKVCache:
         """Quantize blocks [B, H, n, Bk, d] into block slots flushed//Bk + j where store [B, n] is set."""
         B, H, n, Bk, d = blocks_k.shape
         nb = self.num_blocks
-        kc, ks, kz = quant.quantize_keys(blocks_k, self.key_bits)
-        vc, vs, vz = quant.quantize_values(blocks_v, self.group_size, self.value_bits)
-        v_hat = quant.dequantize_values(vc, vs, vz, self.group_size, self.value_bits)
-        err = jnp.max(quant.token_error_norms(blocks_v, v_hat), axis=-1)  # [B, H, n]
-        norm = jnp.max(quant.token_error_norms(blocks_v, jnp.zeros_like(v_hat)), axis=-1)
+        t1 = _quantize_blocks(blocks_k, blocks_v, self.key_bits, self.group_size, self.value_bits)
         ids = self.flushed[:, None] // Bk + jnp.arange(n)[None, :]  # [B, n]
         ids = jnp.where(store & (ids < nb), ids, nb)  # nb = out of range: dropped by the scatter
         b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, n))
@@ -219,9 +253,7 @@ class TieredKVCache:
         def put(buf, val):  # val [B, H, n, ...] -> buf[b, :, ids[b, j]] = val[b, :, j]
             return buf.at[b_idx, :, ids].set(jnp.moveaxis(val, 2, 1), mode="drop")
 
-        c = self.replace(k_codes=put(self.k_codes, kc), k_scale=put(self.k_scale, ks), k_zero=put(self.k_zero, kz),
-                         v_codes=put(self.v_codes, vc), v_scale=put(self.v_scale, vs), v_zero=put(self.v_zero, vz),
-                         v_err=put(self.v_err, err), v_norm=put(self.v_norm, norm))
+        c = self.replace(**{name: put(getattr(self, name), x) for name, x in t1.items()})
         host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb)
         return c.replace(host_k=host_k, host_v=host_v)
 
@@ -294,6 +326,55 @@ def _check_kv(k: jax.Array, v: jax.Array) -> None:
             raise TypeError(f"{name} must be floating point, got {x.dtype}")
     if k.dtype != v.dtype:
         raise TypeError(f"keys ({k.dtype}) and values ({v.dtype}) must share a dtype")
+
+
+@functools.partial(jax.jit, static_argnames=("policy",))
+def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
+    B, H, S, d = k.shape
+    Bk = policy.block_size
+    nb = S // Bk
+    c = TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=k.dtype, policy=policy)
+    n_full = lengths // Bk  # [B]
+    flushed = n_full * Bk
+    full = jnp.arange(nb)[None, :] < n_full[:, None]  # [B, nb]
+    blocks_k, blocks_v = k.reshape(B, H, nb, Bk, d), v.reshape(B, H, nb, Bk, d)
+    t1 = _quantize_blocks(blocks_k, blocks_v, c.key_bits, c.group_size, c.value_bits)
+
+    def keep(x):  # zero the slots of blocks that are not full (what init leaves there)
+        return jnp.where(full.reshape(B, 1, nb, *(1,) * (x.ndim - 3)), x, jnp.zeros((), x.dtype))
+
+    c = c.replace(**{name: keep(x) for name, x in t1.items()})
+    # the partial last block -> residual (exact), its invalid tail zeroed
+    pick = jnp.minimum(n_full, nb - 1)[:, None, None, None, None]
+    r_valid = (jnp.arange(Bk)[None, :] < (lengths - flushed)[:, None])[:, None, :, None]  # [B, 1, Bk, 1]
+    res_k = jnp.where(r_valid, jnp.take_along_axis(blocks_k, pick, axis=2)[:, :, 0], 0).astype(k.dtype)
+    res_v = jnp.where(r_valid, jnp.take_along_axis(blocks_v, pick, axis=2)[:, :, 0], 0).astype(k.dtype)
+    in_tier2 = (jnp.arange(S)[None, :] < flushed[:, None])[:, None, :, None]  # [B, 1, S, 1]
+    host_k = tiers.to_host(jnp.where(in_tier2, k, 0).astype(k.dtype).reshape(B, H, nb, Bk, d))
+    host_v = tiers.to_host(jnp.where(in_tier2, v, 0).astype(v.dtype).reshape(B, H, nb, Bk, d))
+    c = c.replace(res_k=res_k, res_v=res_v, host_k=host_k, host_v=host_v, flushed=flushed)
+    c = c._note_values(jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lengths)
+    return c.replace(lengths=lengths)
+
+
+def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
+    # jit (layout static) so the eager call compiles once per shape and its host arrays come out pinned_host; the
+    # tolerances may be tracers (a policy passed through jit), and they play no part here
+    layout = CertPolicy(block_size=policy.block_size, group_size=policy.group_size, key_bits=policy.key_bits,
+                        value_bits=policy.value_bits, k_max=policy.k_max, v_max=policy.v_max)
+    return commit_arrays(_from_head_major_impl(k, v, lengths, layout))
+
+
+def _quantize_blocks(blocks_k: jax.Array, blocks_v: jax.Array, key_bits: int, group_size: int,
+                     value_bits: int) -> dict[str, jax.Array]:
+    """Tier-1 fields of blocks [B, H, n, Bk, d]: codes/scales/zeros [B, H, n, ...], v_err, v_norm [B, H, n]."""
+    kc, ks, kz = quant.quantize_keys(blocks_k, key_bits)
+    vc, vs, vz = quant.quantize_values(blocks_v, group_size, value_bits)
+    v_hat = quant.dequantize_values(vc, vs, vz, group_size, value_bits)
+    err = jnp.max(quant.token_error_norms(blocks_v, v_hat), axis=-1)
+    norm = jnp.max(quant.token_error_norms(blocks_v, jnp.zeros_like(v_hat)), axis=-1)
+    return {"k_codes": kc, "k_scale": ks, "k_zero": kz, "v_codes": vc, "v_scale": vs, "v_zero": vz,
+            "v_err": err, "v_norm": norm}
 
 
 def _write_host_blocks(host_k, host_v, blocks_k, blocks_v, ids, nb):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from certattn_jax import cli
+from certattn_jax import runner as cli  # the helpers once in cli (no import cycle)
 from certattn_jax.certificate import summarize
 from certattn_jax.memory import memory_report
 

@@ -52,16 +52,18 @@ def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def commit_arrays(tree: Any) -> Any:
-    """Commit freshly created (uncommitted) arrays to the default device.
+    """Commit freshly created (uncommitted) arrays to the default device, each in its own memory kind.
 
     jit keys its compiled programs on whether arguments are committed; a cache built by `jnp.zeros`
     (uncommitted) and the same cache returned by a jitted step (committed) would otherwise compile twice.
+    An array in `pinned_host` memory (tier 2) stays there: committing never moves data between memories.
     """
     device = jax.devices()[0]
 
     def commit(x):
         if isinstance(x, jax.Array) and is_concrete(x) and not getattr(x, "committed", True):
-            return jax.device_put(x, device)
+            kind = getattr(x.sharding, "memory_kind", None)
+            return jax.device_put(x, jax.sharding.SingleDeviceSharding(device, memory_kind=kind))
         return x
 
     return jax.tree.map(commit, tree)

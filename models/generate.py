@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax.kv_cache import KVCache, commit_arrays
+from certattn_jax.model_cache import CacheSpec, cache_spec
 from models.config import LlamaConfig
-from models.llama import Params, forward_hidden, init_cache, logits_from_hidden
+from models.llama import Params, forward_hidden, logits_from_hidden
 from models.sampling import select_next
 
 CAPACITY_BUCKET = 256
@@ -160,7 +161,10 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     """Generate up to max_new_tokens for each prompt (lists of token ids).
 
     temperature 0 means greedy. cache_factory(batch, capacity) builds the KV cache; it may also be a mode
-    name, "dense" (the default), "naive" or "certified" (with `policy`, a certattn_jax.CertPolicy).
+    name, "dense" (the default), "naive" or "certified" (with `policy`, a certattn_jax.CertPolicy), or a
+    `certattn_jax.model_cache.CacheSpec`. For a mode name or a CacheSpec the prompt is prefilled into a dense
+    staging cache and converted once into the mode's cache (tier 2 is never read back during prefill);
+    `prefill_seconds` includes that conversion (it is the time to the first token's logits).
     capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET.
     With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
     """
@@ -171,7 +175,6 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     if prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-    B = len(prompts)
     lens = np.array([len(p) for p in prompts], np.int32)
     need = int(lens.max()) + max_new_tokens
     if need > config.max_position_embeddings:
@@ -182,37 +185,11 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
         capacity = round_up(need, CAPACITY_BUCKET)
     elif capacity < need:
         raise ValueError(f"cache capacity {capacity} is smaller than prompt + max_new_tokens = {need}")
-    if cache_factory is None or isinstance(cache_factory, str):
-        mode = cache_factory or "dense"
-        make_cache = functools.partial(init_cache, params, config, mode=mode, policy=policy)
-    else:
-        make_cache = cache_factory
-    cache = commit_arrays(make_cache(B, capacity))
-    if cache.capacity < need:
-        raise ValueError(f"cache capacity {cache.capacity} is smaller than prompt + max_new_tokens = {need}")
     eos = tuple(eos_token_ids) if eos_token_ids is not None else config.eos_token_ids
     eos_arr = jnp.asarray(eos if eos else (-2,), jnp.int32)
-
-    # ---- prefill, chunk by chunk ----
-    C = min(prefill_chunk, round_up(int(lens.max()), 8))
-    n_chunks = -(-int(lens.max()) // C)
-    padded = np.zeros((B, n_chunks * C), np.int32)
-    for i, p in enumerate(prompts):
-        padded[i, : len(p)] = p
-    last_logits = commit_arrays(jnp.zeros((B, config.vocab_size), jnp.float32))
     t0 = time.perf_counter()
-    bar = _progress(n_chunks, C, enabled=progress and n_chunks > 2)
-    for c in range(n_chunks):
-        valid = np.clip(lens - c * C, 0, C).astype(np.int32)
-        last_index = (lens - 1 - c * C).astype(np.int32)
-        cache, last_logits = _prefill_chunk(params, config, cache, jnp.asarray(padded[:, c * C:(c + 1) * C]),
-                                            jnp.asarray(valid), jnp.asarray(last_index), last_logits)
-        if bar is not None:
-            jax.block_until_ready(last_logits)
-            bar.update(1)
-    jax.block_until_ready(last_logits)
-    if bar is not None:
-        bar.close()
+    cache, last_logits = prefill(params, config, prompts, capacity, cache_factory=cache_factory, policy=policy,
+                                 prefill_chunk=prefill_chunk, progress=progress, min_capacity=need)
     prefill_s = time.perf_counter() - t0
 
     # ---- decode, one jit (compiled ahead so that the timing below is the decode alone) ----
@@ -236,6 +213,51 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     return GenerationOutput(tokens=tokens, finished=[bool(d) for d in done], prefill_seconds=prefill_s,
                             decode_seconds=decode_s, compile_seconds=compile_s, num_steps=steps, cache=cache,
                             step_records=records if record_steps else None)
+
+
+def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
+            cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
+            progress: bool = False, min_capacity: int | None = None) -> tuple[KVCache, jax.Array]:
+    """Prefill prompts (token-id lists, right-padded into chunks of `prefill_chunk`) into a new cache of
+    `capacity`; returns (cache, logits [B, V] at each prompt's last token), both ready (blocked on).
+
+    cache_factory as in `generate`. A mode name or CacheSpec prefills into the dense staging cache and converts
+    it once (`CacheSpec.from_staging`); another factory's cache prefills through its own `attend`.
+    """
+    prompts = _validate_prompts(prompts, config)
+    if prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    B = len(prompts)
+    lens = np.array([len(p) for p in prompts], np.int32)
+    min_capacity = int(lens.max()) if min_capacity is None else min_capacity
+    if cache_factory is None or isinstance(cache_factory, str):
+        spec: CacheSpec | None = cache_spec(cache_factory or "dense", config, params["embed"].dtype, policy)
+    else:
+        spec = cache_factory if isinstance(cache_factory, CacheSpec) else None
+    cache = commit_arrays(spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity))
+    if cache.capacity < min_capacity:
+        raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")
+    C = min(prefill_chunk, round_up(int(lens.max()), 8))
+    n_chunks = -(-int(lens.max()) // C)
+    padded = np.zeros((B, n_chunks * C), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, : len(p)] = p
+    last_logits = commit_arrays(jnp.zeros((B, config.vocab_size), jnp.float32))
+    bar = _progress(n_chunks, C, enabled=progress and n_chunks > 2)
+    for c in range(n_chunks):
+        valid = np.clip(lens - c * C, 0, C).astype(np.int32)
+        last_index = (lens - 1 - c * C).astype(np.int32)
+        cache, last_logits = _prefill_chunk(params, config, cache, jnp.asarray(padded[:, c * C:(c + 1) * C]),
+                                            jnp.asarray(valid), jnp.asarray(last_index), last_logits)
+        if bar is not None:
+            jax.block_until_ready(last_logits)
+            bar.update(1)
+    if spec is not None:
+        cache = spec.from_staging(cache)
+    jax.block_until_ready((last_logits, cache))
+    if bar is not None:
+        bar.close()
+    return cache, last_logits
 
 
 def _progress(n_chunks: int, chunk: int, enabled: bool):

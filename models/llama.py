@@ -30,6 +30,7 @@ import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
+from certattn_jax.model_cache import cache_spec
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
 
@@ -96,20 +97,14 @@ def _model_dtype(params: Params) -> Any:
 
 def init_cache_for(params: Params, config: LlamaConfig, batch: int, capacity: int) -> DenseKVCache:
     """A dense cache in the model's dtype."""
-    return DenseKVCache.init(num_layers=config.num_layers, batch=batch, capacity=capacity,
-                             num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                             dtype=_model_dtype(params))
+    return init_cache(params, config, batch, capacity)
 
 
 def init_cache(params: Params, config: LlamaConfig, batch: int, capacity: int, mode: str = "dense",
                policy: Any = None) -> KVCache:
     """A KV cache for this model: mode "dense" (model dtype), or "naive" / "certified" (tiered, with an
-    optional `certattn_jax.CertPolicy`)."""
-    if mode == "dense":
-        return init_cache_for(params, config, batch, capacity)
-    from certattn_jax.model_cache import tiered_cache_factory
-
-    return tiered_cache_factory(config, _model_dtype(params), policy, mode)(batch, capacity)
+    optional `certattn_jax.CertPolicy`); see `certattn_jax.model_cache.cache_spec`."""
+    return cache_spec(mode, config, _model_dtype(params), policy)(batch, capacity)
 
 
 def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,

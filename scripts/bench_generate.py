@@ -1,0 +1,225 @@
+"""End-to-end generation benchmark: dense vs naive vs certified caches through `models.generate.generate`.
+
+    python scripts/bench_generate.py --out results/bench_generate.json              # GPU: the full grid
+    python scripts/bench_generate.py --tiny --out /tmp/bench_generate_tiny.json     # CPU check, tiny shapes
+
+The full grid takes longer than one 10-minute device call: run it in parts (--models / --prompts / --caches,
+each with its own --out) and join them with --merge a.json b.json ... --out results/bench_generate.json.
+
+Grid (random bf16 weights; speed does not depend on their values; batch 1, greedy, no EOS):
+  smollm2      (SmolLM2-135M shapes)        prompts 1K, 4K
+  llama3.1-8b  (LLaMA-3.1-8B shapes)        prompts 8K, 32K
+  caches dense / naive / certified (default CertPolicy).
+
+Every row runs in its own subprocess (a fresh process: the cold numbers include all compiling, the peak is that
+row's own, and no compiled program is shared between cache modes). In it, `generate` runs twice with the same
+shapes: the first call is cold, the second warm (everything compiled). Row fields:
+  prefill_s              time to the first token's logits, warm: chunked prefill (+ the one conversion of the
+                         dense staging cache into the tiered cache for naive / certified)
+  prefill_cold_s         the same, first call (includes compiling the prefill chunk and the conversion)
+  compile_s              compiling the decode loop (first call)
+  decode_tokens_per_s    new tokens per second of the warm decode loop
+  launches_per_step      kernel launches in one decode step: instructions of the compiled decode loop's while
+                         body that launch a kernel (fusions, custom calls such as cuBLAS GEMMs, and unfused ops;
+                         not parameters, constants, tuples, bitcasts), recursing into nested while bodies and
+                         calls once each, NOT into lax.cond branches (rungs 1-4, the block flush: not taken on a
+                         step where no head escalates and no block fills); `cond_branch_launches` counts those
+  host_transfers_per_step  instructions in the same set touching host memory (S(5) in the HLO): tier-2 traffic
+                         on an ordinary step (certified must have 0)
+  peak_device_bytes      the device's peak_bytes_in_use over the whole row (None where the backend has no
+                         memory stats, e.g. CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GRID = {"smollm2": (1024, 4096), "llama3.1-8b": (8192, 32768)}
+CPU_GRID = {"smollm2": (256, 1024)}  # --cpu-smollm2: the SmolLM2 shapes at prompts a 2-core CPU can prefill
+TINY_GRID = {"tiny": (100, 300)}
+CACHES = ("dense", "naive", "certified")
+_NO_LAUNCH = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+              "replica-id", "opt-barrier"}
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
+    """(instructions of each computation, the entry computation's name); linear in the text."""
+    comps: dict[str, list[str]] = {}
+    name = entry = None
+    for line in hlo.splitlines():
+        m = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if m and not line.startswith(" "):
+            name = m.group(2)
+            entry = name if m.group(1) else entry
+            comps[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None and " = " in line:
+            comps[name].append(line.strip())
+    return comps, entry
+
+
+def _opcode(instr: str) -> str:
+    rhs = instr.split(" = ", 1)[1]
+    m = re.search(r"\b([a-z][a-z0-9\-]*)\(", rhs)
+    return m.group(1) if m else ""
+
+
+def count_launches(hlo: str) -> dict[str, int]:
+    """Kernel launches per iteration of the outermost while loop of a compiled module (see module docstring)."""
+    comps, entry = _computations(hlo)
+    whiles = [i for i in comps.get(entry, []) if _opcode(i) == "while"]
+    if not whiles:
+        raise ValueError("no while loop in the entry computation")
+    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
+    counts = {"launches": 0, "cond_branch_launches": 0, "host": 0}
+
+    def walk(comp: str, key: str, seen: set[str]) -> None:
+        if comp in seen or comp not in comps:
+            return
+        seen.add(comp)
+        for instr in comps[comp]:
+            op = _opcode(instr)
+            if op in _NO_LAUNCH:
+                continue
+            if op == "while":
+                for attr in ("condition", "body"):
+                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
+                    if m:
+                        walk(m.group(1), key, seen)
+                continue
+            if op == "call":
+                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
+                if m:
+                    walk(m.group(1), key, seen)
+                continue
+            counts[key] += 1
+            if key == "launches" and "S(5)" in instr:
+                counts["host"] += 1
+            if op == "conditional":
+                names = re.findall(r"(?:branch_computations=\{|true_computation=|false_computation=)([^,}]+)", instr)
+                for group in names:
+                    for n in group.split(","):
+                        walk(n.strip().lstrip("%"), "cond_branch_launches", seen)
+
+    walk(body, "launches", set())
+    return counts
+
+
+def _model_config(name: str):
+    from models.config import LlamaConfig
+    from scripts.bench_decode import MODELS
+
+    if name == "tiny":
+        return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=32, max_position_embeddings=4096)
+    return MODELS[name]
+
+
+def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int,
+            prefill_only: bool = False) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from certattn_jax.policy import CertPolicy
+    from models import generate as gen
+    from models import llama
+
+    cfg = _model_config(model)
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    policy = CertPolicy(block_size=16, group_size=16) if model == "tiny" else CertPolicy()
+    params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
+    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=prefill_chunk, cache_factory=cache, policy=policy)
+    if prefill_only:  # time to first token alone (no decode loop is compiled)
+        cap = gen.round_up(prompt + new_tokens, gen.CAPACITY_BUCKET)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            c, _ = gen.prefill(params, cfg, [ids], cap, cache_factory=cache, policy=policy, prefill_chunk=prefill_chunk)
+            times.append(time.perf_counter() - t0)
+            del c
+        return {"model": model, "cache": cache, "prompt": prompt, "batch": 1, "prefill_cold_s": round(times[0], 4),
+                "prefill_s": round(min(times[1:]), 4), "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)),
+                "prefill_chunk": prefill_chunk}
+    cold = gen.generate(params, cfg, [ids], new_tokens, **kw)
+    del cold.cache
+    warm = gen.generate(params, cfg, [ids], new_tokens, **kw)
+    (decode,) = gen._COMPILED.values()
+    launches = count_launches(decode.as_text())
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"model": model, "cache": cache, "prompt": prompt, "new_tokens": new_tokens, "batch": 1,
+            "prefill_s": round(warm.prefill_seconds, 4), "prefill_cold_s": round(cold.prefill_seconds, 4),
+            "compile_s": round(cold.compile_seconds, 3),
+            "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
+            "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
+            "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
+            "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes, CPU friendly")
+    ap.add_argument("--cpu-smollm2", action="store_true", help="SmolLM2 shapes at 256/1024-token prompts")
+    ap.add_argument("--models", nargs="+", default=None)
+    ap.add_argument("--caches", nargs="+", default=list(CACHES), choices=CACHES)
+    ap.add_argument("--prompts", type=int, nargs="+", default=None, help="only these prompt lengths of the grid")
+    ap.add_argument("--new-tokens", type=int, default=None, help="default 64 (8 with --tiny)")
+    ap.add_argument("--prefill-chunk", type=int, default=None, help="default 1024 (32 with --tiny)")
+    ap.add_argument("--out", default=str(ROOT / "results/bench_generate.json"))
+    ap.add_argument("--row", nargs=3, metavar=("MODEL", "CACHE", "PROMPT"), help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per row")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="only merge the rows of these result files (runs split over several calls) into --out")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="time to first token only (3 prefills: cold, then the best of two warm); no decode")
+    args = ap.parse_args(argv)
+    new_tokens = args.new_tokens or (8 if args.tiny else 64)
+    chunk = args.prefill_chunk or (32 if args.tiny else 1024)
+    if args.row:
+        model, cache, prompt = args.row
+        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only)
+        print("ROW " + json.dumps(row), flush=True)
+        return 0
+    if args.merge:
+        merged = [row for f in args.merge for row in json.loads(Path(f).read_text())["rows"]]
+        Path(args.out).write_text(json.dumps({"rows": merged}, indent=1) + "\n")
+        return 0
+    grid = TINY_GRID if args.tiny else CPU_GRID if args.cpu_smollm2 else GRID
+    models = args.models or list(grid)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for model in models:
+        for prompt in [p for p in grid[model] if args.prompts is None or p in args.prompts]:
+            for cache in args.caches:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--row", model, cache, str(prompt),
+                       "--new-tokens", str(new_tokens), "--prefill-chunk", str(chunk)]
+                cmd += ["--prefill-only"] if args.prefill_only else []
+                t0 = time.perf_counter()
+                try:
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
+                    line = next((x for x in p.stdout.splitlines() if x.startswith("ROW ")), None)
+                    row = json.loads(line[4:]) if line else {"model": model, "cache": cache, "prompt": prompt,
+                                                              "error": p.stderr[-2000:]}
+                except subprocess.TimeoutExpired:
+                    row = {"model": model, "cache": cache, "prompt": prompt, "error": f"timeout {args.timeout} s"}
+                row["row_wall_s"] = round(time.perf_counter() - t0, 1)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")  # incremental: a killed run keeps rows
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,223 @@
+"""The cache end to end: one place decides it, prefill never reads tier 2 back, and a user's own jit loop
+around `models.llama.forward` compiles once and keeps tier 2 in host memory."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from certattn_jax import cli, runner, tiers
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.dense_cache import DenseKVCache
+from certattn_jax.model_cache import CACHE_MODES, CacheSpec, TieredModelCache, cache_spec
+from certattn_jax.policy import CertPolicy
+from models import generate as gen
+from models import llama
+from models.config import LlamaConfig
+
+# the shapes of tests/test_integration.py, so that compiled programs are shared within a worker
+CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=32, max_position_embeddings=2048)
+POLICY = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def params():
+    return llama.init_params(CFG, jax.random.key(0), jnp.float32, scale=0.3)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.add(node.module or "")
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
+def test_one_place_decides_the_cache(params):
+    assert cli.CACHE_MODES is CACHE_MODES is runner.CACHE_MODES
+    choices = next(a for a in cli._parser()._subparsers._group_actions[0].choices["generate"]._actions
+                   if a.dest == "cache").choices
+    assert tuple(choices) == CACHE_MODES
+    assert isinstance(llama.init_cache(params, CFG, 1, 32), DenseKVCache)
+    for mode in ("naive", "certified"):
+        c = llama.init_cache(params, CFG, 1, 40, mode, POLICY)
+        assert isinstance(c, TieredModelCache) and c.mode == mode and c.capacity == 48
+        assert c.layers[0].host_k.sharding.memory_kind == tiers.host_memory_kind()
+    with pytest.raises(ValueError, match="unknown cache mode 'int8'.*dense"):
+        cache_spec("int8", CFG, jnp.float32)
+    # the CLI and the demo do not import each other (the shared helpers live in runner)
+    assert not any("certattn_jax.cli" in n or n == "certattn_jax.cli" for n in _imports(ROOT / "certattn_jax/demo.py"))
+    assert "certattn_jax.demo" not in " ".join(_imports(ROOT / "certattn_jax/runner.py"))
+
+
+def test_prefill_never_reads_tier2_and_conversion_equals_appending(params, monkeypatch):
+    """spec.staging -> chunked forward -> spec.from_staging holds exactly what appending to the tiered cache
+    holds, and never reads tier 2 (every tier-2 read raises here)."""
+
+    def forbidden(*a, **k):
+        raise AssertionError("prefill read tier 2")
+
+    for name in ("read_all", "read_head", "read_block"):
+        monkeypatch.setattr(tiers, name, forbidden)
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, 40)), jnp.int32)
+    valid = jnp.asarray([40, 23], jnp.int32)
+    fwd = jax.jit(lambda p, t, c, v: llama.forward(p, CFG, t, c, valid_lengths=v))
+    staging = spec.staging(2, 64)
+    for s in (0, 24):  # two chunks of 24 and 16 tokens, the second row ending inside the first chunk
+        chunk_valid = jnp.clip(valid - s, 0, tokens[:, s:s + 24].shape[1])
+        _, staging = fwd(params, tokens[:, s:s + 24], staging, chunk_valid)
+    k_dense = [np.asarray(x) for x in staging.k]
+    v_dense = [np.asarray(x) for x in staging.v]
+    cache = spec.from_staging(staging)
+    monkeypatch.undo()
+    assert np.asarray(cache.lengths).tolist() == [40, 23]
+    for layer, c in enumerate(cache.layers):
+        k_btHd = jnp.asarray(k_dense[layer].transpose(0, 2, 1, 3))
+        v_btHd = jnp.asarray(v_dense[layer].transpose(0, 2, 1, 3))
+        ref = TieredKVCache.init(batch=2, capacity=64, num_kv_heads=2, head_dim=32, dtype=jnp.float32,
+                                 policy=POLICY).append(k_btHd, v_btHd, valid)
+        # every field (a field added to the cache later is compared too), except the exact copies that may differ
+        # past the valid tokens: residual and tier 2 (compared through the exact view below)
+        fields = [n for n in c.__dataclass_fields__ if isinstance(getattr(c, n), jax.Array)]
+        assert "k_codes" in fields and "v_err" in fields and "flushed" in fields
+        for name in fields:
+            if name not in ("res_k", "res_v", "host_k", "host_v"):
+                np.testing.assert_array_equal(np.asarray(getattr(c, name)), np.asarray(getattr(ref, name)),
+                                              err_msg=name)
+        for b, n in enumerate((40, 23)):  # tier 2 + residual: the originals of every valid token
+            from certattn_jax.attention import exact_keys_values
+
+            for mine, theirs in zip(exact_keys_values(c), exact_keys_values(ref), strict=True):
+                np.testing.assert_array_equal(np.asarray(mine)[b, :, :n], np.asarray(theirs)[b, :, :n])
+        assert c.host_k.sharding.memory_kind == tiers.host_memory_kind()
+
+
+def test_staged_generation_equals_prefill_through_the_tiered_cache(params):
+    """generate() with a CacheSpec (dense staging + one conversion) decodes exactly as with a plain factory
+    (prefill through the tiered cache's own attend): the same tokens and the same certificates."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 9, 33)]
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, record_steps=True)
+    staged = gen.generate(params, CFG, prompts, 12, cache_factory=spec, **kw)
+    direct = gen.generate(params, CFG, prompts, 12, cache_factory=lambda b, c: spec(b, c), **kw)
+    assert staged.tokens == direct.tokens
+    for name in ("rung", "k_star", "certified"):
+        np.testing.assert_array_equal(getattr(staged.step_records, name), getattr(direct.step_records, name))
+    np.testing.assert_allclose(staged.step_records.error_bound, direct.step_records.error_bound, rtol=1e-6)
+
+
+def test_user_jit_loop_compiles_once_and_keeps_tier2_on_host():
+    """The documented pattern (README "Your own decode loop"): cache in, cache out, donated. (One layer: the
+    certified step's compile time grows with layers and one shows the pattern.)"""
+    cfg = dataclasses.replace(CFG, num_layers=1)
+    params = llama.init_params(cfg, jax.random.key(0), jnp.float32, scale=0.3)
+    traces = []
+
+    def step_fn(p, tok, cache):
+        traces.append(1)
+        logits, cache = llama.forward(p, cfg, tok, cache)
+        return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache
+
+    step = jax.jit(step_fn, donate_argnums=(2,))
+    # a tiered cache built from existing dense K/V given as uncommitted arrays (numpy -> jnp)
+    rng = np.random.default_rng(1)
+    kv = [(jnp.asarray(rng.normal(size=(1, 37, 2, 32)), jnp.float32),
+           jnp.asarray(rng.normal(size=(1, 37, 2, 32)), jnp.float32)) for _ in range(cfg.num_layers)]
+    layers = tuple(TieredKVCache.from_dense(k, v, POLICY, capacity=64) for k, v in kv)
+    assert all(x.committed for x in jax.tree.leaves(layers))
+    cache = TieredModelCache.from_layers(layers, num_q_heads=cfg.num_heads, policy=POLICY)
+    kinds = [getattr(x, "sharding", None) for x in jax.tree.leaves(cache)]
+    tok = jnp.zeros((1,), jnp.int32)
+    for _ in range(4):
+        tok, cache = step(params, tok[:, None], cache)
+    assert len(traces) == 1
+    assert [getattr(x, "sharding", None) for x in jax.tree.leaves(cache)][:-6] == kinds[:-6]  # policy floats last
+    assert cache.layers[0].host_k.sharding.memory_kind == tiers.host_memory_kind()
+    assert int(cache.lengths[0]) == 41
+    # a second cache built the same way runs on the same executable
+    cache2 = TieredModelCache.from_layers([TieredKVCache.from_dense(k, v, POLICY, capacity=64) for k, v in kv],
+                                          num_q_heads=cfg.num_heads, policy=POLICY)
+    step(params, tok[:, None], cache2)
+    assert len(traces) == 1
+    with pytest.raises(ValueError, match="share a buffer"):
+        TieredModelCache.from_layers([TieredKVCache.from_dense(*kv[0], POLICY, capacity=64)] * 2,
+                                     num_q_heads=cfg.num_heads, policy=POLICY)
+
+
+def test_cache_spec_is_a_factory_and_checks_its_input():
+    spec = cache_spec("naive", CFG, jnp.bfloat16, POLICY)
+    assert isinstance(spec, CacheSpec) and spec.staging_capacity(40) == 48
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        TieredKVCache.from_head_major(jnp.zeros((1, 2, 40, 32)), jnp.zeros((1, 2, 40, 32)), jnp.zeros((1,), jnp.int32),
+                                      POLICY)
+    with pytest.raises(ValueError, match="lengths must lie in"):
+        TieredKVCache.from_head_major(jnp.zeros((1, 2, 48, 32)), jnp.zeros((1, 2, 48, 32)),
+                                      jnp.asarray([49], jnp.int32), POLICY)
+    with pytest.raises(ValueError, match="overflow"):
+        TieredKVCache.from_dense(jnp.zeros((1, 40, 2, 32)), jnp.zeros((1, 40, 2, 32)), POLICY, capacity=16)
+
+
+def test_bench_generate_counts_launches_of_the_decode_loop():
+    """scripts/bench_generate.py's HLO reading: launches inside the while body, cond branches apart."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from scripts.bench_generate import count_launches
+
+    hlo = """HloModule m
+
+%fused (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+%branch_taken (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %x = f32[4]{0} exponential(%a)
+  ROOT %y = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+}
+
+%branch_skip (b: f32[4]) -> f32[4] {
+  ROOT %b = f32[4]{0} parameter(0)
+}
+
+%body (s: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %s = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %v = f32[4]{0} get-tuple-element(%s), index=1
+  %f = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused
+  %h = f32[4]{0:S(5)} copy(%f)
+  %pred = pred[] constant(false)
+  %c = f32[4]{0} conditional(%pred, %f, %f), true_computation=%branch_taken, false_computation=%branch_skip
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %c)
+}
+
+%cond (s: (s32[], f32[4])) -> pred[] {
+  %s = (s32[], f32[4]{0}) parameter(0)
+  ROOT %p = pred[] constant(true)
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %z = s32[] constant(0)
+  %t = (s32[], f32[4]{0}) tuple(%z, %x)
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body
+  ROOT %r = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+    assert count_launches(hlo) == {"launches": 3, "cond_branch_launches": 2, "host": 1}
+    with pytest.raises(ValueError, match="no while loop"):
+        count_launches(hlo.replace("while(%t), condition=%cond, body=%body", "copy(%t)"))
