@@ -126,6 +126,7 @@ def run_demo(args: argparse.Namespace) -> None:
     seed = DEMO_SEED if getattr(args, "needle_seed", None) is None else args.needle_seed
     depth = DEMO_DEPTH if getattr(args, "needle_depth", None) is None else args.needle_depth
     needle = build_needle_prompt(tok, fmt, args.long_tokens, seed, depth)
+    args = argparse.Namespace(**{**vars(args), "max_new_tokens": getattr(args, "needle_new_tokens", 24)})
     prime = needle.fmt.prime.format(key=needle.key, value=needle.value)
     prime = prime + " " if prime else ""
     print(f"=== 2. Needle in a haystack: dense vs naive vs certified on a {len(needle.ids)}-token prompt ===")

@@ -1,11 +1,14 @@
 """Which needle format does SmolLM2 retrieve with the dense cache? (issue 10; the demo's choice rests on this)
 
-For each needle format, document length and seed: one greedy generation with the dense KV cache (batch 1,
-the demo's path), and whether the answer contains the needle's value. Prints a table of retrieval rates per
-format and length, and writes every row to JSON (incrementally, so an interrupted run keeps what it measured).
+For each needle format, document length, depth and seed: one greedy generation per cache mode (dense by
+default; batch 1, the demo's path), and whether the answer contains the needle's value. Prints a table of
+retrieval rates, and writes every row to JSON (incrementally, so an interrupted run keeps what it measured).
 
     python scripts/needle_study.py --out results/needle_study.json
     python scripts/needle_study.py --formats magic-prose-primed --lengths 1500 --depths 0.1,0.9 --seeds 0-9
+    # the demo's part 3: does a naive K4V2 cache lose needles that dense finds?
+    python scripts/needle_study.py --formats magic-towns-primed --lengths 1500 --seeds 0-3 --modes dense,naive \
+        --key-bits 4 --value-bits 2
 """
 
 from __future__ import annotations
@@ -42,14 +45,21 @@ def main() -> None:
     ap.add_argument("--depths", default="0.5", help="needle depths (0 = start of the document, 1 = end)")
     ap.add_argument("--seeds", default="0-9")
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--modes", default="dense", help=f"comma-separated cache modes, from {', '.join(cli.CACHE_MODES)}")
+    ap.add_argument("--key-bits", type=int, default=None, choices=[4, 8], help="naive/certified layout")
+    ap.add_argument("--value-bits", type=int, default=None, choices=[2, 4])
     ap.add_argument("--out", default=None, help="JSON file (rows are appended to an existing file's)")
     args = ap.parse_args()
     formats = args.formats.split(",")
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise SystemExit(f"unknown formats {unknown}; known: {', '.join(FORMATS)}")
+    modes = args.modes.split(",")
+    if not set(modes) <= set(cli.CACHE_MODES):
+        raise SystemExit(f"unknown modes in {modes}; known: {', '.join(cli.CACHE_MODES)}")
     gen_args = argparse.Namespace(max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
-                                  prefill_chunk=256)
+                                  prefill_chunk=256, eps=None, key_bits=args.key_bits, value_bits=args.value_bits)
+    policy = cli.policy_from_args(gen_args)
     cli.enable_compilation_cache()
     pre = cli.load_model(args.model, args.dtype)
     rows = []
@@ -60,23 +70,33 @@ def main() -> None:
             for depth in map(float, args.depths.split(",")):
                 for seed in _ints(args.seeds):
                     p = build_needle_prompt(pre.tokenizer, fmt, length, seed, depth)
-                    t0 = time.perf_counter()
-                    out = cli.run_generation(pre, p.ids, gen_args, "dense")
-                    text = pre.tokenizer.decode(out.tokens[0], skip_special_tokens=True)
-                    row = {"format": fmt, "doc_tokens_target": length, "doc_tokens": p.doc_tokens,
-                           "prompt_tokens": len(p.ids), "depth": depth, "seed": seed, "value": p.value,
-                           "found": contains_needle(text, p.value), "answer": text,
-                           "wall_s": round(time.perf_counter() - t0, 2)}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-                    _write(args.out, args.model, rows)
+                    dense_tokens = None
+                    for mode in modes:
+                        t0 = time.perf_counter()
+                        out = cli.run_generation(pre, p.ids, gen_args, mode, policy)
+                        text = pre.tokenizer.decode(out.tokens[0], skip_special_tokens=True)
+                        dense_tokens = out.tokens[0] if mode == "dense" else dense_tokens
+                        row = {"format": fmt, "doc_tokens_target": length, "doc_tokens": p.doc_tokens,
+                               "prompt_tokens": len(p.ids), "depth": depth, "seed": seed, "value": p.value,
+                               "mode": mode, "policy": "" if mode == "dense" else _layout(policy),
+                               "found": contains_needle(text, p.value), "answer": text,
+                               "same_tokens_as_dense": (None if mode == "dense" or dense_tokens is None
+                                                        else out.tokens[0] == dense_tokens),
+                               "wall_s": round(time.perf_counter() - t0, 2)}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        _write(args.out, args.model, rows)
     _table(rows)
+
+
+def _layout(policy) -> str:
+    return f"K{policy.key_bits}V{policy.value_bits} block {policy.block_size}"
 
 
 def _write(out: str | None, model: str, rows: list) -> None:
     if not out:
         return
-    result = {"description": "dense-cache needle retrieval, greedy, batch 1 (scripts/needle_study.py)",
+    result = {"description": "needle retrieval per cache mode, greedy, batch 1 (scripts/needle_study.py)",
               "device": jax.devices()[0].device_kind, "jax_version": jax.__version__, "model": model,
               "formats": {name: vars(f) for name, f in FORMATS.items()}, "rows": rows}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -86,13 +106,15 @@ def _write(out: str | None, model: str, rows: list) -> None:
 def _table(rows: list) -> None:
     cells: dict[tuple, list[bool]] = defaultdict(list)
     for r in rows:
-        cells[(r["format"], r["depth"], r["doc_tokens_target"])].append(r["found"])
-    lengths = sorted({k[2] for k in cells})
-    print(f"\n{'format':24s} {'depth':>5s} " + " ".join(f"{n:>9d}" for n in lengths))
-    for fmt, depth in sorted({k[:2] for k in cells}):
-        found = [cells.get((fmt, depth, n), []) for n in lengths]
-        print(f"{fmt:24s} {depth:5.2f} " + " ".join(f"{sum(f):>4d}/{len(f):<4d}" if f else f"{'-':>9s}"
-                                                   for f in found))
+        group = (r["format"], r["depth"], r.get("mode", "dense"), r.get("policy", ""))
+        cells[group + (r["doc_tokens_target"],)].append(r["found"])
+    lengths = sorted({k[-1] for k in cells})
+    print(f"\n{'format':24s} {'depth':>5s} {'cache':24s} " + " ".join(f"{n:>9d}" for n in lengths))
+    for group in sorted({k[:-1] for k in cells}):
+        found = [cells.get(group + (n,), []) for n in lengths]
+        fmt, depth, mode, layout = group
+        print(f"{fmt:24s} {depth:5.2f} {(mode + ' ' + layout).strip():24s} "
+              + " ".join(f"{sum(f):>4d}/{len(f):<4d}" if f else f"{'-':>9s}" for f in found))
 
 
 if __name__ == "__main__":
