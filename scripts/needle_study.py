@@ -14,6 +14,7 @@ retrieval rates, and writes every row to JSON (incrementally, so an interrupted 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -48,6 +49,8 @@ def main() -> None:
     ap.add_argument("--modes", default="dense", help=f"comma-separated cache modes, from {', '.join(cli.CACHE_MODES)}")
     ap.add_argument("--key-bits", type=int, default=None, choices=[4, 8], help="naive/certified layout")
     ap.add_argument("--value-bits", type=int, default=None, choices=[2, 4])
+    ap.add_argument("--block-size", type=int, default=None, help="naive/certified key block size")
+    ap.add_argument("--group-size", type=int, default=None, help="naive/certified value group size")
     ap.add_argument("--out", default=None, help="JSON file (rows are appended to an existing file's)")
     args = ap.parse_args()
     formats = args.formats.split(",")
@@ -59,7 +62,8 @@ def main() -> None:
         raise SystemExit(f"unknown modes in {modes}; known: {', '.join(cli.CACHE_MODES)}")
     gen_args = argparse.Namespace(max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
                                   prefill_chunk=256, eps=None, key_bits=args.key_bits, value_bits=args.value_bits)
-    policy = cli.policy_from_args(gen_args)
+    layout = {k: v for k, v in (("block_size", args.block_size), ("group_size", args.group_size)) if v is not None}
+    policy = dataclasses.replace(cli.policy_from_args(gen_args), **layout)
     cli.enable_compilation_cache()
     pre = cli.load_model(args.model, args.dtype)
     rows = []
@@ -90,7 +94,7 @@ def main() -> None:
 
 
 def _layout(policy) -> str:
-    return f"K{policy.key_bits}V{policy.value_bits} block {policy.block_size}"
+    return f"K{policy.key_bits}V{policy.value_bits} block {policy.block_size} group {policy.group_size}"
 
 
 def _write(out: str | None, model: str, rows: list) -> None:
