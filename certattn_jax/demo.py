@@ -137,22 +137,25 @@ def run_demo(args: argparse.Namespace) -> None:
           + (f"; the answer is primed with {prime.strip()!r}" if prime else ""))
     print(f"policy: K{policy.key_bits}V{policy.value_bits}, block {policy.block_size}, group {policy.group_size}, "
           f"eps {policy.eps}, tau_cov {policy.tau_cov}, k_max {policy.k_max}")
-    results, outs = [], {}
+    results, certified = [], None
     for mode in cli.CACHE_MODES:
-        res, outs[mode] = _run_mode(pretrained, needle.ids, args, mode, policy)
+        res, out = _run_mode(pretrained, needle.ids, args, mode, policy)
         results.append(res)
+        certified = out if mode == "certified" else certified
+        del out  # only the certified output (cache, certificates) is needed below: keep peak memory down
     rows = verdicts(results, needle.value, results[0])
     _print_table(results, rows, prime)
     print(conclusion(rows))
     print("(compile: compiling the decode loop; prefill: the prompt's forward pass, which includes compiling the "
           "prefill step the first time a shape is seen; a second run loads both from the compilation cache)")
-    mem = memory_report(outs["certified"].cache)
+    mem = memory_report(certified.cache)
     mem32k = memory_report(_empty_tiered(pretrained, policy, 32768))
     print(f"tier 1 (device) here: {mem['tier1_device_bytes'] / 2**20:.1f} MiB vs {mem['dense_bf16_bytes'] / 2**20:.1f} "
           f"MiB for a dense bf16 cache of the same capacity (the exact residual block and k_max hot blocks weigh "
           f"most at short contexts); at 32K tokens: {100 * mem32k['tier1_fraction']:.1f}% of dense bf16. "
           f"Tier 2 ({mem['tier2_memory_kind'] or 'device'}): {mem['tier2_host_bytes'] / 2**20:.1f} MiB.")
-    _print_certificates(outs["certified"].step_records)
+    _print_certificates(certified.step_records)
+    del certified
     if getattr(args, "skip_harder", False):
         return
 
@@ -161,12 +164,16 @@ def run_demo(args: argparse.Namespace) -> None:
           f"(K{harder.key_bits}V{harder.value_bits}) ===")
     results3 = [results[0]]
     for mode in ("naive", "certified"):
-        res, outs[mode] = _run_mode(pretrained, needle.ids, args, mode, harder)
+        res, out = _run_mode(pretrained, needle.ids, args, mode, harder)
         results3.append(res)
     rows3 = verdicts(results3, needle.value, results3[0])
     _print_table(results3, rows3, prime)
     print(conclusion(rows3))
-    _print_certificates(outs["certified"].step_records)
+    if rows3[0]["found"] and rows3[1]["found"]:
+        print("No harder setting found: in our search (docs/demo.md) the naive K4V2 cache retrieved every needle "
+              "that dense did on this model (6 prompts of 1,500 and 3,000 tokens), so here the difference between "
+              "the caches is token agreement with dense, not the needle.")
+    _print_certificates(out.step_records)
 
 
 def _print_certificates(records) -> None:
