@@ -146,8 +146,9 @@ def run_demo(args: argparse.Namespace) -> None:
     rows = verdicts(results, needle.value, results[0])
     _print_table(results, rows, prime)
     print(conclusion(rows))
-    print("(compile: compiling the decode loop; prefill: the prompt's forward pass, which includes compiling the "
-          "prefill step the first time a shape is seen; a second run loads both from the compilation cache)")
+    print("(compile: compiling the decode loop; prefill: the prompt's forward pass, including the compilation of "
+          "the prefill step the first time a cache layout is seen; compiled programs are kept in the on-disk "
+          "compilation cache, which shortens later runs)")
     mem = memory_report(certified.cache)
     mem32k = memory_report(_empty_tiered(pretrained, policy, 32768))
     print(f"tier 1 (device) here: {mem['tier1_device_bytes'] / 2**20:.1f} MiB vs {mem['dense_bf16_bytes'] / 2**20:.1f} "
