@@ -111,6 +111,11 @@ def run_demo(args: argparse.Namespace) -> None:
     pretrained = cli.load_model(args.model, args.dtype)
     tok = pretrained.tokenizer
     policy = cli.policy_from_args(args)
+    fmt = getattr(args, "needle_format", None) or DEMO_FORMAT
+    seed = DEMO_SEED if getattr(args, "needle_seed", None) is None else args.needle_seed
+    depth = DEMO_DEPTH if getattr(args, "needle_depth", None) is None else args.needle_depth
+    # built first so that a bad needle option fails before part 1 runs
+    needle = None if args.skip_comparison else build_needle_prompt(tok, fmt, args.long_tokens, seed, depth)
 
     print("=== 1. Chat generation (dense cache) ===")
     prompt = args.prompt or DEFAULT_CHAT_PROMPT
@@ -122,11 +127,7 @@ def run_demo(args: argparse.Namespace) -> None:
     if args.skip_comparison:
         return
 
-    fmt = getattr(args, "needle_format", None) or DEMO_FORMAT
-    seed = DEMO_SEED if getattr(args, "needle_seed", None) is None else args.needle_seed
-    depth = DEMO_DEPTH if getattr(args, "needle_depth", None) is None else args.needle_depth
-    needle = build_needle_prompt(tok, fmt, args.long_tokens, seed, depth)
-    args = argparse.Namespace(**{**vars(args), "max_new_tokens": getattr(args, "needle_new_tokens", 24)})
+    needle_args = argparse.Namespace(**{**vars(args), "max_new_tokens": getattr(args, "needle_new_tokens", 24)})
     prime = needle.fmt.prime.format(key=needle.key, value=needle.value)
     prime = prime + " " if prime else ""
     print(f"=== 2. Needle in a haystack: dense vs naive vs certified on a {len(needle.ids)}-token prompt ===")
@@ -139,7 +140,7 @@ def run_demo(args: argparse.Namespace) -> None:
           f"eps {policy.eps}, tau_cov {policy.tau_cov}, k_max {policy.k_max}")
     results, certified = [], None
     for mode in cli.CACHE_MODES:
-        res, out = _run_mode(pretrained, needle.ids, args, mode, policy)
+        res, out = _run_mode(pretrained, needle.ids, needle_args, mode, policy)
         results.append(res)
         certified = out if mode == "certified" else certified
         del out  # only the certified output (cache, certificates) is needed below: keep peak memory down
@@ -165,7 +166,7 @@ def run_demo(args: argparse.Namespace) -> None:
           f"(K{harder.key_bits}V{harder.value_bits}) ===")
     results3 = [results[0]]
     for mode in ("naive", "certified"):
-        res, out = _run_mode(pretrained, needle.ids, args, mode, harder)
+        res, out = _run_mode(pretrained, needle.ids, needle_args, mode, harder)
         results3.append(res)
     rows3 = verdicts(results3, needle.value, results3[0])
     _print_table(results3, rows3, prime)
