@@ -138,6 +138,6 @@ def build_needle_prompt(tokenizer, fmt: NeedleFormat | str, doc_tokens: int, see
 
 
 def contains_needle(answer: str, value: str) -> bool:
-    """Whether the generated answer states the needle's value (case-insensitive; digits may not be split by
-    spaces or separators, so "7,341,826" does not count as 7341826)."""
+    """Whether the generated answer contains the needle's value verbatim, ignoring case ("Amber-otter-31"
+    counts for amber-otter-31; "7,341,826" does not count for 7341826)."""
     return value.lower() in answer.lower()
