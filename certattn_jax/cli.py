@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt", default=None, help="the chat prompt of part 1")
     d.add_argument("--long-tokens", type=int, default=1500, help="approximate length of part 2's prompt")
     d.add_argument("--skip-comparison", action="store_true", help="only part 1")
+    d.add_argument("--needle-format", default=None, help="part 2's needle format (certattn_jax/needle.py FORMATS; "
+                                                         "default: the demo's choice, docs/demo.md)")
+    d.add_argument("--needle-seed", type=int, default=None, help="seed of part 2's document and needle")
+    d.add_argument("--needle-depth", type=float, default=None, help="needle position in the document, 0..1")
+    d.add_argument("--skip-harder", action="store_true", help="skip part 3 (the K4V2 naive vs certified run)")
+    d.add_argument("--needle-new-tokens", type=int, default=24, help="new tokens for the needle answers (parts 2-3)")
 
     c = sub.add_parser("convert", help="convert an HF directory or GGUF file to an orbax checkpoint")
     c.add_argument("source")
