@@ -1,7 +1,7 @@
 """Perplexity on windows of big.txt's prose (the PG-19 stand-in), dense vs naive vs certified on identical
-windows: prefill the first `length - steps` tokens (exact in every mode), then teacher-force the last `steps`
-tokens one decode step at a time, so the perplexity is that of the cache under test. The window positions are
-drawn by a seeded generator from the whole corpus (all four books)."""
+windows: prefill the first `length - 1 - steps` tokens (exact in every mode), then teacher-force the rest one
+decode step at a time and score the last `steps` tokens, so the perplexity is that of the cache under test.
+The window positions are drawn by a seeded generator from the whole corpus (all four books)."""
 
 from __future__ import annotations
 
@@ -41,15 +41,15 @@ def run_ppl(session: Session, modes: Sequence[Mode], lengths: Sequence[int], sam
     total = len(lengths) * samples * len(modes)
     bar = tqdm(total=total, desc="ppl", unit="run")
     for n in lengths:
-        if steps >= n - 1:
-            raise ValueError(f"--ppl-steps {steps} must be smaller than the window length {n} - 1")
+        if not 0 < steps < n - 1:
+            raise ValueError(f"--ppl-steps {steps} must be in [1, {n - 2}] for {n}-token windows")
         wins = windows(session.tokenizer, n, samples, seed)
         row: dict[str, Any] = {}
         preds: dict[str, list[np.ndarray]] = {}
         for mode in modes:
             nlls, oks = [], []
             for w in wins:
-                nll, ok = session.nll(mode, w, n - steps)
+                nll, ok = session.nll(mode, w, n - 1 - steps)
                 nlls.append(nll)
                 oks.append(ok)
                 bar.update(1)

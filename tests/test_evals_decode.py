@@ -1,0 +1,131 @@
+"""The evaluation's decode loops and audit on a tiny random LLaMA: teacher forcing equals a full forward pass,
+greedy equals recomputation from scratch, and the audit streams every head-step with the right true error."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from certattn_jax.attention import naive_attention
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.evals import decode
+from certattn_jax.evals.audit import AuditCollector
+from certattn_jax.evals.session import Mode, Session
+from certattn_jax.policy import CertPolicy
+from models import llama
+from models.config import LlamaConfig
+from models.rope import apply_rope, rope_cos_sin
+
+CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=32, max_position_embeddings=2048)
+POLICY = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2)
+CAP, CHUNK, PREFIX, STEPS = 128, 32, 70, 24
+
+
+@pytest.fixture(scope="module")
+def params():
+    return llama.init_params(CFG, jax.random.key(0), jnp.float32, scale=0.3)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return np.random.default_rng(0).integers(0, CFG.vocab_size, PREFIX + STEPS + 1).astype(np.int32)
+
+
+def test_teacher_forced_dense_equals_full_forward(params, ids):
+    s = Session(params, CFG, None, CAP, CHUNK)
+    nll, ok = s.nll(Mode("dense", "dense", POLICY), ids, PREFIX)
+    logits = np.asarray(llama.forward(params, CFG, jnp.asarray(ids[None]))[0][0], np.float64)
+    rows = logits[PREFIX:-1]
+    ref = np.log(np.exp(rows - rows.max(-1, keepdims=True)).sum(-1)) + rows.max(-1) - rows[
+        np.arange(STEPS), ids[PREFIX + 1:]]
+    np.testing.assert_allclose(nll, ref, atol=2e-4)
+    np.testing.assert_array_equal(ok, rows.argmax(-1) == ids[PREFIX + 1:])
+    with pytest.raises(ValueError, match="prefix"):
+        s.nll(Mode("dense", "dense", POLICY), ids, len(ids) - 1)
+    with pytest.raises(ValueError, match="capacity"):
+        s.generate(Mode("dense", "dense", POLICY), ids, CAP)
+
+
+def test_greedy_dense_equals_recomputation(params, ids):
+    s = Session(params, CFG, None, CAP, CHUNK)
+    toks = s.generate(Mode("dense", "dense", POLICY), ids[:PREFIX], 5)
+    seq = list(ids[:PREFIX])
+    for _ in range(5):
+        seq.append(int(jnp.argmax(llama.forward(params, CFG, jnp.asarray([seq]))[0][0, -1])))
+    assert toks == seq[PREFIX:]
+    assert s.generate(Mode("dense", "dense", POLICY), ids[:PREFIX], 5, stop_ids=(toks[2],)) == toks[:2]
+
+
+def _layer0_qkv(params, tokens):
+    """Layer 0's q [T, Hq, d], k, v [T, Hkv, d] for tokens at positions 0..T-1, computed directly."""
+    layer = params["layers"][0]
+    x = params["embed"][jnp.asarray(tokens)][None]
+    h = llama.rms_norm(x, layer["attn_norm"], CFG.rms_norm_eps)
+    cos, sin = rope_cos_sin(CFG, jnp.arange(len(tokens))[None])
+    d = CFG.head_dim
+    q = apply_rope((h @ layer["wq"]).reshape(1, -1, CFG.num_heads, d), cos, sin)
+    k = apply_rope((h @ layer["wk"]).reshape(1, -1, CFG.num_kv_heads, d), cos, sin)
+    v = (h @ layer["wv"]).reshape(1, -1, CFG.num_kv_heads, d)
+    return q[0], k[0], v[0]
+
+
+def test_audit_streams_every_head_step_with_the_true_error(params, ids):
+    """Naive cache: the streamed true error of layer 0 at the first decode step equals an independent
+    computation (float64 exact attention; the library's naive attention on a cache built from the same k/v).
+    Certified cache: every head-step is recorded, and none exceeds its bound."""
+    s = Session(params, CFG, None, CAP, CHUNK)
+    records = []
+    naive = Mode("naive", "naive", POLICY)
+    col = s.collector(naive)
+    s.collectors[naive.label] = lambda step, rec: (records.append((step, rec)), col(step, rec))
+    s.nll(naive, ids, PREFIX)
+    assert sorted(r[0] for r in records) == list(range(STEPS))
+    first = next(rec for step, rec in records if step == 0)
+    q, k, v = _layer0_qkv(params, ids[:PREFIX + 1])
+    q64, k64, v64 = (np.asarray(a, np.float64) for a in (q[-1], k, v))
+    G = CFG.num_heads // CFG.num_kv_heads
+    kk, vv = np.repeat(k64, G, axis=1), np.repeat(v64, G, axis=1)  # [T, Hq, d]
+    sc = np.einsum("hd,thd->ht", q64, kk) / np.sqrt(CFG.head_dim)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    exact = np.einsum("ht,thd->hd", p / p.sum(-1, keepdims=True), vv)
+    np.testing.assert_allclose(first["exact_norm"][0, 0], np.linalg.norm(exact, axis=-1), rtol=1e-4)
+    tc = TieredKVCache.from_dense(k[None], v[None], POLICY, capacity=CAP)
+    out = np.asarray(naive_attention(q[-1][None], tc)[0], np.float64)
+    np.testing.assert_allclose(first["true_error"][0, 0], np.linalg.norm(out - exact, axis=-1), rtol=1e-3, atol=1e-6)
+    assert first["true_error"].max() > 0
+
+    s.collectors[naive.label] = col
+    assert s.audit_summaries()["naive"]["head_steps"] == STEPS * CFG.num_layers * CFG.num_heads
+    cert = Mode("certified", "certified", POLICY)
+    s.nll(cert, ids, PREFIX)
+    summary = s.audit_summaries()["certified"]
+    assert summary["head_steps"] == STEPS * CFG.num_layers * CFG.num_heads
+    assert sum(summary["rung_histogram"]) == summary["head_steps"]
+    assert summary["violations"] == 0 and summary["tightness_quantiles"]["p01"] >= 1.0
+    assert summary["samples_kept"] == summary["head_steps"] - summary["head_steps_with_zero_error"]
+
+
+def test_collector_counts_violations():
+    from certattn_jax.certificate import empty_like_heads
+
+    col = AuditCollector(num_layers=1)
+    cert = empty_like_heads(1, 3)
+    cert = cert.replace(error_bound=np.array([[1.0, 1.0, 1e-9]]), rung=np.array([[0, 2, 4]]),
+                        k_star=np.array([[2, 3, 4]]), certified=np.ones((1, 3), bool))
+    cert = jax.tree.map(lambda x: np.asarray(x)[None], cert)  # [L=1, B=1, H=3]
+    col(0, {"cert": cert, "true_error": np.array([[[0.5, 2.0, 1.5e-9]]]), "exact_norm": np.ones((1, 1, 3))})
+    s = col.summary()
+    assert s["violations"] == 2 and s["violations_within_reference_rounding"] == 1
+    assert s["violations_beyond_reference_rounding"] == 1 and s["max_excess"] == pytest.approx(1.0)
+    assert s["rung_histogram"] == [1, 0, 1, 0, 1] and s["mean_k_star"] == pytest.approx(3.0)
+    assert s["tightness_median"] == pytest.approx(2 / 3)
+
+
+def test_variants_and_errors(params):
+    with pytest.raises(ValueError, match="unknown cache variant"):
+        decode.make_cache("fast", params, CFG, CAP)
+    with pytest.raises(ValueError, match="dense cache is exact"):
+        decode.make_cache("dense", params, CFG, CAP, audit=True)
+    with pytest.raises(ValueError, match="multiple of the prefill chunk"):
+        Session(params, CFG, None, 100, CHUNK)
