@@ -47,14 +47,17 @@ def test_teacher_forced_dense_equals_full_forward(params, ids):
         s.generate(Mode("dense", "dense", POLICY), ids, CAP)
 
 
-def test_greedy_dense_equals_recomputation(params, ids):
+def test_greedy_dense_is_the_argmax_chain(params, ids):
+    """Greedy tokens fed back through the teacher-forced loop (checked against a full forward above) are each
+    that loop's argmax; stop ids cut the output."""
     s = Session(params, CFG, None, CAP, CHUNK)
-    toks = s.generate(Mode("dense", "dense", POLICY), ids[:PREFIX], 5)
-    seq = list(ids[:PREFIX])
-    for _ in range(5):
-        seq.append(int(jnp.argmax(llama.forward(params, CFG, jnp.asarray([seq]))[0][0, -1])))
-    assert toks == seq[PREFIX:]
-    assert s.generate(Mode("dense", "dense", POLICY), ids[:PREFIX], 5, stop_ids=(toks[2],)) == toks[:2]
+    dense = Mode("dense", "dense", POLICY)
+    toks = s.generate(dense, ids[:PREFIX], STEPS + 1)
+    assert len(toks) == STEPS + 1
+    _, ok = s.nll(dense, np.concatenate([ids[:PREFIX], toks]), PREFIX)
+    assert ok.all()
+    first_stop = toks.index(toks[3])
+    assert s.generate(dense, ids[:PREFIX], STEPS + 1, stop_ids=(toks[3],)) == toks[:first_stop]
 
 
 def _layer0_qkv(params, tokens):
@@ -71,9 +74,9 @@ def _layer0_qkv(params, tokens):
 
 
 def test_audit_streams_every_head_step_with_the_true_error(params, ids):
-    """Naive cache: the streamed true error of layer 0 at the first decode step equals an independent
-    computation (float64 exact attention; the library's naive attention on a cache built from the same k/v).
-    Certified cache: every head-step is recorded, and none exceeds its bound."""
+    """Naive cache: every step is streamed, and the true error of layer 0 at the first decode step equals an
+    independent computation (float64 exact attention; the library's naive attention on a cache built from the
+    same k/v)."""
     s = Session(params, CFG, None, CAP, CHUNK)
     records = []
     naive = Mode("naive", "naive", POLICY)
@@ -97,13 +100,7 @@ def test_audit_streams_every_head_step_with_the_true_error(params, ids):
 
     s.collectors[naive.label] = col
     assert s.audit_summaries()["naive"]["head_steps"] == STEPS * CFG.num_layers * CFG.num_heads
-    cert = Mode("certified", "certified", POLICY)
-    s.nll(cert, ids, PREFIX)
-    summary = s.audit_summaries()["certified"]
-    assert summary["head_steps"] == STEPS * CFG.num_layers * CFG.num_heads
-    assert sum(summary["rung_histogram"]) == summary["head_steps"]
-    assert summary["violations"] == 0 and summary["tightness_quantiles"]["p01"] >= 1.0
-    assert summary["samples_kept"] == summary["head_steps"] - summary["head_steps_with_zero_error"]
+    # (the certified cache's audit -- every head-step recorded, no violation -- runs in test_evals_cli.py)
 
 
 def test_collector_counts_violations():

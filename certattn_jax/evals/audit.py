@@ -36,6 +36,7 @@ class AuditCollector:
         self.keep = keep
         self.rng = np.random.default_rng(seed)
         self.log = log
+        self.run = ""  # set by the session per prompt/window, written into the log rows
         self.steps = 0
         self.head_steps = 0
         self.violations = 0
@@ -113,7 +114,7 @@ class AuditCollector:
             if name in rec:
                 fields[name] = np.asarray(rec[name])
         for layer in range(self.L):
-            row = {"step": step, "layer": layer}
+            row = {"run": self.run, "step": step, "layer": layer}
             row.update({k: v[layer, 0].tolist() for k, v in fields.items()})
             self.log.write(json.dumps(row) + "\n")
 

@@ -46,6 +46,7 @@ class Session:
         self.capacity, self.chunk, self.audit = capacity, chunk, audit
         self.audit_log = audit_log
         self.collectors: dict[str, AuditCollector] = {}
+        self.runs = 0
 
     def collector(self, mode: Mode) -> AuditCollector:
         if mode.label not in self.collectors:
@@ -59,7 +60,11 @@ class Session:
                              f"capacity {self.capacity}; raise --capacity")
         audit = self.audit and mode.tiered
         cache = decode.make_cache(mode.variant, self.params, self.config, self.capacity, mode.policy, audit=audit)
-        decode.set_sink(self.collector(mode) if (audit or mode.variant == "certified") else None)
+        self.runs += 1
+        sink = self.collector(mode) if (audit or mode.variant == "certified") else None
+        if isinstance(sink, AuditCollector):
+            sink.run = f"{mode.label}#{self.runs}"
+        decode.set_sink(sink)
         return decode.prefill(self.params, self.config, cache, ids, self.chunk)
 
     def nll(self, mode: Mode, ids: Sequence[int], prefix: int) -> tuple[np.ndarray, np.ndarray]:
