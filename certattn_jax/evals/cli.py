@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-JOBS = ("ppl", "niah", "ruler", "audit", "ablations", "aggressive", "all")
+JOBS = ("ppl", "niah", "ruler", "audit", "ablations", "aggressive", "memory", "all")
 DEFAULT_TASKS = ("niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,"
                  "niah_multivalue,niah_multiquery,vt,cwe,fwe")
 

@@ -165,6 +165,29 @@ def run_aggressive(session: Session, cfg: EvalConfig, prompts: Prompts, stop_ids
     return res
 
 
+def memory_table(config: Any, policy: CertPolicy, capacities: Sequence[int]) -> list[dict[str, Any]]:
+    """certattn_jax.memory_report of a bfloat16 TieredModelCache (batch 1) for the default layout and K4V2 at each
+    capacity: tier-1 bytes against a dense bf16 cache. (The hot set of k_max blocks and the residual block are
+    a fixed cost per head, so the fraction falls with the context.)"""
+    import jax.numpy as jnp
+
+    from certattn_jax.memory import memory_report
+    from certattn_jax.model_cache import TieredModelCache
+
+    rows = []
+    for cap in capacities:
+        for name, pol in (("INT8/INT4", policy), ("K4V2", dataclasses.replace(policy, key_bits=4, value_bits=2))):
+            c = TieredModelCache.init(num_layers=config.num_layers, batch=1, capacity=cap,
+                                      num_kv_heads=config.num_kv_heads, num_q_heads=config.num_heads,
+                                      head_dim=config.head_dim, dtype=jnp.bfloat16, policy=pol, mode="naive")
+            rep = memory_report(c)
+            rows.append({"capacity": cap, "layout": name, "tier1_device_bytes": rep["tier1_device_bytes"],
+                         "dense_bf16_bytes": rep["dense_bf16_bytes"], "tier1_fraction": rep["tier1_fraction"],
+                         "breakdown": rep["breakdown"]})
+            del c
+    return rows
+
+
 def run_job(job: str, session: Session, cfg: EvalConfig, stop_ids: Sequence[int],
             save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run one job (or all of them), calling save(result) after each part so partial results survive."""
@@ -172,7 +195,7 @@ def run_job(job: str, session: Session, cfg: EvalConfig, stop_ids: Sequence[int]
         raise ValueError(f"unknown eval job {job!r}; choose from {JOBS}")
     prompts = Prompts(session.tokenizer)
     result: dict[str, Any] = {}
-    parts = ["ppl", "niah", "ruler", "ablations", "aggressive"] if job == "all" else [job]
+    parts = ["ppl", "niah", "ruler", "ablations", "aggressive", "memory"] if job == "all" else [job]
     for part in parts:
         if part == "ppl":
             result["ppl"] = ppl.run_ppl(session, cfg.modes, cfg.lengths, cfg.samples, cfg.ppl_steps, cfg.seed)
@@ -188,6 +211,10 @@ def run_job(job: str, session: Session, cfg: EvalConfig, stop_ids: Sequence[int]
             result["ablations"] = run_ablations(session, cfg)
         elif part == "aggressive":
             result["aggressive"] = run_aggressive(session, cfg, prompts, stop_ids)
+        elif part == "memory":
+            result["memory"] = memory_table(session.config, cfg.policy, sorted(set(cfg.lengths) | {8192, 32768}))
+            save(result)
+            continue
         if part != "audit":
             result["audit"] = audit_report(session, cfg.plot_dir)
         save(result)
@@ -235,5 +262,10 @@ def summarize(result: dict[str, Any], model: str, device: str) -> dict[str, Any]
             "mcnemar_p_vs_dense": {k: v["p_value"] for k, v in a["niah"].get("mcnemar_vs_dense", {}).items()},
             "tier1_fraction_of_dense_bf16": {k: v["tier1_fraction"] for k, v in a["memory"].items()},
             "escalation_rate": {k: 1.0 - v["share_rung0"] for k, v in a["audit"].items() if "share_rung0" in v},
+            "rung_histogram": {k: v["rung_histogram"] for k, v in a["audit"].items() if "rung_histogram" in v},
+            "mean_k_star": {k: v["mean_k_star"] for k, v in a["audit"].items() if "mean_k_star" in v},
         }
+    if "memory" in result:
+        out.setdefault("aggressive", {})["tier1_fraction_bf16_by_capacity"] = {
+            f'{r["layout"]}@{r["capacity"]}': r["tier1_fraction"] for r in result["memory"]}
     return out
