@@ -126,3 +126,13 @@ def test_variants_and_errors(params):
         decode.make_cache("dense", params, CFG, CAP, audit=True)
     with pytest.raises(ValueError, match="multiple of the prefill chunk"):
         Session(params, CFG, None, 100, CHUNK)
+
+
+def test_memory_table_k4v2_is_smaller_and_fixed_costs_amortize():
+    from certattn_jax.evals.runner import memory_table
+
+    rows = {(r["capacity"], r["layout"]): r["tier1_fraction"] for r in memory_table(CFG, POLICY, [256, 4096])}
+    assert rows[(256, "K4V2")] < rows[(256, "INT8/INT4")] and rows[(4096, "K4V2")] < rows[(4096, "INT8/INT4")]
+    assert rows[(4096, "INT8/INT4")] < rows[(256, "INT8/INT4")]  # the hot set and residual are a fixed cost
+    # codes alone: 8/16 + 4/16 of bf16 = 0.375 (INT8/INT4), 4/16 + 2/16 = 0.1875 (K4V2); scales add more
+    assert 0.375 < rows[(4096, "INT8/INT4")] and 0.1875 < rows[(4096, "K4V2")] < rows[(4096, "INT8/INT4")] - 0.15

@@ -71,7 +71,7 @@ def rungs_per_layer(hist: np.ndarray, title: str, path: str | Path) -> Path:
     ax.set_xlabel("layer")
     ax.set_ylabel("share of head-steps")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title, fontsize=9)
     return _save(fig, path)
 
