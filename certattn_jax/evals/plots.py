@@ -22,7 +22,7 @@ def niah_heatmap(acc: np.ndarray, lengths: Sequence[int], depths: Sequence[int],
     """acc [len(depths), len(lengths)] in [0, 1] (NaN = not run) as a red-green heatmap with the values."""
     plt = _plt()
     acc = np.asarray(acc, float)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.2 + 0.45 * len(depths)))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.9 * len(lengths)), 1.2 + 0.45 * len(depths)))
     im = ax.imshow(acc, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
     ax.set_yticks(range(len(depths)), [f"{d}%" for d in depths])
