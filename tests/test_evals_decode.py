@@ -136,3 +136,26 @@ def test_memory_table_k4v2_is_smaller_and_fixed_costs_amortize():
     assert rows[(4096, "INT8/INT4")] < rows[(256, "INT8/INT4")]  # the hot set and residual are a fixed cost
     # codes alone: 8/16 + 4/16 of bf16 = 0.375 (INT8/INT4), 4/16 + 2/16 = 0.1875 (K4V2); scales add more
     assert 0.375 < rows[(4096, "INT8/INT4")] and 0.1875 < rows[(4096, "K4V2")] < rows[(4096, "INT8/INT4")] - 0.15
+
+
+def test_summary_schema_from_parts():
+    from certattn_jax.evals.runner import memory_table, summarize
+
+    audit = {"certified": {"head_steps": 10, "violations": 0, "violations_beyond_reference_rounding": 0,
+                           "tightness_median": 3.0, "rung_histogram": [9, 1, 0, 0, 0], "mean_k_star": 2.0,
+                           "share_rung0": 0.9}}
+    ppl_rows = {"per_length": {"512": {"dense": {"ppl": 10.0}, "certified": {"ppl": 10.01}}}}
+    result = {"ppl": ppl_rows, "audit": audit,
+              "niah": {"accuracy": {"dense": 1.0, "certified": 0.5}, "n": 2,
+                       "mcnemar_vs_dense": {"certified": {"p_value": 1.0}}},
+              "ruler": {"lengths": [512], "scores": {"vt": {"512": {"dense": 50.0, "certified": 50.0}}}},
+              "ablations": {"sweep": [{"violations": 0, "head_steps": 5, "rung_histogram": [5, 0, 0, 0, 0]}]},
+              "aggressive": {"ppl": ppl_rows, "niah": {"accuracy": {"dense": 1.0}}, "audit": audit,
+                             "memory": memory_table(CFG, POLICY, [256])}}
+    s = summarize(result, "m", "cpu")
+    assert s["ppl"] == {"dense": {"512": 10.0}, "certified": {"512": 10.01}}
+    assert s["niah"] == {"dense": 1.0, "certified": 0.5, "n": 2, "mcnemar_p_certified_vs_dense": 1.0}
+    assert s["ruler"] == {"vt": {"dense": 50.0, "certified": 50.0}}
+    assert s["soundness"]["head_steps"] == 25 and s["soundness"]["rung_histogram"] == [23, 2, 0, 0, 0]
+    assert s["aggressive"]["escalation_rate"] == {"certified": pytest.approx(0.1)}
+    assert set(s["aggressive"]["tier1_fraction_bf16_by_capacity"]) == {"INT8/INT4@256", "K4V2@256"}

@@ -120,7 +120,8 @@ def _fresh(session: Session) -> Session:
 def run_ablations(session: Session, cfg: EvalConfig) -> dict[str, Any]:
     """(1) which quantization costs quality: naive vs naive with exact values vs naive with exact keys (ppl, and
     the audited true error of each); (2) a sweep of tau_cov x eps for the certified cache: perplexity change,
-    escalation rate (1 - share at rung 0), mean K*, exact bytes touched per step."""
+    escalation rate (1 - share at rung 0), mean K*, and the share of the context read exact per step (K* blocks;
+    the tolerances do not change the cache's size, see `memory_table`)."""
     s1 = _fresh(session)
     p = cfg.policy
     value_modes = [Mode("dense", "dense", p), Mode("naive", "naive", p),
@@ -137,14 +138,13 @@ def run_ablations(session: Session, cfg: EvalConfig) -> dict[str, Any]:
             m = Mode(f"certified tau={tau} eps={eps}", "certified", dataclasses.replace(p, tau_cov=tau, eps=eps))
             r = ppl.run_ppl(s2, [dense, m], cfg.lengths, cfg.samples, cfg.ppl_steps, cfg.seed)
             a = s2.audit_summaries()[m.label]
-            mem = session.memory(m)
             sweep.append({"tau_cov": tau, "eps": eps,
                           "ppl_delta_percent": {n: row[m.label]["delta_vs_dense_percent"]
                                                 for n, row in r["per_length"].items()},
                           "escalation_rate": 1.0 - a["share_rung0"], "share_certified": a["share_certified"],
                           "mean_k_star": a["mean_k_star"], "violations": a.get("violations"),
                           "head_steps": a["head_steps"],
-                          "rung_histogram": a["rung_histogram"], "tier1_fraction": mem["tier1_fraction"],
+                          "rung_histogram": a["rung_histogram"],
                           "exact_kv_bytes_per_step_fraction": a["mean_k_star"] * p.block_size / max(cfg.lengths)})
     return {"values": values, "values_true_error": values_audit, "sweep": sweep}
 
@@ -159,8 +159,7 @@ def run_aggressive(session: Session, cfg: EvalConfig, prompts: Prompts, stop_ids
     res["ppl"] = ppl.run_ppl(s, modes, cfg.lengths, cfg.samples, cfg.ppl_steps, cfg.seed)
     res["niah"] = niah.run_niah(s, modes, prompts, cfg.lengths, cfg.depths, cfg.samples, cfg.niah_new_tokens,
                                 stop_ids, cfg.seed, cfg.plot_dir, prompts.decode)
-    res["memory"] = {m.label: s.memory(m) for m in modes[1:]}
-    res["memory"]["naive/certified INT8/INT4 (default)"] = s.memory(Mode("default", "naive", cfg.policy))
+    res["memory"] = memory_table(session.config, cfg.policy, sorted({session.capacity, 8192, 32768}))
     res["audit"] = audit_report(s, cfg.plot_dir)
     return res
 
@@ -260,12 +259,12 @@ def summarize(result: dict[str, Any], model: str, device: str) -> dict[str, Any]
             "ppl": {lab: {n: rows[n][lab]["ppl"] for n in rows} for lab in next(iter(rows.values()))},
             "niah": a["niah"]["accuracy"],
             "mcnemar_p_vs_dense": {k: v["p_value"] for k, v in a["niah"].get("mcnemar_vs_dense", {}).items()},
-            "tier1_fraction_of_dense_bf16": {k: v["tier1_fraction"] for k, v in a["memory"].items()},
             "escalation_rate": {k: 1.0 - v["share_rung0"] for k, v in a["audit"].items() if "share_rung0" in v},
             "rung_histogram": {k: v["rung_histogram"] for k, v in a["audit"].items() if "rung_histogram" in v},
             "mean_k_star": {k: v["mean_k_star"] for k, v in a["audit"].items() if "mean_k_star" in v},
         }
-    if "memory" in result:
+    table = result.get("memory") or result.get("aggressive", {}).get("memory")
+    if isinstance(table, list):  # memory_table rows (older aggressive results held a dict: skipped)
         out.setdefault("aggressive", {})["tier1_fraction_bf16_by_capacity"] = {
-            f'{r["layout"]}@{r["capacity"]}': r["tier1_fraction"] for r in result["memory"]}
+            f'{r["layout"]}@{r["capacity"]}': r["tier1_fraction"] for r in table}
     return out

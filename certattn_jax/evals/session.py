@@ -94,13 +94,5 @@ class Session:
                 return toks[:i]
         return toks
 
-    def memory(self, mode: Mode) -> dict[str, Any]:
-        """certattn_jax.memory_report of this mode's cache at the session capacity."""
-        from certattn_jax.memory import memory_report
-
-        cache = decode.make_cache(mode.variant, self.params, self.config, self.capacity, mode.policy)
-        rep = memory_report(cache.inner if hasattr(cache, "inner") else cache)
-        return {k: rep[k] for k in ("tier1_device_bytes", "tier2_host_bytes", "dense_bf16_bytes", "tier1_fraction")}
-
     def audit_summaries(self) -> dict[str, Any]:
         return {label: c.summary() for label, c in self.collectors.items()}
