@@ -1,4 +1,4 @@
-"""Command line: `python -m certattn_jax generate|demo|convert ...` (see `--help`)."""
+"""Command line: `python -m certattn_jax generate|demo|convert|eval ...` (see `--help`)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("source")
     c.add_argument("outdir")
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    from certattn_jax.evals.cli import add_eval_parser
+
+    add_eval_parser(sub)
     return p
 
 
@@ -135,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             path = convert(args.source, args.outdir, dtype=_dtype(args.dtype))
             print(f"wrote {path}")
+        elif args.command == "eval":
+            from certattn_jax.evals.cli import run_eval
+
+            run_eval(args)
     except (ValueError, FileNotFoundError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

