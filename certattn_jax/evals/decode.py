@@ -27,10 +27,10 @@ from flax import struct
 from jax.experimental import io_callback
 
 from certattn_jax import quant
-from certattn_jax.attention import _overlay_residual, dense_attention_f32, exact_keys_values
 from certattn_jax.kv_cache import commit_arrays
 from certattn_jax.model_cache import TieredModelCache
 from certattn_jax.policy import CertPolicy
+from certattn_jax.step import dense_attention_f32, exact_keys_values, overlay_residual
 from models.config import LlamaConfig
 from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden
 
@@ -112,10 +112,10 @@ def _mixed_attention(q: jax.Array, c, exact_values: bool) -> jax.Array:
     k_ex, v_ex = exact_keys_values(c)
     if exact_values:
         k_hat = quant.dequantize_keys(c.k_codes, c.k_scale, c.k_zero, c.key_bits).reshape(B, H, nb * Bk, d)
-        k, v = _overlay_residual(k_hat, c.res_k, c.flushed, c.lengths), v_ex
+        k, v = overlay_residual(k_hat, c.res_k, c.flushed, c.lengths), v_ex
     else:
         v_hat = quant.dequantize_values(c.v_codes, c.v_scale, c.v_zero, c.group_size, c.value_bits)
-        k, v = k_ex, _overlay_residual(v_hat.reshape(B, H, nb * Bk, d), c.res_v, c.flushed, c.lengths)
+        k, v = k_ex, overlay_residual(v_hat.reshape(B, H, nb * Bk, d), c.res_v, c.flushed, c.lengths)
     return dense_attention_f32(q.astype(jnp.float32), k, v, c.lengths).astype(q.dtype)
 
 
