@@ -160,6 +160,14 @@ def _unpack(packed: jax.Array, bits: int) -> jax.Array:
     return _interleave([(x >> (k * bits)) & mask for k in range(per)])
 
 
+def _split_range(nvalid_ref, nb: int, bps: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """This program's blocks [start, stop) of its split (grid axis 2), and v_stop: the end of its valid ones."""
+    start = pl.program_id(2) * bps
+    stop = jnp.minimum(start + bps, nb)
+    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
+    return start, stop, jnp.clip(n_valid, start, stop)
+
+
 def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                   *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
                   value_bits: int, per_block: bool):
@@ -167,10 +175,7 @@ def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_
     # m, l [G, nb]; acc [G, nb | S, d]; am [G, S] (split layout only)
     f32 = jnp.float32
     split = pl.program_id(2)
-    start = split * bps
-    stop = jnp.minimum(start + bps, nb)
-    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
-    v_stop = jnp.clip(n_valid, start, stop)
+    start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
     inv_sqrt_d = 1.0 / math.sqrt(d)
     ng = d // group
     qs = [q_ref[g, :].astype(f32) for g in range(G)]
@@ -299,10 +304,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
     No float32 dequantized value exists; no [Bk, d] float tile either (each group is [Bk, group])."""
     f32 = jnp.float32
     split = pl.program_id(2)
-    start = split * bps
-    stop = jnp.minimum(start + bps, nb)
-    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
-    v_stop = jnp.clip(n_valid, start, stop)
+    start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
     inv_sqrt_d = 1.0 / math.sqrt(d)
     ng = d // group
     hg = group * value_bits // 8  # packed bytes per group and token
@@ -369,10 +371,7 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
     s_gi = (inv_f_g sum_k 2^-7k S_ik + off sum_c a_gc + sum_c q_gc z_c) / sqrt(d), off = 2^(bits-1)."""
     f32 = jnp.float32
     split = pl.program_id(2)
-    start = split * bps
-    stop = jnp.minimum(start + bps, nb)
-    n_valid = jnp.clip(nvalid_ref[()], 0, nb)
-    v_stop = jnp.clip(n_valid, start, stop)
+    start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
     inv_sqrt_d = 1.0 / math.sqrt(d)
     ng = d // group
     q = q_ref[...].astype(f32)  # [G, d]

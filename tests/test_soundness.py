@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float64_reference import attention_f64
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,23 +54,7 @@ def _print_rung_histogram():
 
 
 # ----------------------------------------------------------------------------------------- the reference
-def reference(q, k, v, lengths) -> np.ndarray:
-    """Exact attention in float64: q [B, Hq, d], k, v [B, T, Hkv, d] (any float dtype, cast exactly),
-    the first lengths[b] tokens of row b. Independent of the library's math."""
-    q = np.asarray(q).astype(np.float64)
-    k = np.asarray(k).astype(np.float64)
-    v = np.asarray(v).astype(np.float64)
-    B, T, H, d = k.shape
-    Hq = q.shape[1]
-    G = Hq // H
-    out = np.empty((B, Hq, d))
-    for b in range(B):
-        n = int(lengths[b])
-        for h in range(Hq):
-            s = k[b, :n, h // G] @ q[b, h] / math.sqrt(d)
-            w = np.exp(s - np.max(s))
-            out[b, h] = (w @ v[b, :n, h // G]) / np.sum(w)
-    return out
+reference = attention_f64
 
 
 # ----------------------------------------------------------------------------------------- configurations

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float64_reference import attention_f64
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,20 +38,7 @@ def stored(x, dtype) -> np.ndarray:
     return np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32)).astype(np.float64)
 
 
-def reference(q, k, v, lengths) -> np.ndarray:
-    """float64 attention of q [B, Hq, d] over k, v [B, T, H, d] (float64 arrays), first lengths[b] tokens."""
-    q = np.asarray(q).astype(np.float64)
-    B, T, H, d = k.shape
-    Hq = q.shape[1]
-    G = Hq // H
-    out = np.empty((B, Hq, d))
-    for b in range(B):
-        n = int(lengths[b])
-        for h in range(Hq):
-            s = k[b, :n, h // G] @ q[b, h] / math.sqrt(d)
-            w = np.exp(s - np.max(s))
-            out[b, h] = (w @ v[b, :n, h // G]) / np.sum(w)
-    return out
+reference = attention_f64
 
 
 def check(q, k64, v64, lengths, cache, policy, *, allow_unproven=None, what=""):
