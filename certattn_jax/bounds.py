@@ -67,7 +67,8 @@ def softmax_average_error(n_tokens: int, sum_rel: float, n_exps: int, arg_roundi
     contexts, where the float error dominated the bound.
     """
     D = (n_exps * EXP_ERROR + arg_roundings * U * math.log(max(n_tokens, 2))) * (1 + 1e-6)
-    return 2.0 * (D + sum_rel + U) * (1 + 3e-6) + 4 * U
+    # second-order terms: 1 / (1 - D) and the sums' (1 + 2 sum_rel)
+    return 2.0 * (D + sum_rel + U) * (1 + 3e-6 + 2 * (D + sum_rel)) + 4 * U
 
 
 def sum_error(n_inner: int, n_outer: int) -> float:
