@@ -168,6 +168,15 @@ def _split_range(nvalid_ref, nb: int, bps: int) -> tuple[jax.Array, jax.Array, j
     return start, stop, jnp.clip(n_valid, start, stop)
 
 
+def _write_empty_block(m_ref, l_ref, acc_ref, n, G: int, d: int, per_block: bool) -> None:
+    """Statistics of an invalid block n: m = -inf, l = 0 (and acc = 0 in the per-block layout). Broadcast
+    arrays, not Python scalars: the Triton lowering of jax 0.11 mis-types literal stores."""
+    m_ref[:, n] = jnp.full((G,), -jnp.inf, jnp.float32)
+    l_ref[:, n] = jnp.zeros((G,), jnp.float32)
+    if per_block:
+        acc_ref[:, n, :] = jnp.zeros((G, d), jnp.float32)
+
+
 def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                   *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
                   value_bits: int, per_block: bool):
@@ -205,11 +214,7 @@ def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_
         return tuple(new) if not per_block else carry
 
     def empty_block(n, carry):
-        # broadcast arrays, not Python scalars: the Triton lowering of jax 0.11 mis-types literal stores
-        m_ref[:, n] = jnp.full((G,), -jnp.inf, f32)
-        l_ref[:, n] = jnp.zeros((G,), f32)
-        if per_block:
-            acc_ref[:, n, :] = jnp.zeros((G, d), f32)
+        _write_empty_block(m_ref, l_ref, acc_ref, n, G, d, per_block)
         return carry
 
     init = () if per_block else tuple((jnp.array(-jnp.inf, f32), jnp.zeros((d,), f32)) for _ in range(G))
@@ -341,10 +346,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
         return m_new, tuple(acc * alpha + beta * pv for acc, pv in zip(accs, pvs, strict=True))
 
     def empty_block(n, carry):
-        m_ref[:, n] = jnp.full((G,), -jnp.inf, f32)
-        l_ref[:, n] = jnp.zeros((G,), f32)
-        if per_block:
-            acc_ref[:, n, :] = jnp.zeros((G, d), f32)
+        _write_empty_block(m_ref, l_ref, acc_ref, n, G, d, per_block)
         return carry
 
     init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
@@ -410,10 +412,7 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
         return m_new, acc * jnp.exp(m_run - m_new)[:, None] + jnp.exp(m - m_new)[:, None] * pv
 
     def empty_block(n, carry):
-        m_ref[:, n] = jnp.full((G,), -jnp.inf, f32)
-        l_ref[:, n] = jnp.zeros((G,), f32)
-        if per_block:
-            acc_ref[:, n, :] = jnp.zeros((G, d), f32)
+        _write_empty_block(m_ref, l_ref, acc_ref, n, G, d, per_block)
         return carry
 
     init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), jnp.zeros((G, d), f32))
