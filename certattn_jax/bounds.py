@@ -185,18 +185,8 @@ def weighted_sum(log_mass_up: jax.Array, errors: jax.Array, valid: jax.Array, br
 
 
 def l2(x: jax.Array) -> jax.Array:
-    """Euclidean norm over the last axis as an upper bound: scaled by the largest magnitude so that squares
-    neither underflow (values ~1e-20) nor overflow (~1e30), and rounded up for its own float32 error.
-    +inf when x holds a non-finite entry."""
-    n = x.shape[-1]
-    a = jnp.abs(x.astype(jnp.float32))
-    big = jnp.max(a, axis=-1, keepdims=True)
-    safe = jnp.where(big > 0, big, 1.0)
-    r = a / safe
-    norm = big[..., 0] * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (n + 8) * U)
-    norm = norm + TINY  # the division's result may have been flushed below TINY
-    finite = jnp.all(jnp.isfinite(x), axis=-1)
-    return jnp.where(finite & ~jnp.isnan(norm), jnp.where(big[..., 0] > 0, norm, 0.0), jnp.inf)
+    """Euclidean norm over the last axis as an upper bound (+inf for a non-finite entry): `quant.norm_upper`."""
+    return quant.norm_upper(x)
 
 
 def numeric_error(v_abs_bound: jax.Array, factor: float) -> jax.Array:

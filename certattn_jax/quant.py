@@ -150,15 +150,22 @@ def dequantize_values(packed: jax.Array, scale: jax.Array, zero: jax.Array, grou
     return dequantize(g, scale, zero, axis=-1).reshape(codes.shape)
 
 
-def token_error_norms(v: jax.Array, v_hat: jax.Array) -> jax.Array:
-    """Upper bounds of ||v_i - v_hat_i||_2 per token (float32): scaled by the largest difference so that the
-    squares neither underflow (values ~1e-20) nor overflow (~1e30), and rounded up for the norm's own float32
-    error (and for a difference that may have been flushed below the smallest normal float)."""
-    diff = jnp.abs(v.astype(jnp.float32) - v_hat)
-    d = v.shape[-1]
-    big = jnp.max(diff, axis=-1, keepdims=True)
-    r = diff / jnp.where(big > 0, big, 1.0)
+def norm_upper(x: jax.Array) -> jax.Array:
+    """An upper bound of ||x||_2 over the last axis (float32): scaled by the largest magnitude so that the
+    squares neither underflow (values ~1e-20) nor overflow (~1e30), rounded up for its own float32 error and
+    for an entry that may have been flushed below the smallest normal float. +inf when x holds a non-finite
+    entry. (docs/bounds.md section 3, "Norms".)"""
+    a = jnp.abs(x.astype(jnp.float32))
+    n = x.shape[-1]
+    big = jnp.max(a, axis=-1, keepdims=True)
+    r = a / jnp.where(big > 0, big, 1.0)
     eps = float(jnp.finfo(jnp.float32).eps)
-    norm = big[..., 0] * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (d + 8) * eps)
     tiny = float(jnp.finfo(jnp.float32).tiny)
-    return jnp.where(jnp.isfinite(norm), norm + tiny * (d + 2), jnp.inf)
+    norm = big[..., 0] * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
+    finite = jnp.all(jnp.isfinite(x), axis=-1) & jnp.isfinite(norm)
+    return jnp.where(finite, jnp.where(big[..., 0] > 0, norm, 0.0), jnp.inf)
+
+
+def token_error_norms(v: jax.Array, v_hat: jax.Array) -> jax.Array:
+    """Upper bounds of ||v_i - v_hat_i||_2 per token (float32), see `norm_upper`."""
+    return norm_upper(v.astype(jnp.float32) - v_hat)
