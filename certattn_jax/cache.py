@@ -15,6 +15,11 @@ Tier 2 (pinned host memory):
     host_k, host_v [B, H, nb, Bk, d]          the originals, in the model's dtype; one block of one head and
                                               one whole head are each contiguous
 Bookkeeping: lengths [B] (valid tokens), flushed [B] (tokens in full blocks, a multiple of Bk).
+
+Stacked form (a whole model's cache, `certattn_jax.model_cache.TieredModelCache`): every array above gets a
+leading layer axis L. A *layer view* of it holds one layer's device arrays, the whole stacked tier 2
+[L, B, H, nb, Bk, d] and `layer` (int32 scalar): tier-2 reads and writes slice the layer inside the transfer
+(`tiers`), so no layer-sized copy of tier 2 is ever made. `layer` is None for a single-layer cache.
 Invariant between calls: 0 <= lengths - flushed <= Bk; tokens [flushed, lengths) live in res_*.
 
 Writes never lose data: every token is in tier 2 (full blocks) or in the exact residual block.
@@ -56,6 +61,7 @@ class TieredKVCache:
     host_v: jax.Array
     lengths: jax.Array
     flushed: jax.Array
+    layer: jax.Array | None = None
     block_size: int = struct.field(pytree_node=False, default=64)
     group_size: int = struct.field(pytree_node=False, default=32)
     key_bits: int = struct.field(pytree_node=False, default=8)
@@ -64,8 +70,10 @@ class TieredKVCache:
     # ------------------------------------------------------------------ construction
     @classmethod
     def init(cls, *, batch: int, capacity: int, num_kv_heads: int, head_dim: int, dtype: Any = jnp.bfloat16,
-             policy: CertPolicy | None = None) -> TieredKVCache:
-        """An empty cache holding up to `capacity` tokens (rounded up to a multiple of the block size)."""
+             policy: CertPolicy | None = None, layers: int | None = None, host: bool = True) -> TieredKVCache:
+        """An empty cache holding up to `capacity` tokens (rounded up to a multiple of the block size); with
+        `layers`, the stacked form (every array with a leading axis of that size). host=False leaves tier 2 in
+        device memory (for building a cache whose tier 2 is moved to the host afterwards in one copy)."""
         policy = policy or CertPolicy()
         Bk, g = policy.block_size, policy.group_size
         if min(batch, capacity, num_kv_heads, head_dim) <= 0:
@@ -81,20 +89,22 @@ class TieredKVCache:
         B, H, d = batch, num_kv_heads, head_dim
         dk, dv = d * policy.key_bits // 8, d * policy.value_bits // 8
         sdt = quant.SCALE_DTYPE
+        lead = () if layers is None else (layers,)
+        alloc = _Prefixed(lead, host)
         return commit_arrays(cls(
-            k_codes=jnp.zeros((B, H, nb, Bk, dk), jnp.uint8),
-            k_scale=jnp.zeros((B, H, nb, d), sdt), k_zero=jnp.zeros((B, H, nb, d), sdt),
-            v_codes=jnp.zeros((B, H, nb, Bk, dv), jnp.uint8),
-            v_scale=jnp.zeros((B, H, nb, Bk, d // g), sdt), v_zero=jnp.zeros((B, H, nb, Bk, d // g), sdt),
-            v_err=jnp.zeros((B, H, nb), jnp.float32), v_norm=jnp.zeros((B, H, nb), jnp.float32),
-            v_min=jnp.full((B, H, d), jnp.inf, jnp.float32), v_max=jnp.full((B, H, d), -jnp.inf, jnp.float32),
-            nonfinite=jnp.zeros((B, H), bool),
-            res_k=jnp.zeros((B, H, Bk, d), dtype), res_v=jnp.zeros((B, H, Bk, d), dtype),
-            hot_k=jnp.zeros((B, H, K, Bk, d), dtype), hot_v=jnp.zeros((B, H, K, Bk, d), dtype),
-            hot_ids=jnp.full((B, H, K), -1, jnp.int32),
-            host_k=tiers.zeros_on_host((B, H, nb, Bk, d), dtype),
-            host_v=tiers.zeros_on_host((B, H, nb, Bk, d), dtype),
-            lengths=jnp.zeros((B,), jnp.int32), flushed=jnp.zeros((B,), jnp.int32),
+            k_codes=alloc.zeros((B, H, nb, Bk, dk), jnp.uint8),
+            k_scale=alloc.zeros((B, H, nb, d), sdt), k_zero=alloc.zeros((B, H, nb, d), sdt),
+            v_codes=alloc.zeros((B, H, nb, Bk, dv), jnp.uint8),
+            v_scale=alloc.zeros((B, H, nb, Bk, d // g), sdt), v_zero=alloc.zeros((B, H, nb, Bk, d // g), sdt),
+            v_err=alloc.zeros((B, H, nb), jnp.float32), v_norm=alloc.zeros((B, H, nb), jnp.float32),
+            v_min=alloc.full((B, H, d), jnp.inf, jnp.float32), v_max=alloc.full((B, H, d), -jnp.inf, jnp.float32),
+            nonfinite=alloc.zeros((B, H), bool),
+            res_k=alloc.zeros((B, H, Bk, d), dtype), res_v=alloc.zeros((B, H, Bk, d), dtype),
+            hot_k=alloc.zeros((B, H, K, Bk, d), dtype), hot_v=alloc.zeros((B, H, K, Bk, d), dtype),
+            hot_ids=alloc.full((B, H, K), -1, jnp.int32),
+            host_k=alloc.zeros_on_host((B, H, nb, Bk, d), dtype),
+            host_v=alloc.zeros_on_host((B, H, nb, Bk, d), dtype),
+            lengths=alloc.zeros((B,), jnp.int32), flushed=alloc.zeros((B,), jnp.int32),
             block_size=Bk, group_size=g, key_bits=policy.key_bits, value_bits=policy.value_bits))
 
     @classmethod
@@ -143,18 +153,42 @@ class TieredKVCache:
             raise ValueError(f"lengths must lie in [0, {k.shape[2]}], got {lengths.tolist()}")
         return _from_head_major(k, v, lengths, policy)
 
+    @classmethod
+    def stacked_from_head_major(cls, k: jax.Array, v: jax.Array, lengths: jax.Array,
+                                policy: CertPolicy | None = None) -> TieredKVCache:
+        """The stacked form (a whole model) from k, v [L, B, Hkv, S, d] (a dense cache's layers stacked), the first
+        lengths[b] tokens of every layer valid: every layer quantized in one batched pass, tier 2 moved to the
+        host in one copy per array. Same checks and result per layer as `from_head_major`."""
+        policy = policy or CertPolicy()
+        if k.ndim != 5 or v.shape != k.shape:
+            raise ValueError(f"keys and values must both be [L, B, H, S, d]; got {k.shape} and {v.shape}")
+        _check_kv(k[0], v[0])
+        if k.shape[3] % policy.block_size:
+            raise ValueError(f"capacity {k.shape[3]} must be a multiple of the block size {policy.block_size}")
+        lengths = jnp.asarray(lengths, jnp.int32)
+        if lengths.shape != (k.shape[1],):
+            raise ValueError(f"lengths must be [B] = [{k.shape[1]}], got shape {lengths.shape}")
+        if is_concrete(lengths) and (bool(jnp.any(lengths > k.shape[3])) or bool(jnp.any(lengths < 0))):
+            raise ValueError(f"lengths must lie in [0, {k.shape[3]}], got {lengths.tolist()}")
+        return _from_head_major(k, v, lengths, policy)
+
     # ------------------------------------------------------------------ shape facts
     @property
     def batch(self) -> int:
-        return self.k_codes.shape[0]
+        return self.k_codes.shape[-5]
 
     @property
     def num_kv_heads(self) -> int:
-        return self.k_codes.shape[1]
+        return self.k_codes.shape[-4]
 
     @property
     def num_blocks(self) -> int:
-        return self.k_codes.shape[2]
+        return self.k_codes.shape[-3]
+
+    @property
+    def stacked(self) -> bool:
+        """The stacked form of a whole model (every array with a leading layer axis)."""
+        return self.k_codes.ndim == 6
 
     @property
     def head_dim(self) -> int:
@@ -237,24 +271,28 @@ class TieredKVCache:
         return jax.lax.cond(jnp.any(full), lambda c: c.flush_unconditionally(full), lambda c: c, self)
 
     def flush_unconditionally(self, full: jax.Array) -> TieredKVCache:
-        """Flush the residual of the sequences where full [B] is set (no control flow of its own)."""
-        c = self._store_blocks(self.res_k[:, :, None], self.res_v[:, :, None], full[:, None])
+        """Flush the residual of the sequences where full [B] is set (no control flow of its own). In the stacked
+        form every layer flushes at once (one batched quantization, one tier-2 write per block of all layers)."""
+        c = self._store_blocks(jnp.expand_dims(self.res_k, -3), jnp.expand_dims(self.res_v, -3), full[:, None])
         return c.replace(flushed=c.flushed + jnp.where(full, c.block_size, 0))
 
     def _store_blocks(self, blocks_k: jax.Array, blocks_v: jax.Array, store: jax.Array) -> TieredKVCache:
-        """Quantize blocks [B, H, n, Bk, d] into block slots flushed//Bk + j where store [B, n] is set."""
-        B, H, n, Bk, d = blocks_k.shape
+        """Quantize blocks [B, H, n, Bk, d] ([L, B, H, n, Bk, d] when stacked) into block slots flushed//Bk + j
+        where store [B, n] is set (a stacked cache's layers share `flushed`: they flush together)."""
+        B, H, n, Bk, d = blocks_k.shape[-5:]
         nb = self.num_blocks
         t1 = _quantize_blocks(blocks_k, blocks_v, self.key_bits, self.group_size, self.value_bits)
-        ids = self.flushed[:, None] // Bk + jnp.arange(n)[None, :]  # [B, n]
+        flushed = self.flushed[0] if self.stacked else self.flushed
+        ids = flushed[:, None] // Bk + jnp.arange(n)[None, :]  # [B, n]
         ids = jnp.where(store & (ids < nb), ids, nb)  # nb = out of range: dropped by the scatter
         b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, n))
 
         def put(buf, val):  # val [B, H, n, ...] -> buf[b, :, ids[b, j]] = val[b, :, j]
             return buf.at[b_idx, :, ids].set(jnp.moveaxis(val, 2, 1), mode="drop")
 
-        c = self.replace(**{name: put(getattr(self, name), x) for name, x in t1.items()})
-        host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb)
+        put_all = jax.vmap(put) if self.stacked else put
+        c = self.replace(**{name: put_all(getattr(self, name), x) for name, x in t1.items()})
+        host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb, self.layer)
         return c.replace(host_k=host_k, host_v=host_v)
 
     def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array) -> TieredKVCache:
@@ -304,12 +342,29 @@ class TieredKVCache:
     def exact_kv(self) -> tuple[jax.Array, jax.Array]:
         """All originals on the device, [B, H, capacity + Bk, d] each (tier 2 then the residual block
         overlaid at `flushed`; the extra Bk slots keep the overlay in range when the cache is full)."""
-        B, H, nb, Bk, d = self.host_k.shape
+        B, H, nb, Bk, d = self.host_k.shape[-5:]
         pad = jnp.zeros((B, H, Bk, d), self.dtype)
-        k = jnp.concatenate([tiers.read_all(self.host_k).reshape(B, H, nb * Bk, d), pad], axis=2)
-        v = jnp.concatenate([tiers.read_all(self.host_v).reshape(B, H, nb * Bk, d), pad], axis=2)
+        k = jnp.concatenate([tiers.read_all(self.host_k, self.layer).reshape(B, H, nb * Bk, d), pad], axis=2)
+        v = jnp.concatenate([tiers.read_all(self.host_v, self.layer).reshape(B, H, nb * Bk, d), pad], axis=2)
         put = jax.vmap(lambda buf, blk, at: jax.lax.dynamic_update_slice(buf, blk, (0, at, 0)))
         return put(k, self.res_k, self.flushed), put(v, self.res_v, self.flushed)
+
+
+class _Prefixed:
+    """Array constructors that prepend a fixed leading shape (the stacked form's layer axis)."""
+
+    def __init__(self, lead: tuple[int, ...], host: bool = True):
+        self.lead, self.host = lead, host
+
+    def zeros(self, shape, dtype):
+        return jnp.zeros(self.lead + tuple(shape), dtype)
+
+    def full(self, shape, value, dtype):
+        return jnp.full(self.lead + tuple(shape), value, dtype)
+
+    def zeros_on_host(self, shape, dtype):
+        make = tiers.zeros_on_host if self.host else jnp.zeros
+        return make(self.lead + tuple(shape), dtype)
 
 
 def _narrows(src, dst) -> bool:
@@ -330,10 +385,22 @@ def _check_kv(k: jax.Array, v: jax.Array) -> None:
 
 @functools.partial(jax.jit, static_argnames=("policy",))
 def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
+    """k, v [B, H, S, d], or [L, B, H, S, d] for the stacked form (every layer converted in one batched pass);
+    tier 2 goes to the host in one copy per array."""
+    if k.ndim == 5:
+        c = jax.vmap(lambda k, v: _convert_on_device(k, v, lengths, policy))(k, v)
+    else:
+        c = _convert_on_device(k, v, lengths, policy)
+    return c.replace(host_k=tiers.to_host(c.host_k), host_v=tiers.to_host(c.host_v))
+
+
+def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
+    """The cache holding k, v [B, H, S, d] (first lengths[b] valid), its tier 2 still in device memory."""
     B, H, S, d = k.shape
     Bk = policy.block_size
     nb = S // Bk
-    c = TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=k.dtype, policy=policy)
+    c = TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=k.dtype, policy=policy,
+                           host=False)
     n_full = lengths // Bk  # [B]
     flushed = n_full * Bk
     full = jnp.arange(nb)[None, :] < n_full[:, None]  # [B, nb]
@@ -350,9 +417,9 @@ def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy
     res_k = jnp.where(r_valid, jnp.take_along_axis(blocks_k, pick, axis=2)[:, :, 0], 0).astype(k.dtype)
     res_v = jnp.where(r_valid, jnp.take_along_axis(blocks_v, pick, axis=2)[:, :, 0], 0).astype(k.dtype)
     in_tier2 = (jnp.arange(S)[None, :] < flushed[:, None])[:, None, :, None]  # [B, 1, S, 1]
-    host_k = tiers.to_host(jnp.where(in_tier2, k, 0).astype(k.dtype).reshape(B, H, nb, Bk, d))
-    host_v = tiers.to_host(jnp.where(in_tier2, v, 0).astype(v.dtype).reshape(B, H, nb, Bk, d))
-    c = c.replace(res_k=res_k, res_v=res_v, host_k=host_k, host_v=host_v, flushed=flushed)
+    orig_k = jnp.where(in_tier2, k, 0).astype(k.dtype).reshape(B, H, nb, Bk, d)
+    orig_v = jnp.where(in_tier2, v, 0).astype(v.dtype).reshape(B, H, nb, Bk, d)
+    c = c.replace(res_k=res_k, res_v=res_v, host_k=orig_k, host_v=orig_v, flushed=flushed)
     c = c._note_values(jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lengths)
     return c.replace(lengths=lengths)
 
@@ -377,8 +444,9 @@ def _quantize_blocks(blocks_k: jax.Array, blocks_v: jax.Array, key_bits: int, gr
             "v_err": err, "v_norm": norm}
 
 
-def _write_host_blocks(host_k, host_v, blocks_k, blocks_v, ids, nb):
-    """Tier-2 writes, one block (all heads) at a time, only for the stored ones (host arrays take no scatter)."""
+def _write_host_blocks(host_k, host_v, blocks_k, blocks_v, ids, nb, layer=None):
+    """Tier-2 writes, one block (all heads; all layers for a stacked cache's blocks [L, B, H, n, Bk, d]) at a
+    time, only for the stored ones (host arrays take no scatter)."""
     B, n = ids.shape
 
     def body(e, hosts):
@@ -387,8 +455,8 @@ def _write_host_blocks(host_k, host_v, blocks_k, blocks_v, ids, nb):
 
         def write(h):
             hk, hv = h
-            return (tiers.write_block(hk, blocks_k[b, :, j], b, blk_id),
-                    tiers.write_block(hv, blocks_v[b, :, j], b, blk_id))
+            return (tiers.write_block(hk, blocks_k[..., b, :, j, :, :], b, blk_id, layer),
+                    tiers.write_block(hv, blocks_v[..., b, :, j, :, :], b, blk_id, layer))
 
         return jax.lax.cond(blk_id < nb, write, lambda h: h, hosts)
 

@@ -38,7 +38,7 @@ from certattn_jax.step import (
     overlay_residual,
 )
 
-__all__ = ["run", "exact_bound"]
+__all__ = ["run", "run_rung0", "exact_bound"]
 
 
 def _skipped_like(st: StageResult) -> StageResult:
@@ -104,7 +104,7 @@ def select_and_promote(ctx: StepContext, cache: TieredKVCache, policy: CertPolic
     if kp < K:  # the cache has more hot slots than this policy promotes
         cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - kp,), -1, cand.dtype)], -1)
     hot_ids, slot_of_cand, fetch_into = select.plan_residency(cache.hot_ids, cand)
-    hot_k, hot_v = select.fetch_blocks(cache.hot_k, cache.hot_v, cache.host_k, cache.host_v, fetch_into)
+    hot_k, hot_v = select.fetch_blocks(cache.hot_k, cache.hot_v, cache.host_k, cache.host_v, fetch_into, cache.layer)
     cache = cache.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=hot_ids)
     slot_rank = jnp.min(jnp.where(slot_of_cand[..., None, :] == jnp.arange(K)[:, None], jnp.arange(K), K), axis=-1)
     n_cand = jnp.sum(cand >= 0, axis=-1)
@@ -117,7 +117,7 @@ def _fetch_exact(ctx: StepContext, cache: TieredKVCache, ids: jax.Array) -> Exac
     """Exact keys+values of blocks ids [B, H, S] (-1 = none) fetched from tier 2 into temporaries."""
     shape = ids.shape + (cache.block_size, cache.head_dim)
     xk, xv = select.fetch_blocks(jnp.zeros(shape, cache.dtype), jnp.zeros(shape, cache.dtype),
-                                 cache.host_k, cache.host_v, ids)
+                                 cache.host_k, cache.host_v, ids, cache.layer)
     return exact_items(ctx, xk, xv, ids, ids >= 0)
 
 
@@ -154,8 +154,8 @@ def rung3_exact_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: 
 
         def compute(acc):
             out, ek, en = acc
-            k = tiers.read_head(cache.host_k, b, h).reshape(1, 1, S, d)
-            v = tiers.read_head(cache.host_v, b, h).reshape(1, 1, S, d)
+            k = tiers.read_head(cache.host_k, b, h, cache.layer).reshape(1, 1, S, d)
+            v = tiers.read_head(cache.host_v, b, h, cache.layer).reshape(1, 1, S, d)
             fl, ln = cache.flushed[b][None], cache.lengths[b][None]
             k = overlay_residual(k, cache.res_k[b, h][None, None], fl, ln)
             v = overlay_residual(v, cache.res_v[b, h][None, None], fl, ln)
@@ -185,6 +185,34 @@ def rung4_exact_layer(q: jax.Array, cache: TieredKVCache, ctx: StepContext):
     kmax = jnp.max(jnp.where(valid, jnp.abs(k.astype(jnp.float32)), 0.0), axis=2)  # [B, H, d]
     e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.key_scale, S)
     return out.reshape(B, H, G, d), e_key, e_num
+
+
+def run_rung0(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
+              ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
+    """The ladder's first rung alone (the fast path of a decode step): (out [B, Hq, d], Certificate, the cache
+    with its hot set updated, escalate [B] bool). Where escalate[b] is set, some head of sequence b fails rung 0
+    and its out / certificate are *not* valid: the caller must answer that step with `run` (the whole ladder).
+    Where it is clear, (out, certificate) equal what `run` returns (`run` stops at rung 0 for every head)."""
+    B, Hq, d = q.shape
+    with jax.named_scope("tier1_context"):
+        ctx = build_context(q, cache, policy)
+    with jax.named_scope("select_and_promote"):
+        sel = select_and_promote(ctx, cache, policy)
+    with jax.named_scope("rung0_certified"):
+        st0 = evaluate_stage(ctx, [sel.hot], q.dtype, policy)
+    ok0 = (st0.bound <= ctx.tolerance) & jnp.isfinite(st0.bound) & st0.ranking_ok & ~ctx.bad
+    escalate = ~jnp.all(ok0, axis=(1, 2))
+
+    def heads(x):
+        return x.reshape(B, Hq, *x.shape[3:])
+
+    # ok0 implies a finite bound within tolerance and a finite output, so no unprovable case remains here
+    bound = bounds.finite_or_inf((st0.e_key + st0.e_val + st0.e_num) * (1.0 + 2 * bounds.U))
+    cert = Certificate(error_bound=heads(bound), e_key=heads(st0.e_key), e_val=heads(st0.e_val),
+                       e_num=heads(st0.e_num), tolerance=heads(ctx.tolerance), k_star=heads(st0.k_star),
+                       rung=jnp.zeros((B, Hq), jnp.int32), ranking_ok=heads(st0.ranking_ok),
+                       certified=heads((bound <= ctx.tolerance) & jnp.isfinite(bound)))
+    return heads(st0.out), cert, sel.cache, escalate
 
 
 def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Array, Certificate, TieredKVCache]:

@@ -19,6 +19,8 @@ def _nbytes(x: jax.Array) -> int:
 def _tiered_layers(cache: Any) -> list[TieredKVCache]:
     if isinstance(cache, TieredKVCache):
         return [cache]
+    if isinstance(getattr(cache, "store", None), TieredKVCache):  # a model's stacked cache
+        return [cache.store]
     layers = getattr(cache, "layers", None)
     if layers and all(isinstance(c, TieredKVCache) for c in layers):
         return list(layers)
@@ -47,14 +49,15 @@ def memory_report(cache: Any) -> dict[str, Any]:
     for c in layers:
         for name in c.__dataclass_fields__:
             x = getattr(c, name)
-            if not isinstance(x, jax.Array):
+            if not isinstance(x, jax.Array) or name == "layer":
                 continue
             if name in _TIER2_FIELDS:
                 tier2 += _nbytes(x)
                 kind = getattr(x.sharding, "memory_kind", None)
             else:
                 breakdown[name] = breakdown.get(name, 0) + _nbytes(x)
-        dense += 2 * c.batch * c.num_kv_heads * c.capacity * c.head_dim * 2
+        n_layers = c.k_codes.shape[0] if c.stacked else 1
+        dense += 2 * n_layers * c.batch * c.num_kv_heads * c.capacity * c.head_dim * 2
     tier1 = sum(breakdown.values())
     return {"tier1_device_bytes": tier1, "tier2_host_bytes": tier2, "tier2_memory_kind": kind,
             "dense_bf16_bytes": dense, "tier1_fraction": tier1 / dense, "breakdown": breakdown}

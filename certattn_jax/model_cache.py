@@ -7,17 +7,20 @@
 
 `models.llama.init_cache`, `models.generate.generate` and the CLI all build caches through `cache_spec`.
 
-TieredModelCache: a whole model's tiered KV cache (one TieredKVCache per layer) behind the KVCache
-interface, so the LLaMA and the decode loop run with `dense | naive | certified` caches alike.
+TieredModelCache: a whole model's tiered KV cache behind the KVCache interface, so the LLaMA and the decode
+loop run with `dense | naive | certified` caches alike. It holds one *stacked* TieredKVCache (a leading layer
+axis on every array) so that a loop over layers (`lax.fori_loop`, a traced layer index) can address it: the
+certified decode step's rarely-taken rungs are compiled once, in such a loop, instead of once per layer
+(`models.llama`, docs/performance.md).
 
 Decode steps (one new token) use the cache mode's attention -- certified (with a Certificate per layer,
 kept in `last_certificate` and returned by `step_record()`) or naive. Prefill chunks (several tokens) attend
 exactly over the originals (tier 2 + residual) in every mode: certificates are about decoding. That path reads
 all of tier 2 back per chunk; `generate` avoids it by prefilling a dense staging cache with the dense path's
 attention and converting it once (`TieredModelCache.from_dense`: tier 1 quantized in one pass, the originals
-copied to the host in one contiguous copy per layer and array). The new
+copied to the host in one contiguous copy per array). The new
 token goes into each layer's exact residual block without flushing; `with_lengths` (called once per step,
-after the last layer) flushes every layer's full residual block under a single lax.cond.
+after the last layer) flushes every layer's full residual block at once, under a single lax.cond.
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from certattn_jax.attention import certified_attention_step, exact_keys_values, naive_attention
+from certattn_jax import tiers
+from certattn_jax.attention import (
+    certified_attention_rung0,
+    certified_attention_step,
+    exact_keys_values,
+    naive_attention,
+)
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate, empty_like_heads
 from certattn_jax.dense_cache import DenseKVCache
@@ -40,57 +49,90 @@ from certattn_jax.policy import CertPolicy
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
+SCHEDULES = ("two-pass", "looped", "unrolled")  # TieredModelCache.schedule
+
+
+# the per-layer fields of a TieredKVCache that live on the device (a layer view slices them; tier 2 is never sliced)
+_DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
+                       if f.metadata.get("pytree_node", True) and f.name not in ("host_k", "host_v", "layer"))
 
 
 @struct.dataclass
 class TieredModelCache:
-    layers: tuple[TieredKVCache, ...]
+    """A whole model's tiered cache: one *stacked* TieredKVCache (every array with a leading layer axis L).
+
+    store:            the stacked TieredKVCache (tier 2 [L, B, H, nb, Bk, d] in pinned host memory)
+    lengths:          [B] valid tokens (the model's; every layer holds the same)
+    last_certificate: Certificate with [L, B, Hq] leaves, the last decode step's
+    escalate:         [B] bool, set during a decode step's fast pass (`decode_fast_path`) when some head of that
+                      sequence needs a rung above 0 (the step must then be answered by the whole ladder)
+    policy:           CertPolicy (tolerances are leaves: changing them does not recompile)
+    mode:             "certified" | "naive" (static)
+    fast:             static; True while a decode step runs its fast pass (rung 0 only, see `models.llama`)
+    schedule:         static; how a certified decode step runs the layers (`models.llama`, docs/performance.md):
+                      "two-pass" (default) every layer unrolled at rung 0, then, only if some head needs more, the
+                      step again with the whole ladder in a loop over layers (compiled once);
+                      "looped" both passes in a loop over layers (one layer body compiled; each layer's weights
+                      copied out of a `lax.switch` every step: for short runs where compiling dominates, e.g. CPU);
+                      "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile)
+
+    `attend(layer, ...)` accepts a Python int or a traced layer index (a loop over layers): it works on a *layer
+    view* (`layer_view`) and writes back only the fields the step changed (`with_layer`).
+    """
+
+    store: TieredKVCache
     lengths: jax.Array
     last_certificate: Certificate  # leaves [L, B, Hq]
+    escalate: jax.Array
     policy: CertPolicy  # tolerances are leaves: changing them does not recompile the decode loop
     mode: str = struct.field(pytree_node=False, default="certified")
+    fast: bool = struct.field(pytree_node=False, default=False)
+    schedule: str = struct.field(pytree_node=False, default="two-pass")
 
     @classmethod
     def init(cls, *, num_layers: int, batch: int, capacity: int, num_kv_heads: int, num_q_heads: int,
              head_dim: int, dtype: Any = jnp.bfloat16, policy: CertPolicy | None = None,
-             mode: str = "certified") -> TieredModelCache:
+             mode: str = "certified", schedule: str = "two-pass") -> TieredModelCache:
         if mode not in MODES:
             raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
         if num_q_heads % num_kv_heads:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        if num_layers <= 0:
+            raise ValueError(f"num_layers must be positive, got {num_layers}")
         policy = policy or CertPolicy()
-        layers = tuple(TieredKVCache.init(batch=batch, capacity=capacity, num_kv_heads=num_kv_heads,
-                                          head_dim=head_dim, dtype=dtype, policy=policy)
-                       for _ in range(num_layers))
-        cert = jax.tree.map(lambda x: jnp.zeros((num_layers,) + x.shape, x.dtype),
-                            empty_like_heads(batch, num_q_heads))
-        return commit_arrays(cls(layers=layers, lengths=jnp.zeros((batch,), jnp.int32), last_certificate=cert,
-                                 policy=policy, mode=mode))
+        store = TieredKVCache.init(batch=batch, capacity=capacity, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                   dtype=dtype, policy=policy, layers=num_layers)
+        return cls._wrap(store, jnp.zeros((batch,), jnp.int32), num_q_heads, policy, mode, schedule)
+
+    @classmethod
+    def _wrap(cls, store: TieredKVCache, lengths: jax.Array, num_q_heads: int, policy: CertPolicy,
+              mode: str, schedule: str = "two-pass") -> TieredModelCache:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown layer schedule {schedule!r}; choose from {SCHEDULES}")
+        L, B = store.k_codes.shape[0], store.batch
+        cert = jax.tree.map(lambda x: jnp.zeros((L,) + x.shape, x.dtype), empty_like_heads(B, num_q_heads))
+        return commit_arrays(cls(store=store, lengths=lengths, last_certificate=cert,
+                                 escalate=jnp.zeros((B,), bool), policy=policy, mode=mode, schedule=schedule))
 
     @classmethod
     def from_dense(cls, dense: DenseKVCache, *, num_q_heads: int, policy: CertPolicy | None = None,
-                   mode: str = "certified") -> TieredModelCache:
-        """Convert a (prefilled) dense cache, every layer at once: tier 1 quantized in one batched pass per
-        layer, the originals moved to tier 2 in one contiguous copy per layer and array, nothing read back.
-        The dense cache's capacity must be a multiple of the policy's block size. Works eagerly and in jit."""
+                   mode: str = "certified", schedule: str = "two-pass") -> TieredModelCache:
+        """Convert a (prefilled) dense cache, every layer at once: tier 1 quantized in one batched pass, the
+        originals moved to tier 2 in one contiguous copy per array, nothing read back. The dense cache's capacity
+        must be a multiple of the policy's block size. Works eagerly and in jit."""
         if mode not in MODES:
             raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
         policy = policy or CertPolicy()
         if num_q_heads % dense.k[0].shape[1]:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
-        layers = tuple(TieredKVCache.from_head_major(k, v, dense.lengths, policy)
-                       for k, v in zip(dense.k, dense.v, strict=True))
-        L, B = len(layers), dense.batch
-        cert = jax.tree.map(lambda x: jnp.zeros((L,) + x.shape, x.dtype), empty_like_heads(B, num_q_heads))
-        return commit_arrays(cls(layers=layers, lengths=dense.lengths, last_certificate=cert, policy=policy,
-                                 mode=mode))
+        store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths, policy)
+        return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule)
 
     @classmethod
     def from_layers(cls, layers: Sequence[TieredKVCache], *, num_q_heads: int, policy: CertPolicy | None = None,
                     mode: str = "certified") -> TieredModelCache:
         """A model cache from per-layer caches (e.g. `TieredKVCache.from_dense` of existing K/V), which must agree
-        in shape and lengths. Every layer must own its buffers (a donated jit argument may not hold one buffer
-        twice); the model's `lengths` is a fresh copy for the same reason."""
+        in shape and lengths. Their arrays are copied into the stacked form (tier 2 stays in host memory)."""
         if mode not in MODES:
             raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
         layers = tuple(layers)
@@ -101,59 +143,110 @@ class TieredModelCache:
         shape = (first.batch, first.num_kv_heads, first.num_blocks, first.head_dim, first.dtype)
         for i, c in enumerate(layers):
             c.check_policy(policy)
+            if c.layer is not None or c.stacked:
+                raise ValueError(f"layer {i} is a view of a model cache; pass single-layer caches")
             mine = (c.batch, c.num_kv_heads, c.num_blocks, c.head_dim, c.dtype)
             if mine != shape:
                 raise ValueError(f"layer {i} has (batch, kv heads, blocks, head_dim, dtype) {mine}, layer 0 {shape}")
             if is_concrete(c.lengths) and is_concrete(first.lengths) and not bool(jnp.all(c.lengths == first.lengths)):
                 raise ValueError(f"layer {i} holds lengths {c.lengths.tolist()}, layer 0 {first.lengths.tolist()}")
-        ids = [id(x) for x in jax.tree.leaves(layers)]
-        if len(set(ids)) != len(ids):
-            raise ValueError("two layers share a buffer; build each layer's cache separately")
+            if is_concrete(c.flushed) and is_concrete(first.flushed) and not bool(jnp.all(c.flushed == first.flushed)):
+                raise ValueError(f"layer {i} has flushed {c.flushed.tolist()}, layer 0 {first.flushed.tolist()}")
         if num_q_heads % first.num_kv_heads:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {first.num_kv_heads}")
-        cert = jax.tree.map(lambda x: jnp.zeros((len(layers),) + x.shape, x.dtype),
-                            empty_like_heads(first.batch, num_q_heads))
-        return commit_arrays(cls(layers=layers, lengths=jnp.array(first.lengths, copy=True), last_certificate=cert,
-                                 policy=policy, mode=mode))
+        store = _stack_layers(layers)
+        return cls._wrap(store, jnp.array(first.lengths, copy=True), num_q_heads, policy, mode)
 
     @property
     def capacity(self) -> int:
-        return self.layers[0].capacity
+        return self.store.capacity
 
     @property
     def num_layers(self) -> int:
-        return len(self.layers)
+        return self.store.k_codes.shape[0]
 
-    def attend(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array,
+    @property
+    def layers(self) -> tuple[TieredKVCache, ...]:
+        """Every layer's view (see `layer_view`)."""
+        return tuple(self.layer_view(i) for i in range(self.num_layers))
+
+    def layer_view(self, layer: int | jax.Array) -> TieredKVCache:
+        """Layer `layer`'s cache: its device arrays (sliced), the whole stacked tier 2 and the layer index (tier-2
+        transfers slice the layer themselves). A full TieredKVCache: read it, attend with it, write it back with
+        `with_layer`."""
+        s = self.store
+        return s.replace(**{f: getattr(s, f)[layer] for f in _DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32))
+
+    def with_layer(self, layer: int | jax.Array, view: TieredKVCache,
+                   base: TieredKVCache | None = None) -> TieredModelCache:
+        """This cache with layer `layer` replaced by `view`; with `base` (the view it was derived from), fields the
+        caller did not change are not written back (so a decode step writes its residual token, running range and
+        hot set, never the layer's tier 1)."""
+        s = self.store
+        updates = {f: getattr(s, f).at[layer].set(getattr(view, f)) for f in _DEVICE_FIELDS
+                   if base is None or getattr(view, f) is not getattr(base, f)}
+        return self.replace(store=s.replace(**updates, host_k=view.host_k, host_v=view.host_v))
+
+    def attend(self, layer: int | jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
                new_lengths: jax.Array) -> tuple[jax.Array, TieredModelCache]:
         check_capacity(self.lengths, new_lengths, self.capacity)
-        c = self.layers[layer]
+        base = self.layer_view(layer)
         T = q.shape[1]
-        cert = self.last_certificate
+        cert, escalate = self.last_certificate, self.escalate
         if T == 1:
-            c = c.write_token(k, v)
+            c = base.write_token(k, v)
             if self.mode == "certified":
-                out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)
+                if self.fast:
+                    out, step_cert, c, esc = certified_attention_rung0(q[:, 0], c, self.policy)
+                    escalate = escalate | esc
+                else:
+                    out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)
                 cert = jax.tree.map(lambda buf, x: buf.at[layer].set(x), cert, step_cert)
             else:
                 out = naive_attention(q[:, 0], c)
             out = out[:, None]
         else:
-            c = c.append(k, v, new_lengths - self.lengths)
+            c = base.append(k, v, new_lengths - self.lengths)
             k_all, v_all = exact_keys_values(c)
             q_pos = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
             out = masked_attention(q, k_all, v_all, q_pos, new_lengths)
-        layers = self.layers[:layer] + (c,) + self.layers[layer + 1:]
-        return out, self.replace(layers=layers, last_certificate=cert)
+        new = self.with_layer(layer, c, base)
+        return out, new.replace(last_certificate=cert, escalate=escalate)
 
     def with_lengths(self, new_lengths: jax.Array) -> TieredModelCache:
-        full = self.layers[0].needs_flush()
-        layers = jax.lax.cond(jnp.any(full), lambda ls: tuple(c.flush_unconditionally(full) for c in ls),
-                              lambda ls: ls, self.layers)
-        return self.replace(layers=layers, lengths=new_lengths.astype(jnp.int32))
+        """After the last layer: flush every layer's full residual block at once (one batched quantization under
+        one lax.cond) and record the new lengths."""
+        full = jnp.any(self.store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens
+        store = jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, self.store)
+        return self.replace(store=store, lengths=new_lengths.astype(jnp.int32))
 
     def step_record(self) -> Certificate | dict:
         return self.last_certificate if self.mode == "certified" else {}
+
+    # ------------------------------------------------------------------ the two-pass decode step (models.llama)
+    def decode_fast_path(self) -> TieredModelCache | None:
+        """The cache for a decode step's fast pass (every layer answers at rung 0 and records in `escalate` the
+        sequences where some head needs more), or None when this mode has no slower path (naive)."""
+        if self.mode != "certified" or self.schedule == "unrolled":
+            return None
+        return self.replace(fast=True, escalate=jnp.zeros_like(self.escalate))
+
+    def needs_slow_path(self) -> jax.Array:
+        """Scalar bool, after a fast pass: some head of some layer needs a rung above 0."""
+        return jnp.any(self.escalate)
+
+    def fast_path_done(self) -> TieredModelCache:
+        """The fast pass's result as an ordinary cache (same pytree structure as the input of the step)."""
+        return self.replace(fast=False, escalate=jnp.zeros_like(self.escalate))
+
+
+def _stack_layers(layers: Sequence[TieredKVCache]) -> TieredKVCache:
+    """Stack single-layer caches into the stacked form (tier 2 stacked on the device, then moved back in one copy)."""
+    first = layers[0]
+    arrays = {f: jnp.stack([getattr(c, f) for c in layers]) for f in _DEVICE_FIELDS}
+    host = {f: tiers.to_host(jnp.stack([tiers.to_device(getattr(c, f)) for c in layers]))
+            for f in ("host_k", "host_v")}
+    return first.replace(**arrays, **host)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,12 +261,15 @@ class CacheSpec:
     head_dim: int
     dtype: Any
     policy: CertPolicy | None = None
+    schedule: str = "two-pass"  # TieredModelCache.schedule
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_MODES:
             raise ValueError(f"unknown cache mode {self.mode!r}; choose from {CACHE_MODES}")
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads {self.num_q_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown layer schedule {self.schedule!r}; choose from {SCHEDULES}")
 
     @property
     def tiered(self) -> bool:
@@ -194,7 +290,8 @@ class CacheSpec:
             return self.staging(batch, capacity)
         return TieredModelCache.init(num_layers=self.num_layers, batch=batch, capacity=capacity,
                                      num_kv_heads=self.num_kv_heads, num_q_heads=self.num_q_heads,
-                                     head_dim=self.head_dim, dtype=self.dtype, policy=self.policy, mode=self.mode)
+                                     head_dim=self.head_dim, dtype=self.dtype, policy=self.policy, mode=self.mode,
+                                     schedule=self.schedule)
 
     def staging(self, batch: int, capacity: int) -> DenseKVCache:
         """A dense cache to prefill into (for the dense mode: the cache itself)."""
@@ -206,18 +303,24 @@ class CacheSpec:
         `dense` afterwards to free its device memory)."""
         if not self.tiered:
             return dense
-        return _convert(dense, self._policy(), num_q_heads=self.num_q_heads, mode=self.mode)
+        return _convert(dense, self._policy(), num_q_heads=self.num_q_heads, mode=self.mode,
+                        schedule=self.schedule)
 
 
-@functools.partial(jax.jit, static_argnames=("num_q_heads", "mode"))
-def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str) -> TieredModelCache:
-    return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode)
+@functools.partial(jax.jit, static_argnames=("num_q_heads", "mode", "schedule"))
+def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
+             schedule: str) -> TieredModelCache:
+    return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode,
+                                       schedule=schedule)
 
 
-def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = None) -> CacheSpec:
-    """The cache of a LLaMA-like `config` (num_layers, num_heads, num_kv_heads, head_dim) in `mode`."""
+def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = None,
+               schedule: str = "two-pass") -> CacheSpec:
+    """The cache of a LLaMA-like `config` (num_layers, num_heads, num_kv_heads, head_dim) in `mode`;
+    `schedule` see TieredModelCache."""
     return CacheSpec(mode=mode, num_layers=config.num_layers, num_q_heads=config.num_heads,
-                     num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, dtype=jnp.dtype(dtype), policy=policy)
+                     num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, dtype=jnp.dtype(dtype), policy=policy,
+                     schedule=schedule)
 
 
 def init_model_cache(mode: str, config: Any, dtype: Any, batch: int, capacity: int,

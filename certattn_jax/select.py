@@ -69,10 +69,11 @@ def plan_residency(hot_ids: jax.Array, wanted: jax.Array) -> tuple[jax.Array, ja
 
 
 def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: jax.Array,
-                 fetch_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+                 fetch_ids: jax.Array, layer: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Copy tier-2 blocks into device slots: dst[b, h, s] = host[b, h, fetch_ids[b, h, s]] where the id >= 0.
 
-    dst_k/dst_v [B, H, S, Bk, d] (device), host_k/host_v [B, H, nb, Bk, d] (tier 2), fetch_ids [B, H, S].
+    dst_k/dst_v [B, H, S, Bk, d] (device), host_k/host_v [B, H, nb, Bk, d] (tier 2; a model's stacked
+    [L, B, H, nb, Bk, d] with `layer`), fetch_ids [B, H, S].
     One lax.cond around the whole copy: the common case (nothing to fetch) costs one predicate.
     """
     B, H, S = fetch_ids.shape
@@ -84,8 +85,8 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
 
             def copy(a):
                 ak, av = a
-                nk = tiers.read_block(host_k, b, h, blk).astype(ak.dtype)
-                nv = tiers.read_block(host_v, b, h, blk).astype(av.dtype)
+                nk = tiers.read_block(host_k, b, h, blk, layer).astype(ak.dtype)
+                nv = tiers.read_block(host_v, b, h, blk, layer).astype(av.dtype)
                 return (jax.lax.dynamic_update_slice(ak, nk[None, None, None], (b, h, s, 0, 0)),
                         jax.lax.dynamic_update_slice(av, nv[None, None, None], (b, h, s, 0, 0)))
 

@@ -286,9 +286,9 @@ def exact_keys_values(cache: TieredKVCache) -> tuple[jax.Array, jax.Array]:
     """The originals, [B, H, capacity, d] each: tier 2 (moved to the device) with the residual overlaid."""
     from certattn_jax import tiers
 
-    B, H, nb, Bk, d = cache.host_k.shape
-    k = tiers.read_all(cache.host_k).reshape(B, H, nb * Bk, d)
-    v = tiers.read_all(cache.host_v).reshape(B, H, nb * Bk, d)
+    B, H, nb, Bk, d = cache.host_k.shape[-5:]
+    k = tiers.read_all(cache.host_k, cache.layer).reshape(B, H, nb * Bk, d)
+    v = tiers.read_all(cache.host_v, cache.layer).reshape(B, H, nb * Bk, d)
     return (overlay_residual(k, cache.res_k, cache.flushed, cache.lengths),
             overlay_residual(v, cache.res_v, cache.flushed, cache.lengths))
 

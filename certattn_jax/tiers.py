@@ -37,27 +37,45 @@ def to_device(x: jax.Array) -> jax.Array:
     return jax.device_put(x, jax.memory.Space.Device)
 
 
-def read_block(host: jax.Array, b: jax.Array, h: jax.Array, block: jax.Array) -> jax.Array:
-    """host [B, H, nb, Bk, d] -> device [Bk, d] (block `block` of head h of sequence b)."""
-    _, _, _, Bk, d = host.shape
-    blk = jax.lax.dynamic_slice(host, (b, h, block, 0, 0), (1, 1, 1, Bk, d))
-    return to_device(blk)[0, 0, 0]
+def _start(host: jax.Array, layer, *index) -> tuple:
+    """The start index into host [B, H, ...] or, for a model's stacked tier 2 [L, B, H, ...], at `layer`."""
+    lead = () if host.ndim == 5 else (layer,)
+    if host.ndim == 6 and layer is None:
+        raise ValueError("a stacked tier 2 [L, B, H, nb, Bk, d] needs a layer index")
+    return lead + tuple(index) + (0,) * (5 - len(index))
 
 
-def read_head(host: jax.Array, b: jax.Array, h: jax.Array) -> jax.Array:
-    """host [B, H, nb, Bk, d] -> device [nb, Bk, d] (one whole head: contiguous)."""
-    _, _, nb, Bk, d = host.shape
-    return to_device(jax.lax.dynamic_slice(host, (b, h, 0, 0, 0), (1, 1, nb, Bk, d)))[0, 0]
+def read_block(host: jax.Array, b: jax.Array, h: jax.Array, block: jax.Array, layer=None) -> jax.Array:
+    """host [B, H, nb, Bk, d] (or [L, ...] with `layer`) -> device [Bk, d]: block `block` of head h of sequence b."""
+    Bk, d = host.shape[-2:]
+    lead = (1,) * (host.ndim - 5)
+    blk = jax.lax.dynamic_slice(host, _start(host, layer, b, h, block), lead + (1, 1, 1, Bk, d))
+    return to_device(blk).reshape(Bk, d)
 
 
-def read_all(host: jax.Array) -> jax.Array:
-    return to_device(host)
+def read_head(host: jax.Array, b: jax.Array, h: jax.Array, layer=None) -> jax.Array:
+    """host [B, H, nb, Bk, d] (or [L, ...] with `layer`) -> device [nb, Bk, d] (one whole head: contiguous)."""
+    nb, Bk, d = host.shape[-3:]
+    lead = (1,) * (host.ndim - 5)
+    return to_device(jax.lax.dynamic_slice(host, _start(host, layer, b, h), lead + (1, 1, nb, Bk, d))).reshape(
+        nb, Bk, d)
 
 
-def write_block(host: jax.Array, blk: jax.Array, b: jax.Array, block: jax.Array) -> jax.Array:
-    """Write one block of all heads, blk [H, Bk, d], at host[b, :, block]."""
-    upd = to_host(blk[None, :, None].astype(host.dtype))
-    return jax.lax.dynamic_update_slice(host, upd, (b, 0, block, 0, 0))
+def read_all(host: jax.Array, layer=None) -> jax.Array:
+    """All of one layer's tier 2 on the device, [B, H, nb, Bk, d] (host [B, H, ...], or [L, ...] at `layer`)."""
+    if host.ndim == 5:
+        return to_device(host)
+    return to_device(jax.lax.dynamic_slice(host, _start(host, layer), (1,) + host.shape[1:]))[0]
+
+
+def write_block(host: jax.Array, blk: jax.Array, b: jax.Array, block: jax.Array, layer=None) -> jax.Array:
+    """Write one block of all heads, blk [H, Bk, d], at host[b, :, block] (host[layer, b, :, block] when stacked;
+    blk [L, H, Bk, d] with layer=None writes that block of every layer at once)."""
+    if host.ndim == 6 and layer is None:  # every layer
+        upd = to_host(blk[:, None, :, None].astype(host.dtype))
+        return jax.lax.dynamic_update_slice(host, upd, (0, b, 0, block, 0, 0))
+    upd = to_host(blk.reshape((1,) * (host.ndim - 5) + (1, blk.shape[0], 1) + blk.shape[1:]).astype(host.dtype))
+    return jax.lax.dynamic_update_slice(host, upd, _start(host, layer, b, 0, block))
 
 
 def zeros_on_host(shape: tuple[int, ...], dtype) -> jax.Array:

@@ -15,9 +15,12 @@ Parameter layout (weights stored [in, out] so that y = x @ W):
 math with fewer, larger matrix-vector products (measured on an H200: 1.3 ms less per LLaMA-8B decode step,
 docs/results.md). `forward` accepts either form.
 
-Layers are a Python list (unrolled in the trace) rather than stacked arrays: inside the jitted decode
-loop each layer's cache and weights are then separate buffers, updated in place; a scan over stacked
-layers would copy the cache slice of every layer on every step.
+Layers are a Python list (unrolled in the trace) rather than stacked arrays: each layer's weights are then
+separate buffers that the GEMMs read in place (a loop over stacked weights copies each layer's slice before its
+GEMM: 2.5x slower per step for the 8B shape on the H200, results/probe_layer_loop_h200.json). A certified
+decode step runs in two passes: every layer unrolled at rung 0 (`decode_fast_path`), and only when some head
+needs a higher rung, the step again with the whole ladder in a `lax.fori_loop` over layers (`_layers_looped`),
+so the rarely-taken rungs are compiled once instead of once per layer.
 """
 
 from __future__ import annotations
@@ -124,22 +127,65 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     cos, sin = rope_cos_sin(config, positions)
 
     x = params["embed"][tokens]
-    Hq, Hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
-    for i, layer in enumerate(params["layers"]):
-        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(layer, h, config)
-        q = apply_rope(q.reshape(B, T, Hq, d), cos, sin)
-        k = apply_rope(k.reshape(B, T, Hkv, d), cos, sin)
-        v = v.reshape(B, T, Hkv, d)
-        attn, cache = cache.attend(i, q, k, v, new_lengths)
-        x = x + _dot(attn.reshape(B, T, Hq * d), layer["wo"])
-        h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + _mlp(layer, h)
+    fast = cache.decode_fast_path() if T == 1 and hasattr(cache, "decode_fast_path") else None
+    if fast is None:
+        x, cache = _layers_unrolled(params, config, x, cache, cos, sin, new_lengths)
+    else:
+        # Two passes (docs/performance.md, "compile time"): every layer at rung 0, unrolled (cheap to compile);
+        # only if some head of some layer needs a higher rung, the step again from its start with the whole
+        # ladder, in a loop over layers, so the ladder is compiled once rather than once per layer.
+        first_pass = _layers_looped if getattr(fast, "schedule", "") == "looped" else _layers_unrolled
+        x_fast, c_fast = first_pass(params, config, x, fast, cos, sin, new_lengths)
+        x, cache = jax.lax.cond(
+            c_fast.needs_slow_path(),
+            lambda: _layers_looped(params, config, x, cache, cos, sin, new_lengths),
+            lambda: (x_fast, c_fast.fast_path_done()))
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     # Never return a silent wrong answer: a sequence that overflowed the cache gets NaN outputs.
     bad = overflow_mask(new_lengths, cache.capacity)
     x = jnp.where(bad[:, None, None], jnp.nan, x)
     return x, cache.with_lengths(new_lengths)
+
+
+def _layer(layer: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, i: int | jax.Array,
+           cos: jax.Array, sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
+    """One transformer layer on x [B, T, D]; `i` (a Python int, or traced inside a loop over layers) picks the
+    layer's cache."""
+    B, T, _ = x.shape
+    Hq, Hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+    q, k, v = _qkv(layer, h, config)
+    q = apply_rope(q.reshape(B, T, Hq, d), cos, sin)
+    k = apply_rope(k.reshape(B, T, Hkv, d), cos, sin)
+    v = v.reshape(B, T, Hkv, d)
+    attn, cache = cache.attend(i, q, k, v, new_lengths)
+    x = x + _dot(attn.reshape(B, T, Hq * d), layer["wo"])
+    h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
+    return x + _mlp(layer, h), cache
+
+
+def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
+                     sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Every layer in a Python loop: each layer's weights and cache are separate buffers, read in place."""
+    for i, layer in enumerate(params["layers"]):
+        x, cache = _layer(layer, config, x, cache, i, cos, sin, new_lengths)
+    return x, cache
+
+
+def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
+                   sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Every layer in a `lax.fori_loop`: the layer body (and the cache's attention in it) is compiled once. The
+    cache must accept a traced layer index (TieredModelCache). Layer i's weights come out of a `lax.switch`,
+    i.e. as a copy: one extra pass over the weights per step, paid only on the slow path (a loop over stacked
+    weights costs 2.5x per step on the H200 for the 8B shape, results/probe_layer_loop_h200.json)."""
+    layers = list(params["layers"])
+
+    def body(i, carry):
+        x, cache = carry
+        layer = jax.lax.switch(i, [lambda w=w: w for w in layers])
+        return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
+
+    return jax.lax.fori_loop(0, len(layers), body, (x, cache))
 
 
 def logits_from_hidden(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax.Array:

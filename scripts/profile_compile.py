@@ -44,7 +44,8 @@ def timed_compile(fn, *args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--modes", nargs="+", default=["dense", "naive", "certified"])
+    ap.add_argument("--modes", nargs="+",
+                    default=["dense", "naive", "certified", "certified_looped", "certified_unrolled"])
     ap.add_argument("--capacity", type=int, default=256)
     ap.add_argument("--attention", action="store_true", help="also compile one layer's attention alone")
     ap.add_argument("--out", default=None)
@@ -53,10 +54,11 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from certattn_jax.attention import build_context, certified_attention_step, evaluate_stage, naive_attention
+    from certattn_jax.attention import certified_attention_step, naive_attention
     from certattn_jax.cache import TieredKVCache
     from certattn_jax.model_cache import cache_spec
     from certattn_jax.policy import CertPolicy
+    from certattn_jax.step import build_context, evaluate_stage, exact_items
     from models import llama
     from models.config import LlamaConfig
 
@@ -68,9 +70,12 @@ def main(argv=None) -> int:
         params = llama.init_params(cfg, jax.random.key(0), jnp.float32)
         tok = jnp.zeros((1, 1), jnp.int32)
         for mode in args.modes:
-            cache = cache_spec(mode, cfg, jnp.float32, policy)(1, args.capacity)
+            # certified_<schedule>: TieredModelCache.schedule ("certified" = the default, two-pass)
+            base, _, schedule = mode.partition("_")
+            cache = cache_spec(base, cfg, jnp.float32, policy, schedule=schedule or "two-pass")(1, args.capacity)
             step = jax.jit(lambda p, t, c, cfg=cfg: llama.forward(p, cfg, t, c), donate_argnums=(2,))
-            row = {"what": "decode_step", "mode": mode, "layers": L, **timed_compile(step, params, tok, cache)}
+            stats = timed_compile(step, params, tok, cache)
+            row = {"what": "decode_step", "mode": mode, "layers": L, **stats}
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.attention:
@@ -81,7 +86,6 @@ def main(argv=None) -> int:
         def rung0(q, c):
             ctx = build_context(q, c, policy)
             ids = jnp.zeros(c.hot_ids.shape, jnp.int32)
-            from certattn_jax.attention import exact_items
 
             hot = exact_items(ctx, c.hot_k, c.hot_v, ids, ids >= 0)
             return evaluate_stage(ctx, [hot], q.dtype, policy).out

@@ -77,18 +77,32 @@ class EvalCache:
         if q.shape[1] != 1 or self.variant == "tiered":
             out, inner = self.inner.attend(layer, q, k, v, new_lengths)
         else:
-            c = self.inner.layers[layer].write_token(k, v)
+            base = self.inner.layer_view(layer)
+            c = base.write_token(k, v)
             out = _mixed_attention(q[:, 0], c, exact_values=self.variant == "exact-values")[:, None]
-            inner = self.inner.replace(layers=self.inner.layers[:layer] + (c,) + self.inner.layers[layer + 1:])
+            inner = self.inner.with_layer(layer, c, base)
         new = self.replace(inner=inner)
         if self.audit and q.shape[1] == 1:
-            c = inner.layers[layer]
+            c = inner.layer_view(layer)
             kk, vv = exact_keys_values(c)
             ref = dense_attention_f32(q[:, 0], kk, vv, c.lengths)  # [B, Hq, d] float32
             err = jnp.sqrt(jnp.sum(jnp.square(out[:, 0].astype(jnp.float32) - ref), axis=-1))
             new = new.replace(true_error=self.true_error.at[layer].set(err),
                               exact_norm=self.exact_norm.at[layer].set(jnp.sqrt(jnp.sum(ref * ref, axis=-1))))
         return out, new
+
+    def decode_fast_path(self) -> EvalCache | None:
+        """The inner cache's two-pass decode step (models.llama), where it has one (the tiered variant)."""
+        if self.variant != "tiered":
+            return None
+        fast = self.inner.decode_fast_path()
+        return None if fast is None else self.replace(inner=fast)
+
+    def needs_slow_path(self) -> jax.Array:
+        return self.inner.needs_slow_path()
+
+    def fast_path_done(self) -> EvalCache:
+        return self.replace(inner=self.inner.fast_path_done())
 
     def with_lengths(self, new_lengths: jax.Array) -> EvalCache:
         return self.replace(inner=self.inner.with_lengths(new_lengths))
