@@ -74,27 +74,29 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
 
     dst_k/dst_v [B, H, S, Bk, d] (device), host_k/host_v [B, H, nb, Bk, d] (tier 2; a model's stacked
     [L, B, H, nb, Bk, d] with `layer`), fetch_ids [B, H, S].
-    One lax.cond around the whole copy: the common case (nothing to fetch) costs one predicate.
+    One lax.cond around the whole copy (the common case, nothing to fetch, costs one predicate), and inside it a
+    loop over the wanted blocks only (compacted first: its trip count is the number of fetches, not B*H*S, and
+    it carries no per-iteration branch). Each iteration reads one block of keys and one of values from tier 2.
     """
     B, H, S = fetch_ids.shape
+    flat = fetch_ids.reshape(-1)
+    order = jnp.argsort(flat < 0, stable=True)  # the wanted entries first, in slot order
+    count = jnp.sum(flat >= 0)
 
     def copy_all(dst):
-        def body(e, acc):
+        def body(j, acc):
+            e = order[j]
             b, h, s = e // (H * S), (e // S) % H, e % S
-            blk = fetch_ids[b, h, s]
+            blk = flat[e]
+            ak, av = acc
+            nk = tiers.read_block(host_k, b, h, blk, layer).astype(ak.dtype)
+            nv = tiers.read_block(host_v, b, h, blk, layer).astype(av.dtype)
+            return (jax.lax.dynamic_update_slice(ak, nk[None, None, None], (b, h, s, 0, 0)),
+                    jax.lax.dynamic_update_slice(av, nv[None, None, None], (b, h, s, 0, 0)))
 
-            def copy(a):
-                ak, av = a
-                nk = tiers.read_block(host_k, b, h, blk, layer).astype(ak.dtype)
-                nv = tiers.read_block(host_v, b, h, blk, layer).astype(av.dtype)
-                return (jax.lax.dynamic_update_slice(ak, nk[None, None, None], (b, h, s, 0, 0)),
-                        jax.lax.dynamic_update_slice(av, nv[None, None, None], (b, h, s, 0, 0)))
+        return jax.lax.fori_loop(0, count, body, dst)
 
-            return jax.lax.cond(blk >= 0, copy, lambda a: a, acc)
-
-        return jax.lax.fori_loop(0, B * H * S, body, dst)
-
-    return jax.lax.cond(jnp.any(fetch_ids >= 0), copy_all, lambda d: d, (dst_k, dst_v))
+    return jax.lax.cond(count > 0, copy_all, lambda d: d, (dst_k, dst_v))
 
 
 def ranking_consistent(approx_lm: jax.Array, exact_lm: jax.Array, active: jax.Array, tail_upper: jax.Array,

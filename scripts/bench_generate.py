@@ -33,6 +33,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import subprocess
@@ -47,6 +48,8 @@ GRID = {"smollm2": (1024, 4096), "llama3.1-8b": (8192, 32768)}
 CPU_GRID = {"smollm2": (256, 1024)}  # --cpu-smollm2: the SmolLM2 shapes at prompts a 2-core CPU can prefill
 TINY_GRID = {"tiny": (100, 300)}
 CACHES = ("dense", "naive", "certified")
+# certified with another layer schedule (TieredModelCache.schedule; "certified" is the default, two-pass)
+VARIANTS = ("certified_looped", "certified_unrolled")
 _NO_LAUNCH = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
               "replica-id", "opt-barrier"}
 
@@ -126,11 +129,12 @@ def _model_config(name: str):
 
 
 def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int,
-            prefill_only: bool = False) -> dict:
+            prefill_only: bool = False, k_max: int | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from certattn_jax.model_cache import cache_spec
     from certattn_jax.policy import CertPolicy
     from models import generate as gen
     from models import llama
@@ -138,33 +142,45 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     cfg = _model_config(model)
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     policy = CertPolicy(block_size=16, group_size=16) if model == "tiny" else CertPolicy()
+    if k_max is not None:
+        policy = dataclasses.replace(policy, k_max=k_max)
     params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
-    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=prefill_chunk, cache_factory=cache, policy=policy)
+    mode, _, schedule = cache.partition("_")
+    factory = cache_spec(mode, cfg, dtype, policy, schedule=schedule) if schedule else cache
+    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=prefill_chunk, cache_factory=factory, policy=policy)
     if prefill_only:  # time to first token alone (no decode loop is compiled)
         cap = gen.round_up(prompt + new_tokens, gen.CAPACITY_BUCKET)
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
-            c, _ = gen.prefill(params, cfg, [ids], cap, cache_factory=cache, policy=policy, prefill_chunk=prefill_chunk)
+            c, _ = gen.prefill(params, cfg, [ids], cap, cache_factory=factory, policy=policy,
+                               prefill_chunk=prefill_chunk)
             times.append(time.perf_counter() - t0)
             del c
         return {"model": model, "cache": cache, "prompt": prompt, "batch": 1, "prefill_cold_s": round(times[0], 4),
                 "prefill_s": round(min(times[1:]), 4), "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)),
                 "prefill_chunk": prefill_chunk}
-    cold = gen.generate(params, cfg, [ids], new_tokens, **kw)
+    record = mode == "certified"  # the rung histogram says whether the slow pass ran (a tiny per-step write)
+    cold = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     del cold.cache
-    warm = gen.generate(params, cfg, [ids], new_tokens, **kw)
+    warm = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     (decode,) = gen._COMPILED.values()
     launches = count_launches(decode.as_text())
     stats = jax.devices()[0].memory_stats() or {}
-    return {"model": model, "cache": cache, "prompt": prompt, "new_tokens": new_tokens, "batch": 1,
+    rungs = None
+    if warm.step_records is not None and hasattr(warm.step_records, "rung"):
+        r = np.asarray(warm.step_records.rung)
+        rungs = [int(np.sum(r == i)) for i in range(5)]
+    return {"model": model, "cache": cache, "rung_histogram": rungs, "prompt": prompt, "new_tokens": new_tokens,
+            "batch": 1,
             "prefill_s": round(warm.prefill_seconds, 4), "prefill_cold_s": round(cold.prefill_seconds, 4),
             "compile_s": round(cold.compile_seconds, 3),
             "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
-            "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk}
+            "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
+            "k_max": policy.k_max}
 
 
 def main(argv=None) -> int:
@@ -172,7 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, CPU friendly")
     ap.add_argument("--cpu-smollm2", action="store_true", help="SmolLM2 shapes at 256/1024-token prompts")
     ap.add_argument("--models", nargs="+", default=None)
-    ap.add_argument("--caches", nargs="+", default=list(CACHES), choices=CACHES)
+    ap.add_argument("--caches", nargs="+", default=list(CACHES), choices=CACHES + VARIANTS)
     ap.add_argument("--prompts", type=int, nargs="+", default=None, help="only these prompt lengths of the grid")
     ap.add_argument("--new-tokens", type=int, default=None, help="default 64 (8 with --tiny)")
     ap.add_argument("--prefill-chunk", type=int, default=None, help="default 1024 (32 with --tiny)")
@@ -183,12 +199,13 @@ def main(argv=None) -> int:
                     help="only merge the rows of these result files (runs split over several calls) into --out")
     ap.add_argument("--prefill-only", action="store_true",
                     help="time to first token only (3 prefills: cold, then the best of two warm); no decode")
+    ap.add_argument("--k-max", type=int, default=None, help="the policy's k_max (default CertPolicy's)")
     args = ap.parse_args(argv)
     new_tokens = args.new_tokens or (8 if args.tiny else 64)
     chunk = args.prefill_chunk or (32 if args.tiny else 1024)
     if args.row:
         model, cache, prompt = args.row
-        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only)
+        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only, args.k_max)
         print("ROW " + json.dumps(row), flush=True)
         return 0
     if args.merge:
@@ -206,6 +223,7 @@ def main(argv=None) -> int:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--row", model, cache, str(prompt),
                        "--new-tokens", str(new_tokens), "--prefill-chunk", str(chunk)]
                 cmd += ["--prefill-only"] if args.prefill_only else []
+                cmd += ["--k-max", str(args.k_max)] if args.k_max is not None else []
                 t0 = time.perf_counter()
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
