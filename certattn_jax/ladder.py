@@ -1,7 +1,9 @@
 """The fallback ladder: which rung each query head is answered at, jit-compatible.
 
-  rung 0  certified as is: the top-K* blocks (covering tau_cov of the estimated mass) exact, tail INT8;
-  rung 1  widen K*: every one of the k_max hot candidates, plus the next k_max candidates fetched from tier 2;
+  rung 0  certified as is: the top-K* blocks (covering tau_cov of the estimated mass) that the device hot set
+          holds exact, everything else INT8 (no tier-2 read: a step answered at rung 0 moves nothing);
+  rung 1  widen K*: all of the top 2 k_max candidates exact, the ones not resident fetched from tier 2; the
+          hot set then takes the top k_max for later steps;
   rung 2  also fetch exact keys+values from tier 2 for blocks whose share of E_val exceeds v_tol;
   rung 3  exact dense attention for the head (its whole tier 2 fetched);
   rung 4  exact dense attention for the whole layer (that sequence's every head), when at least
@@ -83,50 +85,76 @@ def _value_abs_exact(cache: TieredKVCache) -> jax.Array:
 
 
 class Selection(NamedTuple):
-    """The promoted blocks of a step: hot [rung 0] and hot_wide [rung 1] items, the next candidates to fetch
-    for rung 1 (wide_extra [B, H, kp]), and the cache with its hot set updated."""
+    """The step's candidate blocks and what of them is resident in the device hot set (no tier-2 read made):
+    hot [rung 0] the resident top-K* candidates, hot_wide [rung 1] every resident block among the top 2 k_max
+    candidates, wide_missing [B, H, 2 k_max] the top 2 k_max candidates that are not resident (-1 elsewhere),
+    cand [B, H, K] the top k_max candidates (padded with -1 to the cache's K slots): the hot set's next content."""
 
     hot: ExactItems
     hot_wide: ExactItems
-    wide_extra: jax.Array
-    cache: TieredKVCache
+    wide_missing: jax.Array
+    cand: jax.Array
 
 
 def select_and_promote(ctx: StepContext, cache: TieredKVCache, policy: CertPolicy) -> Selection:
-    """INT8 estimate -> top candidates -> make them resident in the hot set (tier-2 reads only for new ones)."""
+    """INT8 estimate -> top candidates -> promote those the hot set already holds. Never reads tier 2: a wanted
+    block that is not resident stays INT8 at rung 0 (its Delta in the bound; the ranking check sees it in the
+    tail), and is fetched by rung 1, which also refreshes the hot set for later steps (DESIGN.md section 4: host
+    traffic stays off the per-step path)."""
     nb, K = cache.num_blocks, cache.k_max
     est = jnp.exp(jnp.concatenate([ctx.apx_lm, log_mass(ctx.res)], axis=-1) - ctx.log_norm[..., None])
     kp = policy.k_max
     ranked, k_star = select.select_candidates(est[..., :nb], ctx.block_valid, est[..., nb], 2 * kp,
                                               policy.tau_cov)
     k_star = jnp.minimum(k_star, kp)
-    cand, wide_extra = ranked[..., :kp], ranked[..., kp:]
+    hot_ids = cache.hot_ids
+    match = (hot_ids[..., :, None] == ranked[..., None, :]) & (hot_ids[..., :, None] >= 0)  # [B, H, K, 2kp]
+    slot_rank = jnp.min(jnp.where(match, jnp.arange(2 * kp), 2 * kp), axis=-1)  # rank of each slot's block
+    hot = exact_items(ctx, cache.hot_k, cache.hot_v, hot_ids, slot_rank < k_star[..., None])
+    hot_wide = hot._replace(active=(slot_rank < 2 * kp) & (hot_ids >= 0))
+    resident = jnp.any(match, axis=-2)  # [B, H, 2kp]
+    wide_missing = jnp.where(resident | (ranked < 0), -1, ranked)
+    cand = ranked[..., :kp]
     if kp < K:  # the cache has more hot slots than this policy promotes
         cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - kp,), -1, cand.dtype)], -1)
-    hot_ids, slot_of_cand, fetch_into = select.plan_residency(cache.hot_ids, cand)
-    hot_k, hot_v = select.fetch_blocks(cache.hot_k, cache.hot_v, cache.host_k, cache.host_v, fetch_into, cache.layer)
-    cache = cache.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=hot_ids)
-    slot_rank = jnp.min(jnp.where(slot_of_cand[..., None, :] == jnp.arange(K)[:, None], jnp.arange(K), K), axis=-1)
-    n_cand = jnp.sum(cand >= 0, axis=-1)
-    hot = exact_items(ctx, hot_k, hot_v, hot_ids, slot_rank < k_star[..., None])
-    hot_wide = hot._replace(active=(slot_rank < n_cand[..., None]) & (hot_ids >= 0))
-    return Selection(hot=hot, hot_wide=hot_wide, wide_extra=wide_extra, cache=cache)
+    return Selection(hot=hot, hot_wide=hot_wide, wide_missing=wide_missing, cand=cand[..., :K])
 
 
-def _fetch_exact(ctx: StepContext, cache: TieredKVCache, ids: jax.Array) -> ExactItems:
-    """Exact keys+values of blocks ids [B, H, S] (-1 = none) fetched from tier 2 into temporaries."""
+def _fetch_exact(ctx: StepContext, cache: TieredKVCache, ids: jax.Array,
+                 ) -> tuple[ExactItems, jax.Array, jax.Array]:
+    """Exact keys+values of blocks ids [B, H, S] (-1 = none) fetched from tier 2 into temporaries: (items, the
+    fetched keys, values [B, H, S, Bk, d])."""
     shape = ids.shape + (cache.block_size, cache.head_dim)
     xk, xv = select.fetch_blocks(jnp.zeros(shape, cache.dtype), jnp.zeros(shape, cache.dtype),
                                  cache.host_k, cache.host_v, ids, cache.layer)
-    return exact_items(ctx, xk, xv, ids, ids >= 0)
+    return exact_items(ctx, xk, xv, ids, ids >= 0), xk, xv
+
+
+def refresh_hot_set(cache: TieredKVCache, cand: jax.Array, ids: jax.Array, xk: jax.Array, xv: jax.Array,
+                    ) -> TieredKVCache:
+    """Make the top candidates cand [B, H, K] resident for later steps, copying (on the device) the blocks rung 1
+    fetched: ids [B, H, S] with their data xk, xv [B, H, S, Bk, d]. Slots holding a candidate keep it; a missing
+    candidate takes a slot whose block is not a candidate, when rung 1 fetched it (else the slot is unchanged)."""
+    new_ids, _, fetch_into = select.plan_residency(cache.hot_ids, cand)
+    hit = (ids[..., None, :] == fetch_into[..., :, None]) & (fetch_into[..., :, None] >= 0)  # [B, H, K, S]
+    take = jnp.any(hit, axis=-1)  # [B, H, K]
+    gather = jax.vmap(jax.vmap(lambda x, j: x[j]))  # over B, H: x [S, Bk, d], j [K] -> [K, Bk, d]
+    src = jnp.argmax(hit, axis=-1)
+    new_k = jnp.where(take[..., None, None], gather(xk, src).astype(cache.hot_k.dtype), cache.hot_k)
+    new_v = jnp.where(take[..., None, None], gather(xv, src).astype(cache.hot_v.dtype), cache.hot_v)
+    hot_ids = jnp.where(take, new_ids, cache.hot_ids)
+    return cache.replace(hot_k=new_k, hot_v=new_v, hot_ids=hot_ids)
 
 
 def rung1_widen(ctx: StepContext, cache: TieredKVCache, sel: Selection, failing: jax.Array, out_dtype,
-                policy: CertPolicy) -> tuple[StageResult, ExactItems]:
-    """Every hot candidate plus the next k_max candidates from tier 2, for the KV heads with a failing head."""
+                policy: CertPolicy) -> tuple[StageResult, ExactItems, TieredKVCache]:
+    """Every one of the top 2 k_max candidates exact, for the KV heads with a failing head: the resident ones from
+    the hot set, the others fetched from tier 2 (which also refreshes the hot set for later steps)."""
     need = jnp.any(failing, axis=-1, keepdims=True)
-    extra = _fetch_exact(ctx, cache, jnp.where(need, sel.wide_extra, -1))
-    return evaluate_stage(ctx, [sel.hot_wide, extra], out_dtype, policy), extra
+    ids = jnp.where(need, sel.wide_missing, -1)
+    extra, xk, xv = _fetch_exact(ctx, cache, ids)
+    cache = refresh_hot_set(cache, sel.cand, ids, xk, xv)
+    return evaluate_stage(ctx, [sel.hot_wide, extra], out_dtype, policy), extra, cache
 
 
 def rung2_exact_values(ctx: StepContext, cache: TieredKVCache, sel: Selection, wide: ExactItems,
@@ -137,7 +165,7 @@ def rung2_exact_values(ctx: StepContext, cache: TieredKVCache, sel: Selection, w
     share = jnp.max(jnp.where(failing[..., None], share, 0.0), axis=2)  # [B, H, nb]
     top, ids = jax.lax.top_k(share, min(policy.v_max, nb))
     ids = jnp.where(top > policy.v_tol, ids, -1)
-    return evaluate_stage(ctx, [sel.hot_wide, wide, _fetch_exact(ctx, cache, ids)], out_dtype, policy)
+    return evaluate_stage(ctx, [sel.hot_wide, wide, _fetch_exact(ctx, cache, ids)[0]], out_dtype, policy)
 
 
 def rung3_exact_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: StepContext):
@@ -212,7 +240,7 @@ def run_rung0(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
                        e_num=heads(st0.e_num), tolerance=heads(ctx.tolerance), k_star=heads(st0.k_star),
                        rung=jnp.zeros((B, Hq), jnp.int32), ranking_ok=heads(st0.ranking_ok),
                        certified=heads((bound <= ctx.tolerance) & jnp.isfinite(bound)))
-    return heads(st0.out), cert, sel.cache, escalate
+    return heads(st0.out), cert, cache, escalate
 
 
 def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Array, Certificate, TieredKVCache]:
@@ -223,7 +251,6 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
         ctx = build_context(q, cache, policy)
     with jax.named_scope("select_and_promote"):
         sel = select_and_promote(ctx, cache, policy)
-    cache = sel.cache
     tol = ctx.tolerance
 
     def passes(st: StageResult) -> jax.Array:
@@ -234,9 +261,9 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     ok0 = passes(st0)
 
     with jax.named_scope("rung1_widen"):
-        st1, wide = jax.lax.cond(
+        st1, wide, cache = jax.lax.cond(
             jnp.any(~ok0), lambda: rung1_widen(ctx, cache, sel, ~ok0, q.dtype, policy),
-            lambda: (_skipped_like(st0), _no_items(B, H, G, policy.k_max, d)))
+            lambda: (_skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), cache))
     ok1 = passes(st1)
 
     with jax.named_scope("rung2_exact_values"):

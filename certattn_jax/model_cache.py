@@ -49,7 +49,8 @@ from certattn_jax.policy import CertPolicy
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
-SCHEDULES = ("two-pass", "looped", "unrolled")  # TieredModelCache.schedule
+SCHEDULES = ("looped", "two-pass", "unrolled")  # TieredModelCache.schedule; the first is the default
+DEFAULT_SCHEDULE = SCHEDULES[0]
 
 
 # the per-layer fields of a TieredKVCache that live on the device (a layer view slices them; tier 2 is never sliced)
@@ -70,11 +71,15 @@ class TieredModelCache:
     mode:             "certified" | "naive" (static)
     fast:             static; True while a decode step runs its fast pass (rung 0 only, see `models.llama`)
     schedule:         static; how a certified decode step runs the layers (`models.llama`, docs/performance.md):
-                      "two-pass" (default) every layer unrolled at rung 0, then, only if some head needs more, the
-                      step again with the whole ladder in a loop over layers (compiled once);
-                      "looped" both passes in a loop over layers (one layer body compiled; each layer's weights
-                      copied out of a `lax.switch` every step: for short runs where compiling dominates, e.g. CPU);
-                      "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile)
+                      "looped" (default) every layer at rung 0 in a loop over layers, then, only if some head
+                      needs more, the step again from its start with the whole ladder, in the same kind of loop:
+                      two layer bodies are compiled whatever the depth; each layer's weights are copied out of a
+                      `lax.switch` on every step (one extra pass over the weights);
+                      "two-pass" the same, but the rung-0 pass unrolled (the weights read in place; compiles
+                      rung 0 once per layer);
+                      "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile).
+                      The default is chosen by measurement on the H200 (docs/performance.md): today "looped" both
+                      compiles fastest and decodes fastest.
 
     `attend(layer, ...)` accepts a Python int or a traced layer index (a loop over layers): it works on a *layer
     view* (`layer_view`) and writes back only the fields the step changed (`with_layer`).
@@ -87,12 +92,12 @@ class TieredModelCache:
     policy: CertPolicy  # tolerances are leaves: changing them does not recompile the decode loop
     mode: str = struct.field(pytree_node=False, default="certified")
     fast: bool = struct.field(pytree_node=False, default=False)
-    schedule: str = struct.field(pytree_node=False, default="two-pass")
+    schedule: str = struct.field(pytree_node=False, default=DEFAULT_SCHEDULE)
 
     @classmethod
     def init(cls, *, num_layers: int, batch: int, capacity: int, num_kv_heads: int, num_q_heads: int,
              head_dim: int, dtype: Any = jnp.bfloat16, policy: CertPolicy | None = None,
-             mode: str = "certified", schedule: str = "two-pass") -> TieredModelCache:
+             mode: str = "certified", schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
         if mode not in MODES:
             raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
         if num_q_heads % num_kv_heads:
@@ -106,7 +111,7 @@ class TieredModelCache:
 
     @classmethod
     def _wrap(cls, store: TieredKVCache, lengths: jax.Array, num_q_heads: int, policy: CertPolicy,
-              mode: str, schedule: str = "two-pass") -> TieredModelCache:
+              mode: str, schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown layer schedule {schedule!r}; choose from {SCHEDULES}")
         L, B = store.k_codes.shape[0], store.batch
@@ -116,7 +121,7 @@ class TieredModelCache:
 
     @classmethod
     def from_dense(cls, dense: DenseKVCache, *, num_q_heads: int, policy: CertPolicy | None = None,
-                   mode: str = "certified", schedule: str = "two-pass") -> TieredModelCache:
+                   mode: str = "certified", schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
         """Convert a (prefilled) dense cache, every layer at once: tier 1 quantized in one batched pass, the
         originals moved to tier 2 in one contiguous copy per array, nothing read back. The dense cache's capacity
         must be a multiple of the policy's block size. Works eagerly and in jit."""
@@ -261,7 +266,7 @@ class CacheSpec:
     head_dim: int
     dtype: Any
     policy: CertPolicy | None = None
-    schedule: str = "two-pass"  # TieredModelCache.schedule
+    schedule: str = DEFAULT_SCHEDULE  # TieredModelCache.schedule
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_MODES:
@@ -315,7 +320,7 @@ def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode:
 
 
 def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = None,
-               schedule: str = "two-pass") -> CacheSpec:
+               schedule: str = DEFAULT_SCHEDULE) -> CacheSpec:
     """The cache of a LLaMA-like `config` (num_layers, num_heads, num_kv_heads, head_dim) in `mode`;
     `schedule` see TieredModelCache."""
     return CacheSpec(mode=mode, num_layers=config.num_layers, num_q_heads=config.num_heads,

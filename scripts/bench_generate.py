@@ -48,8 +48,8 @@ GRID = {"smollm2": (1024, 4096), "llama3.1-8b": (8192, 32768)}
 CPU_GRID = {"smollm2": (256, 1024)}  # --cpu-smollm2: the SmolLM2 shapes at prompts a 2-core CPU can prefill
 TINY_GRID = {"tiny": (100, 300)}
 CACHES = ("dense", "naive", "certified")
-# certified with another layer schedule (TieredModelCache.schedule; "certified" is the default, two-pass)
-VARIANTS = ("certified_looped", "certified_unrolled")
+# certified with a given layer schedule (TieredModelCache.schedule; "certified" is the default schedule)
+VARIANTS = ("certified_looped", "certified_two-pass", "certified_unrolled")
 _NO_LAUNCH = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
               "replica-id", "opt-barrier"}
 

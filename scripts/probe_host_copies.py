@@ -54,7 +54,7 @@ def main() -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from certattn_jax.model_cache import cache_spec
+    from certattn_jax.model_cache import DEFAULT_SCHEDULE, cache_spec
     from certattn_jax.policy import CertPolicy
     from models import generate as gen
     from models import llama
@@ -66,7 +66,7 @@ def main() -> int:
     report = {}
     for cache in args.caches:
         mode, _, schedule = cache.partition("_")
-        spec = cache_spec(mode, cfg, jnp.bfloat16, CertPolicy(), schedule=schedule or "two-pass")
+        spec = cache_spec(mode, cfg, jnp.bfloat16, CertPolicy(), schedule=schedule or DEFAULT_SCHEDULE)
         gen._COMPILED.clear()
         gen.generate(params, cfg, [ids], 4, eos_token_ids=(), progress=False, cache_factory=spec)
         (dec,) = gen._COMPILED.values()

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--modes", nargs="+",
-                    default=["dense", "naive", "certified", "certified_looped", "certified_unrolled"])
+                    default=["dense", "naive", "certified", "certified_two-pass", "certified_unrolled"])
     ap.add_argument("--capacity", type=int, default=256)
     ap.add_argument("--attention", action="store_true", help="also compile one layer's attention alone")
     ap.add_argument("--out", default=None)
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
     from certattn_jax.attention import certified_attention_step, naive_attention
     from certattn_jax.cache import TieredKVCache
-    from certattn_jax.model_cache import cache_spec
+    from certattn_jax.model_cache import DEFAULT_SCHEDULE, cache_spec
     from certattn_jax.policy import CertPolicy
     from certattn_jax.step import build_context, evaluate_stage, exact_items
     from models import llama
@@ -70,9 +70,9 @@ def main(argv=None) -> int:
         params = llama.init_params(cfg, jax.random.key(0), jnp.float32)
         tok = jnp.zeros((1, 1), jnp.int32)
         for mode in args.modes:
-            # certified_<schedule>: TieredModelCache.schedule ("certified" = the default, two-pass)
+            # certified_<schedule>: TieredModelCache.schedule ("certified" = the default schedule)
             base, _, schedule = mode.partition("_")
-            cache = cache_spec(base, cfg, jnp.float32, policy, schedule=schedule or "two-pass")(1, args.capacity)
+            cache = cache_spec(base, cfg, jnp.float32, policy, schedule=schedule or DEFAULT_SCHEDULE)(1, args.capacity)
             step = jax.jit(lambda p, t, c, cfg=cfg: llama.forward(p, cfg, t, c), donate_argnums=(2,))
             stats = timed_compile(step, params, tok, cache)
             row = {"what": "decode_step", "mode": mode, "layers": L, **stats}

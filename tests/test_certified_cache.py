@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from certattn_jax import quant
-from certattn_jax.attention import certified_attention, dense_attention, naive_attention
+from certattn_jax.attention import (
+    certified_attention,
+    certified_attention_step,
+    dense_attention,
+    exact_keys_values,
+    naive_attention,
+)
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.memory import memory_report
 from certattn_jax.policy import CertPolicy
@@ -100,15 +106,31 @@ def _escalation_policy(**kw):
     return dataclasses.replace(POLICY, **kw)
 
 
-def test_rung_1_widens_k_star():
+def test_rung_1_widens_k_star_and_fills_the_hot_set():
     # tau_cov tiny -> K* = 0 at rung 0; a tight eps then needs the widened set.
     q, k, v = _data(3, q_scale=3.0)
     cache = TieredKVCache.from_dense(k, v, POLICY)
     probe = _escalation_policy(tau_cov=1e-9, eps=10.0)
     _, c0 = cert_attn(q, cache, probe)
     assert np.all(np.asarray(c0.rung) == 0) and np.all(np.asarray(c0.k_star) == 0)
-    # a tolerance between the rung-0 bound and the widened bound
-    _, wide = cert_attn(q, cache, _escalation_policy(tau_cov=1.0, eps=10.0))
+    # rung 0 promotes only what the hot set holds: a fresh cache holds nothing, so nothing is promoted (no tier-2
+    # read), whatever tau_cov asks for
+    _, cold = cert_attn(q, cache, _escalation_policy(tau_cov=1.0, eps=10.0))
+    assert np.all(np.asarray(cold.k_star) == 0)
+    # a step that climbs to rung 1 fetches the top candidates and leaves them in the hot set
+    step = jax.jit(certified_attention_step)
+    _, c1, warm = step(q, cache, _escalation_policy(eps=0.0, abs_tol=0.0, v_max=0))
+    assert np.all(np.asarray(c1.rung) >= 1)
+    assert np.all(np.asarray(warm.hot_ids) >= 0) and np.all(np.asarray(cache.hot_ids) == -1)
+    ek, ev = (np.asarray(x) for x in exact_keys_values(warm))
+    for b in range(2):
+        for h in range(2):
+            for s, blk in enumerate(np.asarray(warm.hot_ids)[b, h]):
+                np.testing.assert_array_equal(np.asarray(warm.hot_k)[b, h, s], ek[b, h, blk * 16:blk * 16 + 16])
+                np.testing.assert_array_equal(np.asarray(warm.hot_v)[b, h, s], ev[b, h, blk * 16:blk * 16 + 16])
+    # a tolerance between the rung-0 bound and the bound with the top candidates exact (at rung 0, now resident)
+    _, wide = cert_attn(q, warm, _escalation_policy(tau_cov=1.0, eps=10.0))
+    assert np.all(np.asarray(wide.rung) == 0) and np.all(np.asarray(wide.k_star) > 0)
     rel0 = np.asarray(c0.error_bound / c0.tolerance * 10.0)
     rel1 = np.asarray(wide.error_bound / wide.tolerance * 10.0)
     assert np.all(rel1 < rel0)
@@ -174,6 +196,9 @@ def test_ranking_check_fails_when_int4_keys_misrank_a_needle():
     v = rng.normal(size=(B, T, H, d)).astype(np.float32)
     pol = CertPolicy(block_size=16, group_size=16, key_bits=4, k_max=2, rank_margin=0.0, eps=10.0)
     cache = TieredKVCache.from_dense(jnp.asarray(k), jnp.asarray(v), pol)
+    # one escalating step fills the hot set with the top candidates (rung 0 promotes only resident blocks)
+    _, _, cache = jax.jit(certified_attention_step)(jnp.asarray(q), cache, dataclasses.replace(pol, eps=0.0))
+    assert np.all(np.asarray(cache.hot_ids) >= 0)
     out, cert = cert_attn(jnp.asarray(q), cache, pol)
     assert np.all(_errors(out, _reference(q, k, v)) <= np.asarray(cert.error_bound))
     # with zero margin and 4-bit keys, some tail block's upper bound outranks a promoted one: escalation
@@ -181,12 +206,12 @@ def test_ranking_check_fails_when_int4_keys_misrank_a_needle():
 
 
 def test_hot_set_keeps_resident_blocks_and_fetches_only_missing():
-    from certattn_jax.attention import certified_attention_step
-
     q, k, v = _data(8)
     cache = TieredKVCache.from_dense(k, v, POLICY)
     step = jax.jit(certified_attention_step)
-    _, _, c1 = step(q, cache, POLICY)
+    _, c0, same = step(q, cache, POLICY)  # answered at rung 0: no fetch, the hot set stays empty
+    assert np.all(np.asarray(c0.rung) == 0) and np.all(np.asarray(same.hot_ids) == -1)
+    _, _, c1 = step(q, cache, _escalation_policy(eps=0.0, abs_tol=0.0))  # rung 1 ran: it fetched the candidates
     ids1 = np.asarray(c1.hot_ids)
     assert np.all(ids1 >= 0)
     # the hot blocks hold exactly the originals of their block ids
@@ -196,8 +221,10 @@ def test_hot_set_keeps_resident_blocks_and_fetches_only_missing():
         for h in range(2):
             for s, blk in enumerate(ids1[b, h]):
                 np.testing.assert_array_equal(hk[b, h, s], kt[b, h, blk * 16:(blk + 1) * 16])
-    _, _, c2 = step(q, c1, POLICY)  # same query: same candidates, nothing moves
+    _, _, c2 = step(q, c1, _escalation_policy(eps=0.0, abs_tol=0.0))  # same candidates: nothing moves
     np.testing.assert_array_equal(np.asarray(c2.hot_ids), ids1)
+    _, c3, _ = step(q, c1, POLICY)  # now rung 0 promotes the resident candidates
+    assert np.all(np.asarray(c3.rung) == 0) and np.all(np.asarray(c3.k_star) > 0)
 
 
 def test_nonfinite_values_escalate_and_never_claim_a_bound():

@@ -241,9 +241,11 @@ def test_layer_schedules_decode_identically(params, eps):
                                                                               policy, schedule=s), **kw)
             for s in ("unrolled", "two-pass", "looped")}
     ref = runs.pop("unrolled")
-    rungs = np.asarray(ref.step_records.rung)
+    rungs = np.asarray(ref.step_records.rung)  # [steps, L, B, Hq]
     if eps == 0.05:
-        assert np.all(rungs == 0)
+        # the hot set starts empty (rung 0 never reads tier 2): the first step may climb to rung 1, which fills
+        # it; the later steps are answered at rung 0
+        assert np.all(rungs[-3:] == 0)
     else:
         assert np.all(rungs > 0)
     for name, run in runs.items():
@@ -255,17 +257,21 @@ def test_layer_schedules_decode_identically(params, eps):
                                    err_msg=name)
 
 
-def test_the_ladder_is_compiled_once_whatever_the_depth(params):
-    """Two-pass: the rungs above 0 sit in one loop over layers, so their code does not grow with the depth."""
+@pytest.mark.parametrize("schedule", ["looped", "two-pass"])
+def test_the_ladder_is_compiled_once_whatever_the_depth(params, schedule):
+    """The rungs above 0 sit in one loop over layers, so their code does not grow with the depth; rung 0 too
+    when looped, once per layer when two-pass."""
     counts = []
     for layers in (2, 3):
         cfg = dataclasses.replace(CFG, num_layers=layers)
         p = llama.init_params(cfg, jax.random.key(0), jnp.float32)
-        cache = cache_spec("certified", cfg, jnp.float32, POLICY)(1, 64)
+        cache = cache_spec("certified", cfg, jnp.float32, POLICY, schedule=schedule)(1, 64)
         hlo = jax.jit(lambda p, t, c, cfg=cfg: llama.forward(p, cfg, t, c)).lower(
             p, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
         counts.append({r: hlo.count(r) for r in ("rung1_widen", "rung3_exact_heads", "rung0_certified")})
     # (the instruction counts vary by a few with XLA's fusion choices around the loop)
-    for rung in ("rung1_widen", "rung3_exact_heads"):
+    constant = ("rung1_widen", "rung3_exact_heads") + (("rung0_certified",) if schedule == "looped" else ())
+    for rung in constant:
         assert counts[0][rung] > 0 and abs(counts[1][rung] - counts[0][rung]) <= 0.05 * counts[0][rung], counts
-    assert counts[1]["rung0_certified"] > 1.2 * counts[0]["rung0_certified"]  # rung 0 is per layer (unrolled)
+    if schedule == "two-pass":
+        assert counts[1]["rung0_certified"] > 1.2 * counts[0]["rung0_certified"]  # rung 0 per layer (unrolled)
