@@ -8,8 +8,8 @@
 Certified attention, per KV head (its G query heads share promotions):
   1. score every full block with INT8 keys, the residual block with exact keys; per block keep the
      flash-decoding partials (max score, sum of exp, exp-weighted value sum) -> estimated block masses;
-  2. pick the top k_max blocks, and K* of them covering tau_cov of the mass (select.py); make them resident
-     in the device hot set (tier-2 fetches only for blocks that are not);
+  2. pick the top k_max blocks, and K* of them covering tau_cov of the mass (select.py); promote those the
+     device hot set holds (no tier-2 read at rung 0; rung 1 fetches the missing ones and refreshes the hot set);
   3. recombine with exact partials for the promoted blocks, and bound the error (bounds.py);
   4. climb the ladder (ladder.py) for heads whose bound exceeds the tolerance or whose ranking check fails.
 All shapes are static; the heavy rungs sit behind lax.cond. The step machinery lives in `step.py`; the flow

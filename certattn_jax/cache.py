@@ -11,6 +11,10 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
     nonfinite [B, H] bool                     a NaN/Inf was written to this head (it can no longer be certified)
     res_k, res_v [B, H, Bk, d]                the newest, partial block, exact (per-channel scales need a full one)
     hot_k, hot_v [B, H, K, Bk, d], hot_ids [B, H, K]   device-resident exact copies of K = k_max blocks
+    hot_used [B, H, K] int32                  when each slot was last promoted (the sequence length then; -1
+                                              never): a block leaving the residual (flush) takes the least
+                                              recently used slot, so the recent window is resident at no
+                                              tier-2 cost
 Tier 2 (pinned host memory):
     host_k, host_v [B, H, nb, Bk, d]          the originals, in the model's dtype; one block of one head and
                                               one whole head are each contiguous
@@ -57,6 +61,7 @@ class TieredKVCache:
     hot_k: jax.Array
     hot_v: jax.Array
     hot_ids: jax.Array
+    hot_used: jax.Array
     host_k: jax.Array
     host_v: jax.Array
     lengths: jax.Array
@@ -101,7 +106,7 @@ class TieredKVCache:
             nonfinite=alloc.zeros((B, H), bool),
             res_k=alloc.zeros((B, H, Bk, d), dtype), res_v=alloc.zeros((B, H, Bk, d), dtype),
             hot_k=alloc.zeros((B, H, K, Bk, d), dtype), hot_v=alloc.zeros((B, H, K, Bk, d), dtype),
-            hot_ids=alloc.full((B, H, K), -1, jnp.int32),
+            hot_ids=alloc.full((B, H, K), -1, jnp.int32), hot_used=alloc.full((B, H, K), -1, jnp.int32),
             host_k=alloc.zeros_on_host((B, H, nb, Bk, d), dtype),
             host_v=alloc.zeros_on_host((B, H, nb, Bk, d), dtype),
             lengths=alloc.zeros((B,), jnp.int32), flushed=alloc.zeros((B,), jnp.int32),
@@ -274,7 +279,24 @@ class TieredKVCache:
         """Flush the residual of the sequences where full [B] is set (no control flow of its own). In the stacked
         form every layer flushes at once (one batched quantization, one tier-2 write per block of all layers)."""
         c = self._store_blocks(jnp.expand_dims(self.res_k, -3), jnp.expand_dims(self.res_v, -3), full[:, None])
+        c = c._keep_resident(full)
         return c.replace(flushed=c.flushed + jnp.where(full, c.block_size, 0))
+
+    def _keep_resident(self, full: jax.Array) -> TieredKVCache:
+        """The block being flushed (the residual, sequences where full [B]) also goes into the hot set, in each
+        head's least recently used slot: a device-to-device copy, no tier-2 read (recent blocks are the ones
+        attention most often wants next)."""
+        lead = self.hot_ids.ndim - 3  # 1 for the stacked form
+        slot = jnp.argmin(self.hot_used, axis=-1)  # [..., B, H]; never-used slots (-1) first
+        flushed = self.flushed[0] if self.stacked else self.flushed
+        stored = full & (flushed // self.block_size < self.num_blocks)
+        put = (jnp.arange(self.k_max) == slot[..., None]) & stored.reshape((1,) * lead + (-1, 1, 1))  # [.., B, H, K]
+        block_id = jnp.broadcast_to((flushed // self.block_size)[:, None, None], put.shape)
+        return self.replace(
+            hot_k=jnp.where(put[..., None, None], jnp.expand_dims(self.res_k, -3).astype(self.hot_k.dtype), self.hot_k),
+            hot_v=jnp.where(put[..., None, None], jnp.expand_dims(self.res_v, -3).astype(self.hot_v.dtype), self.hot_v),
+            hot_ids=jnp.where(put, block_id, self.hot_ids),
+            hot_used=jnp.where(put, jnp.broadcast_to(self.lengths[..., None, None], put.shape), self.hot_used))
 
     def _store_blocks(self, blocks_k: jax.Array, blocks_v: jax.Array, store: jax.Array) -> TieredKVCache:
         """Quantize blocks [B, H, n, Bk, d] ([L, B, H, n, Bk, d] when stacked) into block slots flushed//Bk + j

@@ -130,12 +130,17 @@ def _fetch_exact(ctx: StepContext, cache: TieredKVCache, ids: jax.Array,
     return exact_items(ctx, xk, xv, ids, ids >= 0), xk, xv
 
 
+def mark_used(cache: TieredKVCache, used: jax.Array) -> TieredKVCache:
+    """Record the step (the sequence length) at which hot slots where used [B, H, K] were promoted (LRU)."""
+    return cache.replace(hot_used=jnp.where(used, cache.lengths[:, None, None], cache.hot_used))
+
+
 def refresh_hot_set(cache: TieredKVCache, cand: jax.Array, ids: jax.Array, xk: jax.Array, xv: jax.Array,
                     ) -> TieredKVCache:
     """Make the top candidates cand [B, H, K] resident for later steps, copying (on the device) the blocks rung 1
     fetched: ids [B, H, S] with their data xk, xv [B, H, S, Bk, d]. Slots holding a candidate keep it; a missing
     candidate takes a slot whose block is not a candidate, when rung 1 fetched it (else the slot is unchanged)."""
-    new_ids, _, fetch_into = select.plan_residency(cache.hot_ids, cand)
+    new_ids, _, fetch_into = select.plan_residency(cache.hot_ids, cand, cache.hot_used)
     hit = (ids[..., None, :] == fetch_into[..., :, None]) & (fetch_into[..., :, None] >= 0)  # [B, H, K, S]
     take = jnp.any(hit, axis=-1)  # [B, H, K]
     gather = jax.vmap(jax.vmap(lambda x, j: x[j]))  # over B, H: x [S, Bk, d], j [K] -> [K, Bk, d]
@@ -143,7 +148,8 @@ def refresh_hot_set(cache: TieredKVCache, cand: jax.Array, ids: jax.Array, xk: j
     new_k = jnp.where(take[..., None, None], gather(xk, src).astype(cache.hot_k.dtype), cache.hot_k)
     new_v = jnp.where(take[..., None, None], gather(xv, src).astype(cache.hot_v.dtype), cache.hot_v)
     hot_ids = jnp.where(take, new_ids, cache.hot_ids)
-    return cache.replace(hot_k=new_k, hot_v=new_v, hot_ids=hot_ids)
+    hot_used = jnp.where(take, cache.lengths[:, None, None], cache.hot_used)
+    return cache.replace(hot_k=new_k, hot_v=new_v, hot_ids=hot_ids, hot_used=hot_used)
 
 
 def rung1_widen(ctx: StepContext, cache: TieredKVCache, sel: Selection, failing: jax.Array, out_dtype,
@@ -230,6 +236,7 @@ def run_rung0(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
         st0 = evaluate_stage(ctx, [sel.hot], q.dtype, policy)
     ok0 = (st0.bound <= ctx.tolerance) & jnp.isfinite(st0.bound) & st0.ranking_ok & ~ctx.bad
     escalate = ~jnp.all(ok0, axis=(1, 2))
+    cache = mark_used(cache, sel.hot.active)
 
     def heads(x):
         return x.reshape(B, Hq, *x.shape[3:])
@@ -259,6 +266,7 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     with jax.named_scope("rung0_certified"):
         st0 = evaluate_stage(ctx, [sel.hot], q.dtype, policy)
     ok0 = passes(st0)
+    cache = mark_used(cache, sel.hot.active)
 
     with jax.named_scope("rung1_widen"):
         st1, wide, cache = jax.lax.cond(

@@ -42,11 +42,13 @@ def select_candidates(block_mass: jax.Array, block_valid: jax.Array, residual_ma
     return cand, jnp.minimum(k_star, n_valid).astype(jnp.int32)
 
 
-def plan_residency(hot_ids: jax.Array, wanted: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def plan_residency(hot_ids: jax.Array, wanted: jax.Array, last_used: jax.Array | None = None,
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Decide which hot slots receive which wanted blocks (no data moved).
 
     hot_ids [B, H, K] (block id per slot, -1 empty); wanted [B, H, K] distinct block ids (-1 none).
-    Slots holding a wanted block keep it; each missing wanted block takes a slot whose block is not wanted.
+    Slots holding a wanted block keep it; each missing wanted block takes a slot whose block is not wanted, the
+    least recently used first when last_used [B, H, K] is given (else in slot order).
     Returns (new_hot_ids [B, H, K], slot_of_wanted [B, H, K] (-1 for none), fetch_into [B, H, K]: for each
     slot, the block id to fetch from tier 2 or -1).
     """
@@ -55,7 +57,14 @@ def plan_residency(hot_ids: jax.Array, wanted: jax.Array) -> tuple[jax.Array, ja
     keep = jnp.any(match, axis=-1)  # [B, H, slot]
     missing = (wanted >= 0) & ~resident
     free = ~keep
-    free_rank = jnp.cumsum(free, axis=-1) - 1  # rank of each free slot
+    if last_used is None:
+        free_rank = jnp.cumsum(free, axis=-1) - 1  # rank of each free slot
+    else:  # rank of each free slot among the free ones, least recently used first (ties: slot order)
+        K = hot_ids.shape[-1]
+        key = jnp.where(free, last_used, jnp.iinfo(jnp.int32).max)
+        before = (key[..., None, :] < key[..., :, None]) | (
+            (key[..., None, :] == key[..., :, None]) & (jnp.arange(K)[None, :] < jnp.arange(K)[:, None]))
+        free_rank = jnp.sum(before & free[..., None, :], axis=-1)
     miss_rank = jnp.cumsum(missing, axis=-1) - 1  # rank of each missing wanted block
     # slot s receives the missing block whose rank equals s's free rank
     assign = free[..., :, None] & missing[..., None, :] & (free_rank[..., :, None] == miss_rank[..., None, :])

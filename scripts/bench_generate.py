@@ -86,7 +86,7 @@ def count_launches(hlo: str) -> dict[str, int]:
     body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
     counts = {"launches": 0, "cond_branch_launches": 0, "host": 0}
 
-    def walk(comp: str, key: str, seen: set[str]) -> None:
+    def walk(comp: str, key: str, seen: set[str], mult: int = 1) -> None:
         if comp in seen or comp not in comps:
             return
         seen.add(comp)
@@ -94,25 +94,28 @@ def count_launches(hlo: str) -> dict[str, int]:
             op = _opcode(instr)
             if op in _NO_LAUNCH:
                 continue
-            if op == "while":
+            if op == "while":  # a loop with a known trip count (e.g. over layers) launches its body that often
+                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
+                inner = mult * (int(trips.group(1)) if trips else 1)
                 for attr in ("condition", "body"):
                     m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
                     if m:
-                        walk(m.group(1), key, seen)
+                        walk(m.group(1), key, seen, inner)
                 continue
             if op == "call":
                 m = re.search(r"to_apply=%?([\w.\-]+)", instr)
                 if m:
-                    walk(m.group(1), key, seen)
+                    walk(m.group(1), key, seen, mult)
                 continue
-            counts[key] += 1
+            counts[key] += mult
             if key == "launches" and "S(5)" in instr:
-                counts["host"] += 1
+                counts["host"] += mult
             if op == "conditional":
-                names = re.findall(r"(?:branch_computations=\{|true_computation=|false_computation=)([^,}]+)", instr)
+                names = re.findall(r"branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+)", instr)
+                names = [a or b for a, b in names]
                 for group in names:
                     for n in group.split(","):
-                        walk(n.strip().lstrip("%"), "cond_branch_launches", seen)
+                        walk(n.strip().lstrip("%"), "cond_branch_launches", seen, mult)
 
     walk(body, "launches", set())
     return counts

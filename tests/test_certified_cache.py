@@ -272,3 +272,34 @@ def test_memory_target_at_32k():
     report = memory_report(cache)
     assert report["tier1_fraction"] <= 0.44
     assert report["tier2_host_bytes"] == report["dense_bf16_bytes"]
+
+
+def test_hot_set_replacement_is_least_recently_used():
+    from certattn_jax import select
+
+    hot = jnp.array([[[5, 6, 7, 8]]])
+    wanted = jnp.array([[[6, 9, -1, -1]]])
+    new, slot_of, fetch = select.plan_residency(hot, wanted, jnp.array([[[10, 3, 1, 7]]]))
+    assert np.asarray(new).tolist() == [[[5, 6, 9, 8]]]  # slot 1 keeps 6; 9 evicts 7, the least recently used
+    assert np.asarray(fetch).tolist() == [[[-1, -1, 9, -1]]] and np.asarray(slot_of).tolist() == [[[1, 2, -1, -1]]]
+    new, _, _ = select.plan_residency(hot, wanted)  # without a use record: the first free slot
+    assert np.asarray(new).tolist() == [[[9, 6, 7, 8]]]
+
+
+def test_a_flushed_block_enters_the_hot_set_without_a_tier2_read(monkeypatch):
+    from certattn_jax import tiers
+
+    _, k, v = _data(12, T=40)
+    cache = TieredKVCache.init(batch=2, capacity=64, num_kv_heads=2, head_dim=32, dtype=jnp.float32, policy=POLICY)
+    for name in ("read_all", "read_head", "read_block"):
+        monkeypatch.setattr(tiers, name, lambda *a, **kw: (_ for _ in ()).throw(AssertionError("tier-2 read")))
+    for t in range(40):  # decode-style writes; the model flushes after each step
+        cache = cache.write_token(k[:, t:t + 1], v[:, t:t + 1]).flush()
+        if t == 20:  # pretend slot 0 (block 0) was promoted at this step: block 1 must not evict it
+            cache = cache.replace(hot_used=cache.hot_used.at[:, :, 0].set(21))
+    monkeypatch.undo()
+    ids = np.asarray(cache.hot_ids)
+    assert ids[:, :, :2].tolist() == [[[0, 1]] * 2] * 2 and np.all(ids[:, :, 2:] == -1)
+    kt = np.asarray(k).transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(np.asarray(cache.hot_k)[:, :, 1], kt[:, :, 16:32])
+    assert np.asarray(cache.hot_used)[:, :, 1].tolist() == [[32, 32]] * 2
