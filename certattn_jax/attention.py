@@ -28,7 +28,7 @@ from certattn_jax.kv_cache import is_concrete
 from certattn_jax.policy import CertPolicy
 from certattn_jax.step import dense_attention_f32, exact_keys_values, overlay_residual
 
-__all__ = ["certified_attention", "certified_attention_step", "certified_attention_rung0", "dense_attention",
+__all__ = ["certified_attention", "certified_attention_step", "certified_attention_fast", "dense_attention",
            "naive_attention",
            "dense_attention_f32", "exact_keys_values"]
 
@@ -55,13 +55,13 @@ def certified_attention_step(q: jax.Array, cache: TieredKVCache, policy: CertPol
     return ladder.run(q, cache, policy)
 
 
-def certified_attention_rung0(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
-                              ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
-    """The fast path: rung 0 alone (`ladder.run_rung0`). Returns (out, Certificate, cache, escalate [B]); where
+def certified_attention_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
+                             ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
+    """The fast path: rungs 0 and 1 (`ladder.run_fast`). Returns (out, Certificate, cache, escalate [B]); where
     escalate[b] is set the step of sequence b must be answered by `certified_attention_step` instead."""
     _check_query(q, cache)
     cache.check_policy(policy)
-    return ladder.run_rung0(q, cache, policy)
+    return ladder.run_fast(q, cache, policy)
 
 
 def certified_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | None = None,

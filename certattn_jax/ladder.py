@@ -40,7 +40,7 @@ from certattn_jax.step import (
     overlay_residual,
 )
 
-__all__ = ["run", "run_rung0", "exact_bound"]
+__all__ = ["run", "run_fast", "exact_bound"]
 
 
 def _skipped_like(st: StageResult) -> StageResult:
@@ -221,36 +221,23 @@ def rung4_exact_layer(q: jax.Array, cache: TieredKVCache, ctx: StepContext):
     return out.reshape(B, H, G, d), e_key, e_num
 
 
-def run_rung0(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
-              ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
-    """The ladder's first rung alone (the fast path of a decode step): (out [B, Hq, d], Certificate, the cache
-    with its hot set updated, escalate [B] bool). Where escalate[b] is set, some head of sequence b fails rung 0
-    and its out / certificate are *not* valid: the caller must answer that step with `run` (the whole ladder).
-    Where it is clear, (out, certificate) equal what `run` returns (`run` stops at rung 0 for every head)."""
-    B, Hq, d = q.shape
-    with jax.named_scope("tier1_context"):
-        ctx = build_context(q, cache, policy)
-    with jax.named_scope("select_and_promote"):
-        sel = select_and_promote(ctx, cache, policy)
-    with jax.named_scope("rung0_certified"):
-        st0 = evaluate_stage(ctx, [sel.hot], q.dtype, policy)
-    ok0 = (st0.bound <= ctx.tolerance) & jnp.isfinite(st0.bound) & st0.ranking_ok & ~ctx.bad
-    escalate = ~jnp.all(ok0, axis=(1, 2))
-    cache = mark_used(cache, sel.hot.active)
-
-    def heads(x):
-        return x.reshape(B, Hq, *x.shape[3:])
-
-    # ok0 implies a finite bound within tolerance and a finite output, so no unprovable case remains here
-    bound = bounds.finite_or_inf((st0.e_key + st0.e_val + st0.e_num) * (1.0 + 2 * bounds.U))
-    cert = Certificate(error_bound=heads(bound), e_key=heads(st0.e_key), e_val=heads(st0.e_val),
-                       e_num=heads(st0.e_num), tolerance=heads(ctx.tolerance), k_star=heads(st0.k_star),
-                       rung=jnp.zeros((B, Hq), jnp.int32), ranking_ok=heads(st0.ranking_ok),
-                       certified=heads((bound <= ctx.tolerance) & jnp.isfinite(bound)))
-    return heads(st0.out), cert, cache, escalate
-
-
 def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Array, Certificate, TieredKVCache]:
+    """The whole ladder: (out [B, Hq, d] in q's dtype, Certificate [B, Hq], the cache with its hot set updated)."""
+    out, cert, cache, _ = _ladder(q, cache, policy, top_rung=4)
+    return out, cert, cache
+
+
+def run_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
+             ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
+    """Rungs 0 and 1 only (the fast pass of a decode step): (out, Certificate, cache, escalate [B] bool). Where
+    escalate[b] is set, some head of sequence b needs rung 2 or above and its out / certificate are *not* valid:
+    the caller must answer that step with `run`. Where it is clear, (out, certificate, cache) equal what `run`
+    returns (`run` stops at rung 0 or 1 for every head, with the same computation)."""
+    return _ladder(q, cache, policy, top_rung=1)
+
+
+def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: int,
+            ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
     B, Hq, d = q.shape
     H = cache.num_kv_heads
     G = Hq // H
@@ -276,7 +263,7 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
 
     with jax.named_scope("rung2_exact_values"):
         failing2 = ~ok0 & ~ok1
-        if policy.v_max > 0:
+        if policy.v_max > 0 and top_rung >= 2:
             st2 = jax.lax.cond(jnp.any(failing2),
                                lambda: rung2_exact_values(ctx, cache, sel, wide, st1, failing2, q.dtype, policy),
                                lambda: _skipped_like(st0))
@@ -289,12 +276,18 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     need3_kv = jnp.any(need3, axis=-1) & ~need4[:, None]
     zeros_out = jnp.zeros((B, H, G, d), jnp.float32)
     infs = jnp.full((B, H, G), jnp.inf)
-    with jax.named_scope("rung3_exact_heads"):
-        out3, ek3, en3 = jax.lax.cond(jnp.any(need3_kv), lambda: rung3_exact_heads(q, cache, need3_kv, ctx),
-                                      lambda: (zeros_out, infs, infs))
-    with jax.named_scope("rung4_exact_layer"):
-        out4, ek4, en4 = jax.lax.cond(jnp.any(need4), lambda: rung4_exact_layer(q, cache, ctx),
-                                      lambda: (zeros_out, infs, infs))
+    if top_rung >= 3:
+        with jax.named_scope("rung3_exact_heads"):
+            out3, ek3, en3 = jax.lax.cond(jnp.any(need3_kv), lambda: rung3_exact_heads(q, cache, need3_kv, ctx),
+                                          lambda: (zeros_out, infs, infs))
+        with jax.named_scope("rung4_exact_layer"):
+            out4, ek4, en4 = jax.lax.cond(jnp.any(need4), lambda: rung4_exact_layer(q, cache, ctx),
+                                          lambda: (zeros_out, infs, infs))
+        escalate = jnp.zeros((B,), bool)
+    else:  # the caller answers sequences with a head above top_rung with the whole ladder
+        out3, ek3, en3 = out4, ek4, en4 = zeros_out, infs, infs
+        need4 = jnp.zeros((B,), bool)
+        escalate = jnp.any(need3, axis=(1, 2))  # some head needs rung 2 or above
 
     rung = jnp.where(ok0, 0, jnp.where(ok1, 1, jnp.where(ok2, 2, 3)))
     rung = jnp.where(need4[:, None, None], 4, rung).astype(jnp.int32)
@@ -325,4 +318,4 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> tuple[jax.Arr
     cert = Certificate(error_bound=heads(bound), e_key=heads(e_key), e_val=heads(e_val), e_num=heads(e_num),
                        tolerance=heads(tol), k_star=heads(k_used), rung=heads(rung), ranking_ok=heads(ranking_ok),
                        certified=heads((bound <= tol) & jnp.isfinite(bound)))
-    return heads(out), cert, cache
+    return heads(out), cert, cache, escalate

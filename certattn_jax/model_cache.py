@@ -36,7 +36,7 @@ from flax import struct
 
 from certattn_jax import tiers
 from certattn_jax.attention import (
-    certified_attention_rung0,
+    certified_attention_fast,
     certified_attention_step,
     exact_keys_values,
     naive_attention,
@@ -66,17 +66,17 @@ class TieredModelCache:
     lengths:          [B] valid tokens (the model's; every layer holds the same)
     last_certificate: Certificate with [L, B, Hq] leaves, the last decode step's
     escalate:         [B] bool, set during a decode step's fast pass (`decode_fast_path`) when some head of that
-                      sequence needs a rung above 0 (the step must then be answered by the whole ladder)
+                      sequence needs a rung above 1 (the step must then be answered by the whole ladder)
     policy:           CertPolicy (tolerances are leaves: changing them does not recompile)
     mode:             "certified" | "naive" (static)
-    fast:             static; True while a decode step runs its fast pass (rung 0 only, see `models.llama`)
+    fast:             static; True while a decode step runs its fast pass (rungs 0-1 only, see `models.llama`)
     schedule:         static; how a certified decode step runs the layers (`models.llama`, docs/performance.md):
-                      "looped" (default) every layer at rung 0 in a loop over layers, then, only if some head
+                      "looped" (default) every layer at rungs 0-1 in a loop over layers, then, only if some head
                       needs more, the step again from its start with the whole ladder, in the same kind of loop:
                       two layer bodies are compiled whatever the depth; each layer's weights are copied out of a
                       `lax.switch` on every step (one extra pass over the weights);
-                      "two-pass" the same, but the rung-0 pass unrolled (the weights read in place; compiles
-                      rung 0 once per layer);
+                      "two-pass" the same, but the fast pass unrolled (the weights read in place; compiles
+                      rungs 0-1 once per layer);
                       "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile).
                       The default is chosen by measurement on the H200 (docs/performance.md): today "looped" both
                       compiles fastest and decodes fastest.
@@ -202,7 +202,7 @@ class TieredModelCache:
             c = base.write_token(k, v)
             if self.mode == "certified":
                 if self.fast:
-                    out, step_cert, c, esc = certified_attention_rung0(q[:, 0], c, self.policy)
+                    out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy)
                     escalate = escalate | esc
                 else:
                     out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)
@@ -230,14 +230,14 @@ class TieredModelCache:
 
     # ------------------------------------------------------------------ the two-pass decode step (models.llama)
     def decode_fast_path(self) -> TieredModelCache | None:
-        """The cache for a decode step's fast pass (every layer answers at rung 0 and records in `escalate` the
-        sequences where some head needs more), or None when this mode has no slower path (naive)."""
+        """The cache for a decode step's fast pass (every layer answers at rung 0 or 1 and records in `escalate`
+        the sequences where some head needs more), or None when this mode has no slower path (naive)."""
         if self.mode != "certified" or self.schedule == "unrolled":
             return None
         return self.replace(fast=True, escalate=jnp.zeros_like(self.escalate))
 
     def needs_slow_path(self) -> jax.Array:
-        """Scalar bool, after a fast pass: some head of some layer needs a rung above 0."""
+        """Scalar bool, after a fast pass: some head of some layer needs a rung above 1."""
         return jnp.any(self.escalate)
 
     def fast_path_done(self) -> TieredModelCache:

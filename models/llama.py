@@ -18,9 +18,10 @@ docs/results.md). `forward` accepts either form.
 Layers are a Python list (unrolled in the trace) rather than stacked arrays: each layer's weights are then
 separate buffers that the GEMMs read in place (a loop over stacked weights copies each layer's slice before its
 GEMM: 2.5x slower per step for the 8B shape on the H200, results/probe_layer_loop_h200.json). A certified
-decode step runs in two passes: every layer unrolled at rung 0 (`decode_fast_path`), and only when some head
-needs a higher rung, the step again with the whole ladder in a `lax.fori_loop` over layers (`_layers_looped`),
-so the rarely-taken rungs are compiled once instead of once per layer.
+decode step runs in two passes: every layer at rungs 0-1 (`decode_fast_path`; in a loop over layers by default,
+see `TieredModelCache.schedule`), and only when some head needs a higher rung, the step again with the whole
+ladder in a `lax.fori_loop` over layers (`_layers_looped`), so the rarely-taken rungs are compiled once
+instead of once per layer.
 """
 
 from __future__ import annotations
@@ -131,9 +132,9 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     if fast is None:
         x, cache = _layers_unrolled(params, config, x, cache, cos, sin, new_lengths)
     else:
-        # Two passes (docs/performance.md, "compile time"): every layer at rung 0, unrolled (cheap to compile);
-        # only if some head of some layer needs a higher rung, the step again from its start with the whole
-        # ladder, in a loop over layers, so the ladder is compiled once rather than once per layer.
+        # Two passes (docs/performance.md, "compile time"): every layer at rungs 0-1 (looped, or unrolled for the
+        # "two-pass" schedule); only if some head of some layer needs a higher rung, the step again from its start
+        # with the whole ladder, in a loop over layers, so the ladder is compiled once rather than once per layer.
         first_pass = _layers_looped if getattr(fast, "schedule", "") == "looped" else _layers_unrolled
         x_fast, c_fast = first_pass(params, config, x, fast, cos, sin, new_lengths)
         x, cache = jax.lax.cond(

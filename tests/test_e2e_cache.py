@@ -229,10 +229,10 @@ ENTRY %main (x: f32[4]) -> f32[4] {
 
 @pytest.mark.parametrize("eps", [0.05, 1e-9], ids=["rung0", "escalating"])
 def test_layer_schedules_decode_identically(params, eps):
-    """The two-pass decode step (rung 0 unrolled, the whole ladder in a loop over layers only when a head needs
-    it) and the looped one give exactly what the whole ladder inlined in every layer gives: the same tokens,
-    rungs, K* and bounds -- with a tolerance every head meets at rung 0 and with one no head meets there (the
-    slow pass runs on every step)."""
+    """The two-pass decode step (rungs 0-1 unrolled, the whole ladder in a loop over layers only when a head
+    needs more) and the looped one give exactly what the whole ladder inlined in every layer gives: the same
+    tokens, rungs, K* and bounds -- with the default tolerance (rungs 0-1) and with one no head meets below
+    rung 3 (the slow pass runs on every step)."""
     policy = dataclasses.replace(POLICY, eps=eps, abs_tol=0.0)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]
@@ -243,11 +243,11 @@ def test_layer_schedules_decode_identically(params, eps):
     ref = runs.pop("unrolled")
     rungs = np.asarray(ref.step_records.rung)  # [steps, L, B, Hq]
     if eps == 0.05:
-        # the hot set starts empty (rung 0 never reads tier 2): the first step may climb to rung 1, which fills
-        # it; the later steps are answered at rung 0
-        assert np.all(rungs[-3:] == 0)
+        # the hot set starts empty (rung 0 never reads tier 2): a step climbs to rung 1 where it needs blocks
+        # that are not resident, and rung 1 fills the hot set
+        assert np.all(rungs <= 1) and np.any(rungs == 0)
     else:
-        assert np.all(rungs > 0)
+        assert np.all(rungs >= 3)
     for name, run in runs.items():
         assert run.tokens == ref.tokens, name
         for field in ("rung", "k_star", "certified", "ranking_ok"):
@@ -259,7 +259,7 @@ def test_layer_schedules_decode_identically(params, eps):
 
 @pytest.mark.parametrize("schedule", ["looped", "two-pass"])
 def test_the_ladder_is_compiled_once_whatever_the_depth(params, schedule):
-    """The rungs above 0 sit in one loop over layers, so their code does not grow with the depth; rung 0 too
+    """The rungs above 1 sit in one loop over layers, so their code does not grow with the depth; rungs 0-1 too
     when looped, once per layer when two-pass."""
     counts = []
     for layers in (2, 3):
@@ -270,8 +270,10 @@ def test_the_ladder_is_compiled_once_whatever_the_depth(params, schedule):
             p, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
         counts.append({r: hlo.count(r) for r in ("rung1_widen", "rung3_exact_heads", "rung0_certified")})
     # (the instruction counts vary by a few with XLA's fusion choices around the loop)
-    constant = ("rung1_widen", "rung3_exact_heads") + (("rung0_certified",) if schedule == "looped" else ())
+    fast = ("rung0_certified", "rung1_widen")
+    constant = ("rung3_exact_heads",) + (fast if schedule == "looped" else ())
     for rung in constant:
         assert counts[0][rung] > 0 and abs(counts[1][rung] - counts[0][rung]) <= 0.05 * counts[0][rung], counts
     if schedule == "two-pass":
-        assert counts[1]["rung0_certified"] > 1.2 * counts[0]["rung0_certified"]  # rung 0 per layer (unrolled)
+        for rung in fast:  # the fast pass is unrolled: once per layer
+            assert counts[1][rung] > 1.2 * counts[0][rung], counts
