@@ -319,6 +319,15 @@ def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode:
                                        schedule=schedule)
 
 
+def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelCache:
+    """A prefilled dense staging cache converted (one jitted program) into a tiered cache with the mode, policy,
+    schedule and query heads of `like` (e.g. an empty cache built for the same run)."""
+    if dense.capacity != like.capacity:
+        raise ValueError(f"staging capacity {dense.capacity} differs from the tiered cache's {like.capacity}")
+    num_q_heads = like.last_certificate.rung.shape[-1]
+    return _convert(dense, like.policy, num_q_heads=num_q_heads, mode=like.mode, schedule=like.schedule)
+
+
 def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = None,
                schedule: str = DEFAULT_SCHEDULE) -> CacheSpec:
     """The cache of a LLaMA-like `config` (num_layers, num_heads, num_kv_heads, head_dim) in `mode`;

@@ -159,3 +159,34 @@ def test_summary_schema_from_parts():
     assert s["soundness"]["head_steps"] == 25 and s["soundness"]["rung_histogram"] == [23, 2, 0, 0, 0]
     assert s["aggressive"]["escalation_rate"] == {"certified": pytest.approx(0.1)}
     assert set(s["aggressive"]["tier1_fraction_bf16_by_capacity"]) == {"INT8/INT4@256", "K4V2@256"}
+
+
+def test_tiered_prefill_goes_through_a_dense_staging_cache(params, ids, monkeypatch):
+    """The evaluation prefills a tiered cache like `generate` does (dense staging + one conversion): no tier-2
+    read, and the result holds what prefilling through the tiered cache's own exact path holds."""
+    from certattn_jax import tiers
+    from certattn_jax.attention import exact_keys_values
+
+    prompt = ids[:PREFIX]
+    direct = decode.make_cache("certified", params, CFG, CAP, POLICY)
+    direct_logits = None
+    for s in range(0, PREFIX, CHUNK):  # the tiered cache's own (exact, tier-2 reading) prefill path
+        part = prompt[s:s + CHUNK]
+        buf = np.zeros((1, CHUNK), np.int32)
+        buf[0, :part.size] = part
+        direct, direct_logits = decode.prefill_chunk(params, CFG, direct, jnp.asarray(buf),
+                                                     jnp.asarray([part.size], jnp.int32))
+    for name in ("read_all", "read_head", "read_block"):
+        monkeypatch.setattr(tiers, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("tier-2 read")))
+    staged, logits = decode.prefill(params, CFG, decode.make_cache("certified", params, CFG, CAP, POLICY), prompt,
+                                    CHUNK)
+    monkeypatch.undo()
+    assert isinstance(staged, decode.EvalCache) and staged.inner.mode == "certified"
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(direct_logits), rtol=1e-5, atol=1e-5)
+    assert np.asarray(staged.lengths).tolist() == [PREFIX]
+    for layer in range(CFG.num_layers):
+        a, b = staged.inner.layer_view(layer), direct.inner.layer_view(layer)
+        np.testing.assert_array_equal(np.asarray(a.flushed), np.asarray(b.flushed))
+        for x, y in zip(exact_keys_values(a), exact_keys_values(b), strict=True):
+            np.testing.assert_allclose(np.asarray(x)[:, :, :PREFIX], np.asarray(y)[:, :, :PREFIX], rtol=1e-5,
+                                       atol=1e-5)

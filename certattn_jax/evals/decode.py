@@ -28,7 +28,7 @@ from jax.experimental import io_callback
 
 from certattn_jax import quant
 from certattn_jax.kv_cache import commit_arrays
-from certattn_jax.model_cache import TieredModelCache
+from certattn_jax.model_cache import TieredModelCache, convert_staging
 from certattn_jax.policy import CertPolicy
 from certattn_jax.step import dense_attention_f32, exact_keys_values, overlay_residual
 from models.config import LlamaConfig
@@ -188,7 +188,14 @@ def prefill_chunk(params: Params, config: LlamaConfig, cache, chunk: jax.Array, 
 
 def prefill(params: Params, config: LlamaConfig, cache, ids: np.ndarray, chunk: int = 256):
     """Prefill token ids [T] (batch 1) in fixed-size chunks (the last one padded: one compile per chunk size).
-    Returns (cache, logits [1, V] after the last token)."""
+    Returns (cache, logits [1, V] after the last token).
+
+    A tiered cache (EvalCache) is prefilled like `models.generate.prefill` does it: into a dense staging cache
+    of the same capacity (the dense path's own exact attention; one compiled chunk shared by every mode), then
+    converted once (`model_cache.convert_staging`): no tier-2 read-back per chunk."""
+    if isinstance(cache, EvalCache):
+        staging, logits = prefill(params, config, init_cache_for(params, config, 1, cache.capacity), ids, chunk)
+        return cache.replace(inner=convert_staging(staging, cache.inner)), logits
     ids = np.asarray(ids, np.int32).reshape(-1)
     if ids.size == 0:
         raise ValueError("prefill needs at least one token")
