@@ -90,19 +90,35 @@ def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array,
     """Delta_n for INT keys: [..., G, nb] from |q| [..., G, d] and scale/zero [..., nb, d].
 
     Each reconstructed key element is within s_c (1/2 + slack) of the original (quant.py), and the float32
-    dot product of q / sqrt(d) (rounded) with the reconstruction adds at most gamma(d + 6) * sum_c |q_c|
-    |k_hat_c| / sqrt(d), where |k_hat_c| <= M_c = max(|z_c|, |z_c + L s_c|). The einsums evaluating this bound
-    are rounded up for their own error.
+    scores of q / sqrt(d) (rounded) against the reconstruction add at most gamma(d + 6) * sum_c |q_c|
+    (L s_c + |z_c|) / sqrt(d): for the jnp path (dequantize, then dot: |k_hat_c| <= max(|z_c|, |z_c + L s_c|)
+    <= L s_c + |z_c|) and for the tier-1 kernel (scale folded into the query: sum_c fl(q_c s_c) code_c plus
+    sum_c q_c z_c, whose terms are bounded by |q_c| L s_c and |q_c| |z_c|; docs/bounds.md section 11). The
+    einsums evaluating this bound are rounded up for their own error.
     """
     d = q_abs.shape[-1]
     L = quant.levels(bits)
     s = k_scale.astype(jnp.float32)
     z = k_zero.astype(jnp.float32)
-    mag = jnp.maximum(jnp.abs(z), jnp.abs(z + L * s)) * (1.0 + 2 * U)
+    mag = (L * s + jnp.abs(z)) * (1.0 + 2 * U)
     quant_part = jnp.einsum("...gd,...nd->...gn", q_abs, s, precision="highest") * (0.5 + quant.QUANT_ROUNDING_SLACK)
     fp_part = jnp.einsum("...gd,...nd->...gn", q_abs, mag, precision="highest") * gamma(d + 6)
     delta = round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
     return delta + flush_delta(q_abs)[..., None]
+
+
+def dequantization_mismatch(value_abs: jax.Array) -> jax.Array:
+    """E_num term [...] for value reconstructions that round differently from the writer's.
+
+    A block's eta (cache.v_err) was measured on the writer's float32 reconstruction v_hat = fl(t code + y) of
+    the INT values; the reader (an XLA fusion or the tier-1 kernel, with or without FMA contraction) may round
+    it differently. Each rounding is within 2u (|t code| + |y|) of the exact t code + y, and |t code| + |y| <=
+    |v_hat| + 2 |y| with |y| (a group minimum, bf16-rounded) <= 1.008 max_c value_abs_c: per channel the two
+    reconstructions differ by at most 4u (value_abs_c + 2.016 max value_abs). Softmax-averaged (weights summing to
+    at most 1 + 1e-3) and taken as a vector norm: <= 4.01u (||value_abs||_2 + 2.016 sqrt(d) max value_abs);
+    5u (||value_abs||_2 + 2.01 sqrt(d) max value_abs) here covers it. value_abs [..., d] bounds |v_hat| per channel."""
+    d = value_abs.shape[-1]
+    return 5 * U * (l2(value_abs) + 2.01 * math.sqrt(d) * jnp.max(value_abs, axis=-1))
 
 
 def flush_delta(q_abs: jax.Array) -> jax.Array:

@@ -7,6 +7,8 @@ without recompiling; the policy is also hashable, so it can be a static argument
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 from flax import struct
@@ -14,6 +16,9 @@ from flax import struct
 from certattn_jax.kv_cache import is_concrete
 
 _static = {"pytree_node": False}
+TIER1_IMPLS = ("jnp", "pallas")
+# The default tier-1 implementation; CERTATTN_TIER1=pallas runs e.g. the whole soundness suite through the kernel.
+_DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "jnp").strip() or "jnp"
 
 
 def _is_number(x: object) -> bool:
@@ -34,6 +39,11 @@ class CertPolicy:
       k_max:       promotion buffer: at most k_max blocks per KV head get exact keys and values from the
                    device-resident hot set (a cache's hot set holds the k_max of the policy it was built
                    with; a later call may use a smaller k_max, never a larger one).
+    Implementation (static, not part of the layout)
+      tier1:       how the tier-1 pass (INT scores and per-block partials of every full block) is computed:
+                   "jnp" (XLA) or "pallas" (`pallas_kernels.tier1_pass`, one read of the quantized bytes; interpret
+                   mode off the GPU). Both are covered by the same bound (docs/bounds.md section 11). Default
+                   "jnp", or the environment variable CERTATTN_TIER1.
     Tolerances
       eps:         a head is certified when error_bound <= eps * value_scale + abs_tol, where value_scale is
                    ||r||_2, r_c = max_i v_ic - min_i v_ic the per-channel range of that KV head's values
@@ -61,8 +71,11 @@ class CertPolicy:
     v_tol: float = 0.1
     rank_margin: float = 0.5
     layer_fallback_fraction: float = 0.5
+    tier1: str = struct.field(default=_DEFAULT_TIER1, **_static)
 
     def __post_init__(self) -> None:
+        if self.tier1 not in TIER1_IMPLS:
+            raise ValueError(f"unknown tier-1 implementation {self.tier1!r}; choose from {TIER1_IMPLS}")
         if self.block_size < 2 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 2, got {self.block_size}")
         if self.group_size < 2:

@@ -159,13 +159,7 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Ste
     q_s = scaled_query(q32)
     block_valid = jnp.arange(nb)[None, :] < (cache.flushed // Bk)[:, None]
 
-    k_hat = quant.dequantize_keys(cache.k_codes, cache.k_scale, cache.k_zero, cache.key_bits)
-    s_apx = jnp.einsum("bhgd,bhntd->bhgnt", q_s, k_hat, precision=_HI)
-    s_apx = jnp.where(block_valid[:, None, None, :, None], s_apx, -jnp.inf)
-    v_hat = quant.dequantize_values(cache.v_codes, cache.v_scale, cache.v_zero, cache.group_size,
-                                    cache.value_bits)
-    v_hat = jnp.where(block_valid[:, None, :, None, None], v_hat, 0.0)  # empty slots must not meet 0 * inf
-    apx = partials(s_apx, v_hat)
+    apx = tier1_partials(q_s, cache, block_valid, policy.tier1)
     apx_delta = bounds.key_delta_quantized(q_abs, cache.k_scale, cache.k_zero, cache.key_bits)
 
     r_count = cache.lengths - cache.flushed
@@ -197,6 +191,27 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Ste
                        block_valid=block_valid, eta=eta, value_range=value_range,
                        key_scale=key_term_scale(value_range, max_norm),
                        value_abs=value_abs, tolerance=jnp.broadcast_to(tolerance[..., None], (B, H, G)), bad=bad)
+
+
+def tier1_partials(q_s: jax.Array, cache: TieredKVCache, block_valid: jax.Array, impl: str) -> Partials:
+    """Per-block partials (m, l, acc) [B, H, G, nb] of every full block with INT keys and values, for the
+    pre-scaled query q_s [B, H, G, d]: with jnp (float32 dequantized copies, XLA) or with the tier-1 Pallas
+    kernel (one read of the quantized bytes, dequantized in registers; `score_scale=1`: no multiply follows
+    the dot). Empty blocks: m = -inf, l = 0, acc = 0. Both are covered by the same bound (docs/bounds.md 11)."""
+    if impl == "pallas":
+        from pallas_kernels.tier1_pass import tier1_pass  # imported here: pallas_kernels imports certattn_jax
+
+        t1 = tier1_pass(q_s, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale, cache.v_zero,
+                        cache.flushed // cache.block_size, group_size=cache.group_size, key_bits=cache.key_bits,
+                        value_bits=cache.value_bits, per_block_acc=True, score_scale=1.0)
+        return Partials(m=t1.m, l=t1.l, acc=t1.acc)
+    k_hat = quant.dequantize_keys(cache.k_codes, cache.k_scale, cache.k_zero, cache.key_bits)
+    s_apx = jnp.einsum("bhgd,bhntd->bhgnt", q_s, k_hat, precision=_HI)
+    s_apx = jnp.where(block_valid[:, None, None, :, None], s_apx, -jnp.inf)
+    v_hat = quant.dequantize_values(cache.v_codes, cache.v_scale, cache.v_zero, cache.group_size,
+                                    cache.value_bits)
+    v_hat = jnp.where(block_valid[:, None, :, None, None], v_hat, 0.0)  # empty slots must not meet 0 * inf
+    return partials(s_apx, v_hat)
 
 
 def key_term_scale(value_range: jax.Array, max_value_norm: jax.Array) -> jax.Array:
@@ -251,7 +266,8 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     out, cast = bounds.cast_error(comb.out, out_dtype)
     # weights e^{s - m_n} e^{m_n - big}: two exps, two rounded subtractions whose |arguments| add to big - s
     factor = bounds.softmax_average_error(n_tokens, sum_rel, n_exps=2, arg_roundings=1)
-    e_num = (bounds.numeric_error(ctx.value_abs, factor) + bounds.flush_floor(n_tokens, ctx.value_abs))[..., None]
+    e_num = (bounds.numeric_error(ctx.value_abs, factor) + bounds.flush_floor(n_tokens, ctx.value_abs)
+             + bounds.dequantization_mismatch(ctx.value_abs))[..., None]
     e_num = jnp.where(broken, jnp.inf, e_num + cast)
     bound = bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U))
 

@@ -179,13 +179,13 @@ def _write_empty_block(m_ref, l_ref, acc_ref, n, G: int, d: int, per_block: bool
 
 def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                   *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
-                  value_bits: int, per_block: bool):
+                  value_bits: int, per_block: bool, scale: float):
     # refs (b, h squeezed): q [G, d]; kc [nb, Bk, dk]; ks, kz [nb, d]; vc [nb, Bk, dv]; vs, vz [nb, Bk, d/gs];
     # m, l [G, nb]; acc [G, nb | S, d]; am [G, S] (split layout only)
     f32 = jnp.float32
     split = pl.program_id(2)
     start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
-    inv_sqrt_d = 1.0 / math.sqrt(d)
+    inv_sqrt_d = scale
     ng = d // group
     qs = [q_ref[g, :].astype(f32) for g in range(G)]
 
@@ -199,7 +199,7 @@ def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_
         v_hat = (vcodes * vs[:, :, None] + vz[:, :, None]).reshape(Bk, d)  # [Bk, d]
         new = []
         for g in range(G):
-            s = jnp.sum(k_hat * qs[g][None, :], axis=1) * inv_sqrt_d  # [Bk]
+            s = _scaled(jnp.sum(k_hat * qs[g][None, :], axis=1), inv_sqrt_d)  # [Bk]
             m = jnp.max(s)
             p = jnp.exp(s - m)
             pv = jnp.sum(p[:, None] * v_hat, axis=0)  # [d]
@@ -226,6 +226,12 @@ def _tier1_kernel(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_
             m_run, acc = final[g]
             acc_ref[g, split, :] = acc
             am_ref[g, split] = m_run
+
+
+def _scaled(scores: jax.Array, scale: float) -> jax.Array:
+    """scores * scale, or the scores themselves when scale is 1 (a query already divided by sqrt(d): then no
+    multiply follows the dot that a compiler could contract with the softmax's subtraction)."""
+    return scores if scale == 1.0 else scores * scale
 
 
 def _codes_f32(codes: jax.Array, magic: bool) -> jax.Array:
@@ -296,12 +302,12 @@ def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float):
     kk = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
     t = jnp.sum(si.astype(f32).reshape(codes_i8.shape[0], G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
     base = off * jnp.sum(a, axis=1) + jnp.sum(q * kz[None, :], axis=1)  # [G]
-    return (t * inv_f[None, :] + base[None, :]) * inv_sqrt_d
+    return _scaled(t * inv_f[None, :] + base[None, :], inv_sqrt_d)
 
 
 def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                       *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
-                      value_bits: int, per_block: bool):
+                      value_bits: int, per_block: bool, scale: float):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -310,7 +316,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
     f32 = jnp.float32
     split = pl.program_id(2)
     start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
-    inv_sqrt_d = 1.0 / math.sqrt(d)
+    inv_sqrt_d = scale
     ng = d // group
     hg = group * value_bits // 8  # packed bytes per group and token
     voff = 1 << (value_bits - 1)
@@ -361,7 +367,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
 
 def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                       *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
-                      value_bits: int, per_block: bool, magic: bool, transposed: bool = False,
+                      value_bits: int, per_block: bool, scale: float, magic: bool, transposed: bool = False,
                       int_keys: bool = False):
     """Same contract as _tier1_kernel; the G query heads are scored together with float32 dot products
     (IEEE inputs, `precision=HIGHEST`: FMA, no TF32) and the key scale is folded into the query:
@@ -374,7 +380,7 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
     f32 = jnp.float32
     split = pl.program_id(2)
     start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
-    inv_sqrt_d = 1.0 / math.sqrt(d)
+    inv_sqrt_d = scale
     ng = d // group
     q = q_ref[...].astype(f32)  # [G, d]
 
@@ -388,12 +394,12 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
             p = jnp.exp(s - m[None, :])
         elif transposed:
             codes = _codes_f32(_unpack(kc_ref[n, :, :], key_bits), magic)  # [Bk, d]
-            s = (_dot(codes, q * ks[None, :], 1) + qz[None, :]) * inv_sqrt_d  # [Bk, G]
+            s = _scaled(_dot(codes, q * ks[None, :], 1) + qz[None, :], inv_sqrt_d)  # [Bk, G]
             m = jnp.max(s, axis=0)  # [G]
             p = jnp.exp(s - m[None, :])
         else:
             codes = _codes_f32(_unpack(kc_ref[n, :, :], key_bits), magic)  # [Bk, d]
-            s = (_dot(q * ks[None, :], codes, 1) + qz[:, None]) * inv_sqrt_d  # [G, Bk]
+            s = _scaled(_dot(q * ks[None, :], codes, 1) + qz[:, None], inv_sqrt_d)  # [G, Bk]
             m = jnp.max(s, axis=1)  # [G]
             p = jnp.exp(s - m[:, None])
         vcodes = _codes_f32(_unpack(vc_ref[n, :, :], value_bits), magic).reshape(Bk, ng, group)
@@ -427,9 +433,12 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
 def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
                key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
                blocks_per_split: int | None = None, num_warps: int = 4, num_stages: int = 2,
-               variant: str = "dot_magic", interpret: bool | None = None) -> Tier1Partials:
+               variant: str = "dot_magic", interpret: bool | None = None,
+               score_scale: float | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
-    blocks of one KV head with its G query heads. See the module docstring for the math and layouts."""
+    blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
+    score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
+    sqrt(d), as the certified path passes it (`certattn_jax.step`)."""
     B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                        group_size, key_bits, value_bits)
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
@@ -450,20 +459,21 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     out = _tier1_call(q32, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero,
                       n_valid.astype(jnp.int32), group=group_size, key_bits=key_bits, value_bits=value_bits,
                       per_block=per_block_acc, bps=bps, num_warps=num_warps, num_stages=num_stages,
-                      variant=variant, interpret=interpret)
+                      variant=variant, interpret=interpret,
+                      scale=float(1.0 / math.sqrt(d) if score_scale is None else score_scale))
     return out if Gp == G else Tier1Partials(*(x[:, :, :G] for x in out))
 
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
-                                             "num_stages", "variant", "interpret"))
+                                             "num_stages", "variant", "interpret", "scale"))
 def _tier1_call(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
-                per_block, bps, num_warps, num_stages, variant, interpret) -> Tier1Partials:
+                per_block, bps, num_warps, num_stages, variant, interpret, scale) -> Tier1Partials:
     B, H, G, d = q.shape
     nb, Bk = k_codes.shape[2], k_codes.shape[3]
     dk, dv, ng = k_codes.shape[4], v_codes.shape[4], d // group
     S = -(-nb // bps)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
-                               value_bits=value_bits, per_block=per_block)
+                               value_bits=value_bits, per_block=per_block, scale=scale)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731
     n_acc = nb if per_block else S
     out_shape = [jax.ShapeDtypeStruct((B, H, G, nb), jnp.float32), jax.ShapeDtypeStruct((B, H, G, nb), jnp.float32),

@@ -7,6 +7,7 @@ output" means the kernel wrote every element. Shapes are tiny: each distinct sha
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -151,6 +152,41 @@ def test_kernel_on_a_cache_matches_build_context():
     got = tier1_pass(ctx.q32, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale,
                      cache.v_zero, cache.flushed // cache.block_size, group_size=GS, per_block_acc=True)
     _assert_close(got, Tier1Partials(m=ctx.apx.m, l=ctx.apx.l, acc=ctx.apx.acc, acc_m=ctx.apx.m))
+    # the certified path's own call: the pre-scaled query with score_scale = 1 gives the same partials
+    kernel_ctx = build_context(q, cache, dataclasses.replace(policy, tier1="pallas"))
+    _assert_close(Tier1Partials(m=kernel_ctx.apx.m, l=kernel_ctx.apx.l, acc=kernel_ctx.apx.acc, acc_m=kernel_ctx.apx.m),
+                  Tier1Partials(m=ctx.apx.m, l=ctx.apx.l, acc=ctx.apx.acc, acc_m=ctx.apx.m))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_certified_attention_through_the_kernel(seed):
+    """policy.tier1 = "pallas": the same rungs as the jnp path, outputs within float noise of it, and every
+    head's true error (against float64 attention over what the cache stores) within its bound."""
+    from certattn_jax.attention import certified_attention_step
+    from certattn_jax.cache import TieredKVCache
+    from certattn_jax.policy import CertPolicy
+    from tests.float64_reference import attention_f64
+
+    rng = np.random.default_rng(10 + seed)
+    B, T, H, G, d = 2, 150, 2, 4, 32
+    k = (rng.normal(size=(B, T, H, d)) * rng.uniform(0.5, 4.0, size=d)).astype(np.float32)
+    v = (rng.normal(size=(B, T, H, d)) + 2.0).astype(np.float32)
+    k[0, 40] *= 6.0  # a needle
+    q = (rng.normal(size=(B, H * G, d)) * 1.5).astype(np.float32)
+    jp = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2)
+    step = jax.jit(certified_attention_step)
+    cache = TieredKVCache.from_dense(jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32), jp)
+    _, _, cache = step(jnp.asarray(q, jnp.float32), cache, dataclasses.replace(jp, eps=0.0))  # fill the hot set
+    ref = attention_f64(q, k, v, [T] * B)
+    for tol in (0.05, 1e-4):
+        results = {}
+        for impl in ("jnp", "pallas"):
+            out, cert, _ = step(jnp.asarray(q, jnp.float32), cache, dataclasses.replace(jp, eps=tol, tier1=impl))
+            err = np.linalg.norm(np.asarray(out, np.float64) - ref, axis=-1)
+            assert np.all(err <= np.asarray(cert.error_bound)), (impl, tol)
+            results[impl] = (np.asarray(out), cert)
+        np.testing.assert_array_equal(results["pallas"][1].rung, results["jnp"][1].rung)
+        np.testing.assert_allclose(results["pallas"][0], results["jnp"][0], rtol=1e-4, atol=1e-5)
 
 
 def test_bad_inputs_are_named():

@@ -320,15 +320,13 @@ def test_a_block_whose_weights_all_underflow_escalates(monkeypatch):
     true error 56.6). Now a valid item with l < 1/2 is 'broken': infinite bound, the head escalates."""
     from certattn_jax import step
 
-    real = step.partials
+    real = step.tier1_partials
 
-    def lossy(scores, values):
-        p = real(scores, values)
-        if scores.shape[-2] > 1:  # the INT8 pass over all blocks: block 1 loses every weight
-            p = p._replace(l=p.l.at[..., 1].set(0.0), acc=p.acc.at[..., 1, :].set(0.0))
-        return p
+    def lossy(*args):  # the INT8 pass over all blocks (jnp or kernel): block 1 loses every weight
+        p = real(*args)
+        return p._replace(l=p.l.at[..., 1].set(0.0), acc=p.acc.at[..., 1, :].set(0.0))
 
-    monkeypatch.setattr(step, "partials", lossy)
+    monkeypatch.setattr(step, "tier1_partials", lossy)
     policy = CertPolicy(block_size=16, group_size=16, k_max=1, eps=0.05, tau_cov=1e-6)  # K* = 0: no promotion
     rng = np.random.default_rng(12)
     B, T, H, d = 1, 100, 1, 32
