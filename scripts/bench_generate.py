@@ -132,7 +132,7 @@ def _model_config(name: str):
 
 
 def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int,
-            prefill_only: bool = False, k_max: int | None = None) -> dict:
+            prefill_only: bool = False, k_max: int | None = None, tier1: str | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -147,6 +147,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     policy = CertPolicy(block_size=16, group_size=16) if model == "tiny" else CertPolicy()
     if k_max is not None:
         policy = dataclasses.replace(policy, k_max=k_max)
+    if tier1 is not None:
+        policy = dataclasses.replace(policy, tier1=tier1)
     params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
     mode, _, schedule = cache.partition("_")
@@ -183,7 +185,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
-            "k_max": policy.k_max}
+            "k_max": policy.k_max, "tier1": policy.tier1}
 
 
 def main(argv=None) -> int:
@@ -203,12 +205,13 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-only", action="store_true",
                     help="time to first token only (3 prefills: cold, then the best of two warm); no decode")
     ap.add_argument("--k-max", type=int, default=None, help="the policy's k_max (default CertPolicy's)")
+    ap.add_argument("--tier1", choices=("jnp", "pallas"), default=None, help="the policy's tier-1 implementation")
     args = ap.parse_args(argv)
     new_tokens = args.new_tokens or (8 if args.tiny else 64)
     chunk = args.prefill_chunk or (32 if args.tiny else 1024)
     if args.row:
         model, cache, prompt = args.row
-        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only, args.k_max)
+        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only, args.k_max, args.tier1)
         print("ROW " + json.dumps(row), flush=True)
         return 0
     if args.merge:
@@ -227,6 +230,7 @@ def main(argv=None) -> int:
                        "--new-tokens", str(new_tokens), "--prefill-chunk", str(chunk)]
                 cmd += ["--prefill-only"] if args.prefill_only else []
                 cmd += ["--k-max", str(args.k_max)] if args.k_max is not None else []
+                cmd += ["--tier1", args.tier1] if args.tier1 is not None else []
                 t0 = time.perf_counter()
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
