@@ -149,14 +149,7 @@ class TieredKVCache:
         """
         policy = policy or CertPolicy()
         _check_kv(k, v)
-        if jnp.asarray(lengths).shape != (k.shape[0],):
-            raise ValueError(f"lengths must be [B] = [{k.shape[0]}], got shape {jnp.asarray(lengths).shape}")
-        if k.shape[2] % policy.block_size:
-            raise ValueError(f"capacity {k.shape[2]} must be a multiple of the block size {policy.block_size}")
-        lengths = jnp.asarray(lengths, jnp.int32)
-        if is_concrete(lengths) and (bool(jnp.any(lengths > k.shape[2])) or bool(jnp.any(lengths < 0))):
-            raise ValueError(f"lengths must lie in [0, {k.shape[2]}], got {lengths.tolist()}")
-        return _from_head_major(k, v, lengths, policy)
+        return _from_head_major(k, v, _check_head_major(k.shape, lengths, policy), policy)
 
     @classmethod
     def stacked_from_head_major(cls, k: jax.Array, v: jax.Array, lengths: jax.Array,
@@ -168,14 +161,7 @@ class TieredKVCache:
         if k.ndim != 5 or v.shape != k.shape:
             raise ValueError(f"keys and values must both be [L, B, H, S, d]; got {k.shape} and {v.shape}")
         _check_kv(k[0], v[0])
-        if k.shape[3] % policy.block_size:
-            raise ValueError(f"capacity {k.shape[3]} must be a multiple of the block size {policy.block_size}")
-        lengths = jnp.asarray(lengths, jnp.int32)
-        if lengths.shape != (k.shape[1],):
-            raise ValueError(f"lengths must be [B] = [{k.shape[1]}], got shape {lengths.shape}")
-        if is_concrete(lengths) and (bool(jnp.any(lengths > k.shape[3])) or bool(jnp.any(lengths < 0))):
-            raise ValueError(f"lengths must lie in [0, {k.shape[3]}], got {lengths.tolist()}")
-        return _from_head_major(k, v, lengths, policy)
+        return _from_head_major(k, v, _check_head_major(k.shape[1:], lengths, policy), policy)
 
     # ------------------------------------------------------------------ shape facts
     @property
@@ -393,6 +379,20 @@ def _narrows(src, dst) -> bool:
     """Casting src to dst may round (dst has fewer significand bits or a smaller range)."""
     a, b = jnp.finfo(src), jnp.finfo(dst)
     return b.nmant < a.nmant or float(b.max) < float(a.max)
+
+
+def _check_head_major(shape: tuple[int, ...], lengths: Any, policy: CertPolicy) -> jax.Array:
+    """Check one layer's head-major shape [B, H, S, d] against the block size and lengths [B] (each in [0, S]);
+    returns lengths as int32."""
+    B, S = shape[0], shape[2]
+    lengths = jnp.asarray(lengths, jnp.int32)
+    if lengths.shape != (B,):
+        raise ValueError(f"lengths must be [B] = [{B}], got shape {lengths.shape}")
+    if S % policy.block_size:
+        raise ValueError(f"capacity {S} must be a multiple of the block size {policy.block_size}")
+    if is_concrete(lengths) and (bool(jnp.any(lengths > S)) or bool(jnp.any(lengths < 0))):
+        raise ValueError(f"lengths must lie in [0, {S}], got {lengths.tolist()}")
+    return lengths
 
 
 def _check_kv(k: jax.Array, v: jax.Array) -> None:

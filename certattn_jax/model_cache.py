@@ -135,7 +135,7 @@ class TieredModelCache:
 
     @classmethod
     def from_layers(cls, layers: Sequence[TieredKVCache], *, num_q_heads: int, policy: CertPolicy | None = None,
-                    mode: str = "certified") -> TieredModelCache:
+                    mode: str = "certified", schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
         """A model cache from per-layer caches (e.g. `TieredKVCache.from_dense` of existing K/V), which must agree
         in shape and lengths. Their arrays are copied into the stacked form (tier 2 stays in host memory)."""
         if mode not in MODES:
@@ -160,7 +160,7 @@ class TieredModelCache:
         if num_q_heads % first.num_kv_heads:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {first.num_kv_heads}")
         store = _stack_layers(layers)
-        return cls._wrap(store, jnp.array(first.lengths, copy=True), num_q_heads, policy, mode)
+        return cls._wrap(store, jnp.array(first.lengths, copy=True), num_q_heads, policy, mode, schedule)
 
     @property
     def capacity(self) -> int:
