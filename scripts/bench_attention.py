@@ -27,7 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import measure_bandwidth  # noqa: E402
 
-from certattn_jax.attention import certified_attention_step, dense_attention_f32, naive_attention  # noqa: E402
+from certattn_jax.attention import (  # noqa: E402
+    certified_attention_fast,
+    certified_attention_step,
+    dense_attention_f32,
+    naive_attention,
+)
 from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.memory import memory_report  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
@@ -81,6 +86,16 @@ def bench_context(T: int, B: int, H: int, G: int, d: int, steps: int, reps: int,
         return jax.lax.fori_loop(0, steps, body, (jnp.zeros((B, H * G, d)), cache, jnp.zeros(5, jnp.int32)))
 
     @jax.jit
+    def fast_loop(cache, policy):  # the model's fast pass: rungs 0-1 only (escalations counted, not answered)
+        def body(i, carry):
+            acc, c, rung_hist, esc = carry
+            out, cert, c, escalate = certified_attention_fast(q_at(i), c, policy)
+            hist = rung_hist + jnp.bincount(cert.rung.reshape(-1), length=5)
+            return acc + out.astype(jnp.float32), c, hist, esc + jnp.sum(escalate)
+        init = (jnp.zeros((B, H * G, d)), cache, jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.int32))
+        return jax.lax.fori_loop(0, steps, body, init)
+
+    @jax.jit
     def cond_loop(x):  # the control-flow cost: a never-taken lax.cond on a device predicate per iteration
         def body(i, y):
             return jax.lax.cond(jnp.sum(y) > 1e30, lambda z: z * 2.0, lambda z: z + 1.0, y)
@@ -96,6 +111,7 @@ def bench_context(T: int, B: int, H: int, G: int, d: int, steps: int, reps: int,
     t_dense, _ = timed(dense_loop, (kh, vh), reps)
     t_naive, _ = timed(naive_loop, (cache,), reps)
     t_cert, (acc, _, hist) = timed(cert_loop, (cache, policy), reps)
+    t_fast, (_, _, fast_hist, fast_esc) = timed(fast_loop, (cache, policy), reps)
     t_cond, _ = timed(cond_loop, (small,), reps)
     t_where, _ = timed(where_loop, (small,), reps)
     mem = memory_report(cache)
@@ -104,6 +120,8 @@ def bench_context(T: int, B: int, H: int, G: int, d: int, steps: int, reps: int,
     per_iter = steps * 32
     row = dict(context=T, batch=B, kv_heads=H, q_heads=H * G, head_dim=d, steps_per_call=steps,
                dense_us=t_dense / steps * 1e6, naive_us=t_naive / steps * 1e6, certified_us=t_cert / steps * 1e6,
+               certified_fast_us=t_fast / steps * 1e6, tier1=policy.tier1,
+               certified_fast_rung_histogram=[int(x) for x in fast_hist], certified_fast_escalations=int(fast_esc),
                cond_overhead_us=(t_cond - t_where) / per_iter * 1e6, cond_loop_iter_us=t_cond / per_iter * 1e6,
                where_loop_iter_us=t_where / per_iter * 1e6,
                dense_floor_us=dense_bytes / bws["used"] * 1e6, tier1_floor_us=tier1_read / bws["used"] * 1e6,
@@ -111,6 +129,7 @@ def bench_context(T: int, B: int, H: int, G: int, d: int, steps: int, reps: int,
                certified_rung_histogram=[int(x) for x in hist])
     print(f"T={T:6d} dense {row['dense_us']:8.1f} us (floor {row['dense_floor_us']:.1f})  "
           f"naive {row['naive_us']:8.1f} us  certified {row['certified_us']:8.1f} us "
+          f"fast {row['certified_fast_us']:8.1f} us "
           f"(tier-1 floor {row['tier1_floor_us']:.1f})  cond {row['cond_loop_iter_us']:.1f} vs where "
           f"{row['where_loop_iter_us']:.1f} us/iter  rungs {row['certified_rung_histogram']}", flush=True)
     return row
@@ -123,6 +142,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--tier1", choices=("jnp", "pallas"), default=None, help="the policy's tier-1 implementation")
     args = ap.parse_args()
     B, H, G, d = 1, 8, 4, 128
     if args.smoke:
@@ -130,12 +150,13 @@ def main() -> None:
     dev = jax.devices()[0]
     bws = measure_bandwidth(64 << 20 if args.smoke else 4 << 30)
     print(f"device {dev.device_kind}, jax {jax.__version__}, read bw {bws['read_only'] / 1e12:.2f} TB/s", flush=True)
-    policy = CertPolicy()
+    policy = CertPolicy() if args.tier1 is None else CertPolicy(tier1=args.tier1)
     contexts = [int(t) for t in args.contexts.split(",")]
     rows = [bench_context(T, B, H, G, d, args.steps, args.reps, policy, bws) for T in contexts]
     result = dict(device=dev.device_kind, platform=dev.platform, jax_version=jax.__version__,
                   measured_bandwidth_Bps=bws, policy=repr(policy), rows=rows,
-                  note="jnp implementations (no Pallas): the certified path dequantizes every block to float32")
+                  note=f"tier-1 pass: {policy.tier1}; certified = full ladder, "
+                  "certified_fast = the model's rungs-0-1 pass")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -1,0 +1,171 @@
+"""Where one certified attention step's time goes: its phases timed as growing prefixes, on the device.
+
+Each phase runs `--steps` times inside one jitted fori_loop (a step-dependent query; every output leaf is
+reduced into the carry so nothing is dead code), median of `--reps` calls. Phases, each including the ones
+before it: tier1 (the INT partials only), context (build_context), select (+ select_and_promote),
+rung0 (+ evaluate_stage of rung 0), fast (ladder.run_fast: rungs 0-1, the model's fast pass), full
+(ladder.run). Baselines in the same run: dense (exact attention over bf16 K/V) and naive (INT8/INT4, no
+certification). Also counts the kernel launches per loop iteration of each phase in the compiled HLO.
+
+    python scripts/profile_cert_step.py --shapes 8b:32768 smol:1024 --tier1 jnp pallas --out results/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_generate import count_launches  # noqa: E402
+
+from certattn_jax import ladder, step  # noqa: E402
+from certattn_jax.attention import naive_attention  # noqa: E402
+from certattn_jax.cache import TieredKVCache  # noqa: E402
+from certattn_jax.policy import CertPolicy  # noqa: E402
+
+SHAPES = {"8b": (8, 4, 128), "smol": (3, 3, 64)}  # KV heads, query heads per KV head, head dim
+
+
+def _reduce(tree) -> jax.Array:
+    leaves = [x for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.number)
+              or x.dtype == jnp.bool_]
+    return sum(jnp.sum(jnp.where(jnp.isfinite(x.astype(jnp.float32)), x.astype(jnp.float32), 0.0)) for x in leaves)
+
+
+def phases(policy: CertPolicy):
+    def tier1(q, c):
+        q_s = step.scaled_query(q.astype(jnp.float32).reshape(c.batch, c.num_kv_heads, -1, c.head_dim))
+        valid = jnp.arange(c.num_blocks)[None, :] < (c.flushed // c.block_size)[:, None]
+        return step.tier1_partials(q_s, c, valid, policy.tier1), c
+
+    def context(q, c):
+        return step.build_context(q, c, policy), c
+
+    def select(q, c):
+        ctx = step.build_context(q, c, policy)
+        return (ctx, ladder.select_and_promote(ctx, c, policy)), c
+
+    def rung0(q, c):
+        ctx = step.build_context(q, c, policy)
+        sel = ladder.select_and_promote(ctx, c, policy)
+        return step.evaluate_stage(ctx, [sel.hot], q.dtype, policy), c
+
+    def fast(q, c):
+        out, cert, c, esc = ladder.run_fast(q, c, policy)
+        return (out, cert, esc), c
+
+    def full(q, c):
+        out, cert, c = ladder.run(q, c, policy)
+        return (out, cert), c
+
+    def naive(q, c):
+        return naive_attention(q, c), c
+
+    return dict(naive=naive, tier1=tier1, context=context, select=select, rung0=rung0, fast=fast, full=full)
+
+
+def time_loop(fn, cache, q0, steps, reps, dump=None):
+    def q_at(i):
+        return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
+
+    @jax.jit
+    def loop(cache):
+        def body(i, carry):
+            acc, c = carry
+            res, c = fn(q_at(i), c)
+            return acc + _reduce(res), c
+        return jax.lax.fori_loop(0, steps, body, (jnp.zeros(()), cache))
+
+    t0 = time.perf_counter()
+    compiled = loop.lower(cache).compile()
+    compile_s = time.perf_counter() - t0
+    launches = count_launches(compiled.as_text())
+    if dump:
+        Path(dump).write_text(compiled.as_text())
+    jax.block_until_ready(compiled(cache))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(cache))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / steps * 1e6, launches, compile_s
+
+
+def dense_loop_us(k, v, q0, lengths, steps, reps):
+    def q_at(i):
+        return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
+
+    @jax.jit
+    def loop(k, v):
+        def body(i, acc):
+            return acc + step.dense_attention_f32(q_at(i), k, v, lengths).astype(q0.dtype).astype(jnp.float32)
+        return jax.lax.fori_loop(0, steps, body, jnp.zeros(q0.shape))
+
+    jax.block_until_ready(loop(k, v))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(loop(k, v))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / steps * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["8b:32768", "smol:1024"], help="NAME:CONTEXT, NAME in "
+                    + ",".join(SHAPES))
+    ap.add_argument("--tier1", nargs="+", default=["jnp"], choices=("jnp", "pallas"))
+    ap.add_argument("--phases", nargs="+", default=None)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--dump-hlo", default=None, help="write the compiled HLO of the fast phase to DIR/NAME_T_IMPL.hlo")
+    args = ap.parse_args()
+    dev = jax.devices()[0]
+    rows = []
+    for spec in args.shapes:
+        name, T = spec.split(":")
+        T = int(T)
+        H, G, d = SHAPES[name]
+        B = 1
+        keys = jax.random.split(jax.random.key(T), 3)
+        k = jax.random.normal(keys[0], (B, T, H, d), jnp.bfloat16)
+        v = jax.random.normal(keys[1], (B, T, H, d), jnp.bfloat16)
+        q0 = jax.random.normal(keys[2], (B, H * G, d), jnp.bfloat16)
+        kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        lengths = jnp.full((B,), T, jnp.int32)
+        dense_us = dense_loop_us(kh, vh, q0, lengths, args.steps, args.reps)
+        print(f"{name} T={T} dense {dense_us:.1f} us", flush=True)
+        rows.append(dict(shape=name, context=T, phase="dense", tier1=None, us=dense_us))
+        for impl in args.tier1:
+            policy = CertPolicy(tier1=impl)
+            cache = jax.jit(lambda k, v, p=policy: TieredKVCache.from_dense(k, v, p))(k, v)
+            for ph, fn in phases(policy).items():
+                if args.phases and ph not in args.phases:
+                    continue
+                if ph == "naive" and impl != args.tier1[0]:
+                    continue
+                dump = (f"{args.dump_hlo}/{name}_{T}_{impl}.hlo" if args.dump_hlo and ph == "fast" else None)
+                us, launches, compile_s = time_loop(fn, cache, q0, args.steps, args.reps, dump)
+                print(f"{name} T={T} {impl:6s} {ph:8s} {us:9.1f} us  launches {launches['launches']:4d} "
+                      f"(+{launches['cond_branch_launches']} in branches)  compile {compile_s:.1f} s", flush=True)
+                rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, us=us, launches=launches["launches"],
+                                 cond_branch_launches=launches["cond_branch_launches"], compile_s=compile_s))
+    result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, steps=args.steps,
+                  reps=args.reps, rows=rows)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
