@@ -31,6 +31,7 @@ from certattn_jax.step import (
     Partials,
     StageResult,
     StepContext,
+    block_validity,
     build_context,
     dense_attention_f32,
     evaluate_stage,
@@ -38,6 +39,7 @@ from certattn_jax.step import (
     exact_keys_values,
     log_mass,
     overlay_residual,
+    rung0_fused,
 )
 
 __all__ = ["run", "run_fast", "exact_bound"]
@@ -241,32 +243,55 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     B, Hq, d = q.shape
     H = cache.num_kv_heads
     G = Hq // H
-    with jax.named_scope("tier1_context"):
-        ctx = build_context(q, cache, policy)
-    with jax.named_scope("select_and_promote"):
-        sel = select_and_promote(ctx, cache, policy)
-    tol = ctx.tolerance
+    cache0 = cache  # the step's input: the selection reads its hot set (rung 1 refreshes the hot set)
+    if policy.tier1 == "pallas":  # rung 0 by the fused kernel; a higher rung builds the context it needs
+        with jax.named_scope("rung0_fused"):
+            fused = rung0_fused(q, cache, policy)
+        st0, tol, bad, active0 = fused.stage, fused.tolerance, fused.bad, fused.active
+
+        def context() -> StepContext:  # called inside the branches of the rare rungs: computed only there
+            return build_context(q, cache0, policy, apx=fused.apx)
+
+        def selection(ctx: StepContext) -> Selection:
+            return select_and_promote(ctx, cache0, policy)
+    else:
+        with jax.named_scope("tier1_context"):
+            ctx0 = build_context(q, cache, policy)
+        with jax.named_scope("select_and_promote"):
+            sel0 = select_and_promote(ctx0, cache, policy)
+        with jax.named_scope("rung0_certified"):
+            st0 = evaluate_stage(ctx0, [sel0.hot], q.dtype, policy)
+        tol, bad, active0 = ctx0.tolerance, ctx0.bad, sel0.hot.active
+
+        def context() -> StepContext:
+            return ctx0
+
+        def selection(ctx: StepContext) -> Selection:
+            return sel0
 
     def passes(st: StageResult) -> jax.Array:
-        return (st.bound <= tol) & jnp.isfinite(st.bound) & st.ranking_ok & ~ctx.bad
+        return (st.bound <= tol) & jnp.isfinite(st.bound) & st.ranking_ok & ~bad
 
-    with jax.named_scope("rung0_certified"):
-        st0 = evaluate_stage(ctx, [sel.hot], q.dtype, policy)
     ok0 = passes(st0)
-    cache = mark_used(cache, sel.hot.active)
+    cache = mark_used(cache, active0)
+
+    def widen():
+        ctx = context()
+        return rung1_widen(ctx, cache, selection(ctx), ~ok0, q.dtype, policy)
 
     with jax.named_scope("rung1_widen"):
         st1, wide, cache = jax.lax.cond(
-            jnp.any(~ok0), lambda: rung1_widen(ctx, cache, sel, ~ok0, q.dtype, policy),
-            lambda: (_skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), cache))
+            jnp.any(~ok0), widen, lambda: (_skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), cache))
     ok1 = passes(st1)
+
+    def exact_values(failing):
+        ctx = context()
+        return rung2_exact_values(ctx, cache, selection(ctx), wide, st1, failing, q.dtype, policy)
 
     with jax.named_scope("rung2_exact_values"):
         failing2 = ~ok0 & ~ok1
         if policy.v_max > 0 and top_rung >= 2:
-            st2 = jax.lax.cond(jnp.any(failing2),
-                               lambda: rung2_exact_values(ctx, cache, sel, wide, st1, failing2, q.dtype, policy),
-                               lambda: _skipped_like(st0))
+            st2 = jax.lax.cond(jnp.any(failing2), lambda: exact_values(failing2), lambda: _skipped_like(st0))
         else:
             st2 = _skipped_like(st0)
     ok2 = passes(st2)
@@ -278,10 +303,11 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     infs = jnp.full((B, H, G), jnp.inf)
     if top_rung >= 3:
         with jax.named_scope("rung3_exact_heads"):
-            out3, ek3, en3 = jax.lax.cond(jnp.any(need3_kv), lambda: rung3_exact_heads(q, cache, need3_kv, ctx),
+            out3, ek3, en3 = jax.lax.cond(jnp.any(need3_kv),
+                                          lambda: rung3_exact_heads(q, cache, need3_kv, context()),
                                           lambda: (zeros_out, infs, infs))
         with jax.named_scope("rung4_exact_layer"):
-            out4, ek4, en4 = jax.lax.cond(jnp.any(need4), lambda: rung4_exact_layer(q, cache, ctx),
+            out4, ek4, en4 = jax.lax.cond(jnp.any(need4), lambda: rung4_exact_layer(q, cache, context()),
                                           lambda: (zeros_out, infs, infs))
         escalate = jnp.zeros((B,), bool)
     else:  # the caller answers sequences with a head above top_rung with the whole ladder
@@ -305,9 +331,10 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     e_num = pick(st0.e_num, st1.e_num, st2.e_num, en3 + cast3, en4 + cast4)
     # Nothing is proven for NaN/Inf data or queries, nor for an output that is not finite (e.g. scores that
     # overflow float32): +inf, never NaN.
-    unprovable = ctx.bad | ~jnp.all(jnp.isfinite(out.astype(jnp.float32)), axis=-1)
+    unprovable = bad | ~jnp.all(jnp.isfinite(out.astype(jnp.float32)), axis=-1)
     bound = jnp.where(unprovable, jnp.inf, bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U)))
-    all_blocks = jnp.broadcast_to(jnp.sum(ctx.block_valid, axis=-1)[:, None, None], rung.shape).astype(jnp.int32)
+    all_blocks = jnp.broadcast_to(jnp.sum(block_validity(cache), axis=-1)[:, None, None], rung.shape)
+    all_blocks = all_blocks.astype(jnp.int32)
     k_used = pick(st0.k_star, st1.k_star, st2.k_star, all_blocks, all_blocks)
     true_ = jnp.ones_like(st0.ranking_ok)
     ranking_ok = pick(st0.ranking_ok, st1.ranking_ok, st2.ranking_ok, true_, true_)

@@ -150,28 +150,52 @@ class ExactItems(NamedTuple):
     delta: jax.Array
 
 
-def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> StepContext:
+class QueryTerms(NamedTuple):
+    """The query in the forms a step uses: q32, q_abs, q_scaled = q / sqrt(d) [B, H, G, d]; bad [B, H, G]
+    (NaN/Inf in the query or the cache: nothing can be proven)."""
+
+    q32: jax.Array
+    q_abs: jax.Array
+    q_scaled: jax.Array
+    bad: jax.Array
+
+
+def query_terms(q: jax.Array, cache: TieredKVCache) -> QueryTerms:
     B, Hq, d = q.shape
-    H, nb, Bk = cache.num_kv_heads, cache.num_blocks, cache.block_size
-    G = Hq // H
-    q32 = q.astype(jnp.float32).reshape(B, H, G, d)
-    q_abs = jnp.abs(q32)
-    q_s = scaled_query(q32)
-    block_valid = jnp.arange(nb)[None, :] < (cache.flushed // Bk)[:, None]
+    H = cache.num_kv_heads
+    q32 = q.astype(jnp.float32).reshape(B, H, Hq // H, d)
+    q_bad = ~jnp.all(jnp.isfinite(q32), axis=-1)
+    return QueryTerms(q32=q32, q_abs=jnp.abs(q32), q_scaled=scaled_query(q32),
+                      bad=cache.nonfinite[:, :, None] | q_bad)
 
-    apx = tier1_partials(q_s, cache, block_valid, policy.tier1)
-    apx_delta = bounds.key_delta_quantized(q_abs, cache.k_scale, cache.k_zero, cache.key_bits)
 
+def block_validity(cache: TieredKVCache) -> jax.Array:
+    """[B, nb] the block is full (flushed into tier 1)."""
+    return jnp.arange(cache.num_blocks)[None, :] < (cache.flushed // cache.block_size)[:, None]
+
+
+def residual_tokens(cache: TieredKVCache) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(res_tok [B, Bk] the residual slot holds a token, res_k, res_v [B, H, Bk, d] float32 with padding zeroed:
+    padding never counts)."""
     r_count = cache.lengths - cache.flushed
-    res_tok = jnp.arange(Bk)[None, :] < r_count[:, None]  # [B, Bk]
-    res_k = jnp.where(res_tok[:, None, :, None], cache.res_k.astype(jnp.float32), 0.0)  # padding never counts
+    res_tok = jnp.arange(cache.block_size)[None, :] < r_count[:, None]
+    res_k = jnp.where(res_tok[:, None, :, None], cache.res_k.astype(jnp.float32), 0.0)
     res_v = jnp.where(res_tok[:, None, :, None], cache.res_v.astype(jnp.float32), 0.0)
-    s_res = jnp.einsum("bhgd,bhtd->bhgt", q_s, res_k, precision=_HI)
-    s_res = jnp.where(res_tok[:, None, None, :], s_res, -jnp.inf)[:, :, :, None, :]
-    res = partials(s_res, res_v[:, :, None])
-    res_kmax = jnp.max(jnp.abs(res_k), axis=2)[:, :, None]
-    res_delta = bounds.key_delta_exact(q_abs, res_kmax)
+    return res_tok, res_k, res_v
 
+
+class ValueTerms(NamedTuple):
+    """What the bound needs of the values, from tier-1 annotations and the residual: eta [B, H, nb] (0 for
+    invalid blocks), value_range [B, H] ||r||_2, key_scale [B, H], value_abs [B, H, d], tolerance [B, H]."""
+
+    eta: jax.Array
+    value_range: jax.Array
+    key_scale: jax.Array
+    value_abs: jax.Array
+    tolerance: jax.Array
+
+
+def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array, res_v: jax.Array) -> ValueTerms:
     eta = jnp.where(block_valid[:, None, :], cache.v_err, 0.0)
     has_values = jnp.isfinite(cache.v_min) & jnp.isfinite(cache.v_max)
     v_range = jnp.where(has_values, cache.v_max - cache.v_min, 0.0)
@@ -179,18 +203,94 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Ste
     eta_inf = jnp.max(eta, axis=-1)
     value_abs = jnp.where(has_values, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0)
     value_abs = (value_abs + eta_inf[..., None]) * (1.0 + 2 * bounds.U)
-    tolerance = policy.eps * value_range + policy.abs_tol
     res_norm = jnp.max(bounds.l2(res_v), axis=-1)
     max_norm = jnp.maximum(jnp.max(jnp.where(block_valid[:, None, :], cache.v_norm, 0.0), axis=-1), res_norm)
+    return ValueTerms(eta=eta, value_range=value_range, key_scale=key_term_scale(value_range, max_norm),
+                      value_abs=value_abs, tolerance=policy.eps * value_range + policy.abs_tol)
+
+
+def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: Partials | None = None,
+                  ) -> StepContext:
+    """The step's rung-independent terms. apx: the tier-1 partials when already computed (the fused rung 0
+    computes them before it knows whether a higher rung needs this context)."""
+    B, Hq, d = q.shape
+    H = cache.num_kv_heads
+    G = Hq // H
+    qt = query_terms(q, cache)
+    block_valid = block_validity(cache)
+    if apx is None:
+        apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
+    apx_delta = bounds.key_delta_quantized(qt.q_abs, cache.k_scale, cache.k_zero, cache.key_bits)
+
+    res_tok, res_k, res_v = residual_tokens(cache)
+    s_res = jnp.einsum("bhgd,bhtd->bhgt", qt.q_scaled, res_k, precision=_HI)
+    s_res = jnp.where(res_tok[:, None, None, :], s_res, -jnp.inf)[:, :, :, None, :]
+    res = partials(s_res, res_v[:, :, None])
+    res_kmax = jnp.max(jnp.abs(res_k), axis=2)[:, :, None]
+    res_delta = bounds.key_delta_exact(qt.q_abs, res_kmax)
+    vt = value_terms(cache, policy, block_valid, res_v)
     all_lm = jnp.concatenate([log_mass(apx), log_mass(res)], axis=-1)
     log_norm = jax.scipy.special.logsumexp(all_lm, axis=-1)
-    q_bad = ~jnp.all(jnp.isfinite(q32), axis=-1)  # [B, H, G]
-    bad = cache.nonfinite[:, :, None] | q_bad
-    return StepContext(q32=q32, q_abs=q_abs, q_scaled=q_s, apx=apx, apx_delta=apx_delta, apx_lm=log_mass(apx),
-                       log_norm=log_norm, res=res, res_delta=res_delta, res_valid=r_count > 0,
-                       block_valid=block_valid, eta=eta, value_range=value_range,
-                       key_scale=key_term_scale(value_range, max_norm),
-                       value_abs=value_abs, tolerance=jnp.broadcast_to(tolerance[..., None], (B, H, G)), bad=bad)
+    return StepContext(q32=qt.q32, q_abs=qt.q_abs, q_scaled=qt.q_scaled, apx=apx, apx_delta=apx_delta,
+                       apx_lm=log_mass(apx), log_norm=log_norm, res=res, res_delta=res_delta,
+                       res_valid=cache.lengths > cache.flushed, block_valid=block_valid, eta=vt.eta,
+                       value_range=vt.value_range, key_scale=vt.key_scale, value_abs=vt.value_abs,
+                       tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad)
+
+
+def numeric_term(value_abs: jax.Array, n_items: int, block_size: int) -> jax.Array:
+    """E_num before the output cast [B, H] (docs/bounds.md section 5): the softmax average's float32 error over
+    n_items items of block_size tokens, the underflow floor and the value-reconstruction mismatch."""
+    n_tokens = n_items * block_size
+    # two-level sums (block_size-term blocks, then n_items partials), each term a product
+    sum_rel = bounds.sum_error(block_size + 1, n_items + 1)
+    # weights e^{s - m_n} e^{m_n - big}: two exps, two rounded subtractions whose |arguments| add to big - s
+    factor = bounds.softmax_average_error(n_tokens, sum_rel, n_exps=2, arg_roundings=1)
+    return (bounds.numeric_error(value_abs, factor) + bounds.flush_floor(n_tokens, value_abs)
+            + bounds.dequantization_mismatch(value_abs))
+
+
+class FusedRung0(NamedTuple):
+    """Rung 0 through the fused kernel: the stage, the promoted hot slots active [B, H, K], the tier-1
+    partials (for a higher rung's context), tolerance [B, H, G] and bad [B, H, G]."""
+
+    stage: StageResult
+    active: jax.Array
+    apx: Partials
+    tolerance: jax.Array
+    bad: jax.Array
+
+
+def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> FusedRung0:
+    """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass, then
+    `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output
+    cast here. The same stage as `evaluate_stage(build_context(...), [select_and_promote(...).hot])`, up to
+    the order of float32 sums."""
+    from pallas_kernels.certify_rung0 import certify_rung0  # pallas_kernels imports certattn_jax
+
+    B, Hq, d = q.shape
+    H, nb, K = cache.num_kv_heads, cache.num_blocks, cache.k_max
+    G = Hq // H
+    qt = query_terms(q, cache)
+    block_valid = block_validity(cache)
+    apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
+    apx_delta = bounds.key_delta_quantized(qt.q_abs, cache.k_scale, cache.k_zero, cache.key_bits)
+    _, _, res_v = residual_tokens(cache)
+    vt = value_terms(cache, policy, block_valid, res_v)
+    r = certify_rung0(qt.q_scaled, qt.q_abs, apx.m, apx.l, apx.acc, apx_delta, vt.eta,
+                      cache.flushed // cache.block_size, cache.hot_ids, cache.hot_k, cache.hot_v, cache.res_k,
+                      cache.res_v, cache.lengths - cache.flushed, vt.key_scale, k_max=policy.k_max,
+                      tau_cov=policy.tau_cov, rank_margin=policy.rank_margin)
+    out, cast = bounds.cast_error(r.out, q.dtype)
+    e_num = numeric_term(vt.value_abs, nb + K + 1, cache.block_size)[..., None]
+    e_num = jnp.where(r.broken, jnp.inf, e_num + cast)
+    bound = bounds.finite_or_inf((r.e_key + r.e_val + e_num) * (1.0 + 2 * bounds.U))
+    k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
+    stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
+                        ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=k_star,
+                        masses=jnp.zeros((B, H, G, nb), jnp.float32))
+    return FusedRung0(stage=stage, active=r.active, apx=apx,
+                      tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad)
 
 
 def tier1_partials(q_s: jax.Array, cache: TieredKVCache, block_valid: jax.Array, impl: str) -> Partials:
@@ -254,9 +354,7 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
         + [jnp.broadcast_to(ctx.res_valid[:, None, None, None], (B, H, G, 1))], axis=-1)
     deltas = jnp.concatenate([ctx.apx_delta, *[ex.delta for ex in exact], ctx.res_delta], axis=-1)
 
-    n_tokens = n_items * policy.block_size
-    # two-level sums (B-term blocks, then n_items partials), each term a product
-    sum_rel = bounds.sum_error(policy.block_size + 1, n_items + 1)
+    sum_rel = bounds.sum_error(policy.block_size + 1, n_items + 1)  # as in numeric_term
     rel = sum_rel + 2 * bounds.EPS_WEIGHT  # worst case over an item's weights: for its mass
     lm_up = bounds.log_mass_upper(comb.log_masses, comb.log_mass_err, 2 * rel)
     broken = bounds.item_broken(valid, comb.log_masses, deltas, comb.item_ok)
@@ -264,10 +362,7 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     e_key = bounds.key_error(tv, ctx.key_scale[..., None])
     e_val = bounds.weighted_sum(lm_up[..., :nb], ctx.eta[:, :, None, :], valid[..., :nb], broken)
     out, cast = bounds.cast_error(comb.out, out_dtype)
-    # weights e^{s - m_n} e^{m_n - big}: two exps, two rounded subtractions whose |arguments| add to big - s
-    factor = bounds.softmax_average_error(n_tokens, sum_rel, n_exps=2, arg_roundings=1)
-    e_num = (bounds.numeric_error(ctx.value_abs, factor) + bounds.flush_floor(n_tokens, ctx.value_abs)
-             + bounds.dequantization_mismatch(ctx.value_abs))[..., None]
+    e_num = numeric_term(ctx.value_abs, n_items, policy.block_size)[..., None]
     e_num = jnp.where(broken, jnp.inf, e_num + cast)
     bound = bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U))
 

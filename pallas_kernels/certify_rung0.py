@@ -1,0 +1,367 @@
+"""Rung 0 of a certified decode step, fused into one kernel: selection, promotion, merge, bound, ranking check.
+
+Everything a certified step does after the tier-1 pass, when no tier-2 byte is needed (the common case), in
+one launch per layer instead of ~60 small XLA kernels (docs/performance.md: at 1K context those launches, not
+bytes, are the certified step's cost). One program per (sequence b, KV head h) with its G query heads.
+
+Inputs (b, h omitted; G query heads, nb full blocks of Bk tokens, K hot slots):
+    q_s, q_abs        [G, d]       the pre-scaled query q / sqrt(d) (float32) and |q|
+    apx_m, apx_l      [G, nb]      tier-1 partials of every full block (INT keys / values): max score, sum-exp
+    apx_acc           [G, nb, d]   their value sums (per-block layout of `tier1_pass`)
+    apx_delta         [G, nb]      Delta_n, the score error bound of each INT block (bounds.key_delta_quantized)
+    eta               [nb]         value reconstruction error of each block (0 for invalid ones)
+    n_valid           []           full blocks holding tokens;  r_count []: tokens in the residual block
+    hot_ids           [K]          block id held by each hot slot (-1: empty); hot_k, hot_v [K, Bk, d] originals
+    res_k, res_v      [Bk, d]      the residual block (exact)
+    key_scale         []           E_key = TV * key_scale (step.key_term_scale)
+
+What it computes is, operation for operation, the jnp path's rung 0 (`step.build_context`'s log-masses and
+normalizer, `ladder.select_and_promote`, `step.evaluate_stage` with the promoted hot slots; the reference is
+that code, run by the tests):
+  1. INT8 log-masses m + log l, normalizer log_norm = logsumexp(blocks, residual), estimated masses;
+  2. the top-k_max blocks by max-over-G estimated mass (ties: lower id first, as lax.top_k) and K*, the
+     fewest of them whose mass with the residual's covers tau_cov for every query head;
+  3. the hot slots holding one of the top-K* blocks are promoted: their exact partials replace the block's;
+  4. the merge of the non-promoted INT blocks, the promoted slots and the residual (out, per-item log-masses
+     and their rounding, the arithmetic checks of `step.combine`);
+  5. TV (bounds.tv_bound) -> E_key, E_val (bounds.weighted_sum), `broken`; the ranking-consistency check.
+E_num depends on the value statistics only and is added by the caller with the output cast (XLA).
+Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots).
+
+Rounding: the same float32 operations as the jnp path, in another order inside sums and dots; every bound
+term used is order-free (gamma_n) and the evaluation of the bound is rounded up as in `bounds`
+(docs/bounds.md section 12).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from certattn_jax import bounds
+from pallas_kernels import backend
+
+_F32 = jnp.float32
+_NEG_INF = -jnp.inf
+
+
+class Rung0(NamedTuple):
+    """out [B, H, G, d] float32 (before the output cast); e_key, e_val [B, H, G]; broken [B, H, G] bool (some
+    valid item could not be bounded: the bound is +inf); ranking_ok [B, H] bool; active [B, H, K] bool."""
+
+    out: jax.Array
+    e_key: jax.Array
+    e_val: jax.Array
+    broken: jax.Array
+    ranking_ok: jax.Array
+    active: jax.Array
+
+
+def _dot(a: jax.Array, b: jax.Array, a_contract: int, b_contract: int) -> jax.Array:
+    """2-D float32 dot with HIGHEST precision (IEEE float32 FMAs under Triton: no TF32)."""
+    return jax.lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST, preferred_element_type=_F32)
+
+
+def _partials(scores: jax.Array, values: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """step.partials for one item: scores [G, T] (-inf masked), values [T, d] -> m [G], l [G], acc [G, d]."""
+    m = jnp.max(scores, axis=1)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp(scores - m_safe[:, None])
+    return m, jnp.sum(w, axis=1), _dot(w, values, 1, 0)
+
+
+def _log_mass(m: jax.Array, l: jax.Array) -> jax.Array:
+    """step.log_mass: log sum_i e^{s_i} of an item, -inf for an empty one."""
+    return jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), _NEG_INF)
+
+
+def _delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
+    """bounds.key_delta_exact for one item: q_abs [G, d], k_abs_max [d] -> [G]."""
+    d = q_abs.shape[-1]
+    dot = jnp.sum(q_abs * k_abs_max[None, :], axis=1)
+    flush = (2.0 * jnp.sum(q_abs, axis=1) + 2 * d + 8) * bounds.TINY
+    return bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * bounds.U) + flush
+
+
+class _Item(NamedTuple):
+    """An attention item's merge terms: log-mass (normalized), its rounding, arithmetic ok, validity, Delta."""
+
+    lm: jax.Array
+    err: jax.Array
+    ok: jax.Array
+    valid: jax.Array
+    delta: jax.Array
+
+
+def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
+    """step.combine's per-item terms: m, l of the item (masked: -inf, 0), big and log_denom broadcastable."""
+    live = l > 0
+    log_l = jnp.log(jnp.where(live, l, 1.0))
+    lm = jnp.where(live, m + log_l, _NEG_INF) - (big + log_denom)
+    finite_lm = jnp.where(jnp.isfinite(lm), lm, 0.0)
+    err = 8 * bounds.U * (jnp.abs(jnp.where(jnp.isfinite(m), m, 0.0)) + jnp.abs(log_l) + jnp.abs(big)
+                          + jnp.abs(log_denom) + jnp.abs(finite_lm) + 2.0)
+    ok = jnp.isfinite(m) & jnp.isfinite(l) & (l >= 0.5) & denom_ok
+    return _Item(lm=lm, err=err, ok=ok, valid=valid, delta=delta)
+
+
+def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, hid_ref, hk_ref,
+            hv_ref, rk_ref, rv_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref, active_ref, *, G: int,
+            nb: int, K: int, kp: int, ch: int):
+    Gp, NBp = m_ref.shape
+    Bk, d = rk_ref.shape
+    n_valid = jnp.clip(nv_ref[()], 0, nb)
+    r_count = rc_ref[()]
+    key_scale = ks_ref[()]
+    tau = par_ref[0]  # the policy's tolerances are traced values (a new tau_cov must not recompile)
+    margin = par_ref[1]
+    qs = qs_ref[...]
+    qa = qa_ref[...]
+    g_real = jax.lax.broadcasted_iota(jnp.int32, (Gp,), 0) < G  # padded query-head rows never count
+    g_real2 = g_real[:, None]
+    nidx = jax.lax.broadcasted_iota(jnp.int32, (1, NBp), 1)
+    blk_valid = nidx < n_valid
+
+    # 1. INT8 log-masses, the residual block (exact), the normalizer and the estimated masses
+    m = m_ref[...]
+    l = l_ref[...]
+    apx_lm = _log_mass(m, l)  # [Gp, NBp]
+    tok_col = jax.lax.broadcasted_iota(jnp.int32, (Bk, 1), 0) < r_count
+    tok_row = jax.lax.broadcasted_iota(jnp.int32, (1, Bk), 1) < r_count
+    rk = jnp.where(tok_col, rk_ref[...].astype(_F32), 0.0)  # padding never counts
+    rv = jnp.where(tok_col, rv_ref[...].astype(_F32), 0.0)
+    res_m, res_l, res_acc = _partials(jnp.where(tok_row, _dot(qs, rk, 1, 1), _NEG_INF), rv)
+    res_delta = _delta_exact(qa, jnp.max(jnp.abs(rk), axis=0))
+    res_lm = _log_mass(res_m, res_l)  # [Gp]
+    top = jnp.maximum(jnp.max(apx_lm, axis=1), res_lm)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    log_norm = jnp.log(jnp.sum(jnp.exp(apx_lm - top[:, None]), axis=1) + jnp.exp(res_lm - top)) + top
+    est = jnp.exp(apx_lm - log_norm[:, None])
+    covered = jnp.exp(res_lm - log_norm)  # [Gp]
+
+    # 2. top-k_max candidates (ties: lower block id first) and K*
+    score = jnp.where(blk_valid, jnp.max(jnp.where(g_real2, est, _NEG_INF), axis=0, keepdims=True), -1.0)
+
+    def min_real(x):
+        return jnp.min(jnp.where(g_real, x, jnp.inf))
+
+    k_star = jnp.where(min_real(covered) >= tau, 0, -1).astype(jnp.int32)
+    ranked = []
+    for j in range(kp):
+        best = jnp.max(score)
+        idx = jnp.min(jnp.where(score == best, nidx, NBp))
+        ok = best >= 0
+        picked = (nidx == idx) & ok
+        covered = covered + jnp.sum(jnp.where(picked, est, 0.0), axis=1)
+        k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), j + 1, k_star)
+        ranked.append(jnp.where(ok, idx, -1))
+        score = jnp.where(nidx == idx, -2.0, score)
+    n_cands = jnp.minimum(n_valid, 2 * kp)  # the jnp path ranks 2 k_max candidates
+    k_star = jnp.minimum(jnp.minimum(jnp.where(k_star >= 0, k_star, n_cands), n_cands), kp)
+
+    # 3. hot slots: promoted when they hold one of the top-K* blocks; exact partials of every filled slot
+    hot = []
+    for s in range(K):
+        hid = hid_ref[s]
+        rank = jnp.array(kp, jnp.int32)
+        for j in reversed(range(kp)):
+            rank = jnp.where((ranked[j] == hid) & (hid >= 0), j, rank)
+        filled = hid >= 0
+        k32 = jnp.where(filled, hk_ref[s, :, :].astype(_F32), 0.0)
+        v32 = jnp.where(filled, hv_ref[s, :, :].astype(_F32), 0.0)
+        hm, hl, hacc = _partials(jnp.where(filled, _dot(qs, k32, 1, 1), _NEG_INF), v32)
+        hot.append(dict(id=hid, active=(rank < k_star) & filled, m=hm, l=hl, acc=hacc,
+                        delta=_delta_exact(qa, jnp.max(jnp.abs(k32), axis=0))))
+
+    def promoted(ids):  # [1, n] bool: the block is answered by a promoted hot slot
+        hit = jnp.zeros(ids.shape, jnp.bool_)
+        for h in hot:
+            hit = hit | ((ids == h["id"]) & h["active"])
+        return hit
+
+    # 4. the merge (step.combine over [INT blocks not promoted, promoted slots, residual])
+    keep = ~promoted(nidx)
+    am = jnp.where(keep, m, _NEG_INF)
+    al = jnp.where(keep, l, 0.0)
+    hm = [jnp.where(h["active"], h["m"], _NEG_INF) for h in hot]
+    hl = [jnp.where(h["active"], h["l"], 0.0) for h in hot]
+    big = jnp.maximum(jnp.max(am, axis=1), res_m)
+    for x in hm:
+        big = jnp.maximum(big, x)
+    big = jnp.where(jnp.isfinite(big), big, 0.0)
+
+    def weight(x):
+        return jnp.where(jnp.isfinite(x), jnp.exp(x - big if x.ndim == 1 else x - big[:, None]), 0.0)
+
+    denom = jnp.sum(al * weight(am), axis=1) + res_l * weight(res_m)
+    num = weight(res_m)[:, None] * res_acc
+    for h, x, y in zip(hot, hm, hl, strict=True):
+        denom = denom + y * weight(x)
+        num = num + weight(x)[:, None] * jnp.where(h["active"], h["acc"], 0.0)
+
+    def chunk(c, acc):  # the INT blocks' value sums, ch blocks at a time (only chunks holding valid blocks)
+        sl = pl.ds(c * ch, ch)
+        ids = c * ch + jax.lax.broadcasted_iota(jnp.int32, (1, ch), 1)
+        mc = jnp.where(promoted(ids), _NEG_INF, m_ref[:, sl])
+        return acc + jnp.sum(weight(mc)[:, :, None] * acc_ref[:, sl, :], axis=1)
+
+    num = jax.lax.fori_loop(0, (n_valid + ch - 1) // ch, chunk, num)
+    safe = jnp.where(denom > 0, denom, 1.0)
+    out = num / safe[:, None]
+    log_denom = jnp.log(safe)
+    denom_ok = jnp.isfinite(denom)
+    items = [_item(am, al, big[:, None], log_denom[:, None], denom_ok[:, None], keep & blk_valid, dl_ref[...])]
+    items += [_item(x, y, big, log_denom, denom_ok, jnp.broadcast_to(h["active"], (Gp,)), h["delta"])
+              for h, x, y in zip(hot, hm, hl, strict=True)]
+    items.append(_item(res_m, res_l, big, log_denom, denom_ok, jnp.broadcast_to(r_count > 0, (Gp,)), res_delta))
+
+    # 5. the bound (bounds.tv_bound, key_error, weighted_sum with evaluate_stage's constants)
+    n_items = nb + K + 1
+    sum_rel = bounds.sum_error(Bk + 1, n_items + 1)
+    lm_shift = math.log1p(2 * (sum_rel + 2 * bounds.EPS_WEIGHT)) * (1.0 + 4 * bounds.U)
+
+    broken = jnp.zeros((Gp,), jnp.bool_)
+    x_sum = jnp.zeros((Gp,), _F32)
+    y_sum = jnp.zeros((Gp,), _F32)
+    d_max = jnp.zeros((Gp,), _F32)
+    lm_up_blocks = None
+    for it in items:
+        lm_up = it.lm + it.err + lm_shift
+        bad = it.valid & ~(it.ok & jnp.isfinite(it.lm) & jnp.isfinite(it.delta))
+        lmv = jnp.where(it.valid, lm_up, 0.0)
+        dlv = jnp.where(it.valid, it.delta, 0.0)
+        use = it.valid & (dlv > 0)
+        xs = jnp.where(use, bounds._exp_up(lmv + jnp.log(jnp.where(use, jnp.expm1(dlv), 1.0))), 0.0)
+        ys = jnp.where(use, bounds._exp_up(lmv + jnp.log(jnp.where(use, -jnp.expm1(-dlv), 1.0))), 0.0)
+        if it.lm.ndim == 2:  # the INT blocks: reduce over them
+            bad, xs, ys, dlv = jnp.any(bad, axis=1), jnp.sum(xs, axis=1), jnp.sum(ys, axis=1), jnp.max(dlv, axis=1)
+            lm_up_blocks = lm_up
+        broken = broken | bad
+        x_sum = x_sum + xs
+        y_sum = y_sum + ys
+        d_max = jnp.maximum(d_max, dlv)
+    slack = (n_items + 1) * bounds.TINY
+    x_sum = bounds.round_up_sum(x_sum, n_items) + slack
+    y_sum = bounds.round_up_sum(y_sum, n_items) + slack
+    weighted = jnp.where(y_sum < 1.0, x_sum / jnp.maximum(1.0 - y_sum, 1e-30) * (1.0 + 4 * bounds.U), jnp.inf)
+    uniform = jnp.tanh(d_max / 2.0) * (1 + 4 * bounds.U)
+    tv = jnp.minimum(jnp.minimum(weighted, uniform), 1.0)
+    tv = jnp.where(broken | jnp.isnan(tv), jnp.inf, tv)
+    e_key = bounds.key_error(tv, key_scale)
+    eta = eta_ref[...]  # [1, NBp]
+    blocks = items[0]
+    use = blocks.valid & (eta > 0)
+    terms = bounds._exp_up(jnp.where(use, lm_up_blocks, 0.0) + jnp.log(jnp.where(use, eta, 1.0)))
+    e_val = bounds.round_up_sum(jnp.sum(jnp.where(use, terms, 0.0), axis=1), nb) + (nb + 1) * bounds.TINY
+    e_val_bad = broken | jnp.any(blocks.valid & ~jnp.isfinite(eta), axis=1)
+    e_val = jnp.where(e_val_bad | jnp.isnan(e_val), jnp.inf, e_val)
+
+    # the ranking-consistency check (select.ranking_consistent), per KV head
+    def max_real(x):
+        return jnp.max(jnp.where(g_real, x, _NEG_INF))
+
+    a_s, e_s = [], []
+    for h in hot:
+        at_block = jnp.max(jnp.where(nidx == jnp.maximum(h["id"], 0), apx_lm, _NEG_INF), axis=1)
+        a_s.append(max_real(at_block - log_norm))
+        e_s.append(max_real(_log_mass(h["m"], h["l"]) - log_norm))
+    tail = jnp.max(jnp.where(g_real2 & keep & blk_valid, apx_lm + dl_ref[...] - log_norm[:, None], _NEG_INF))
+    inverted = jnp.array(False)
+    weakest = jnp.array(jnp.inf, _F32)
+    any_active = jnp.array(False)
+    for i, hi in enumerate(hot):
+        weakest = jnp.minimum(weakest, jnp.where(hi["active"], e_s[i], jnp.inf))
+        any_active = any_active | hi["active"]
+        for j, hj in enumerate(hot):
+            inverted = inverted | (hi["active"] & hj["active"] & (a_s[i] > a_s[j]) & (e_s[j] > e_s[i] + margin))
+    ranking_ok = ~inverted & ~(any_active & (tail > weakest + margin))
+
+    out_ref[...] = out
+    ekey_ref[...] = e_key
+    eval_ref[...] = e_val
+    broken_ref[...] = broken.astype(jnp.int32)
+    rank_ref[...] = jnp.broadcast_to(ranking_ok.astype(jnp.int32), (Gp,))
+    slots = jax.lax.broadcasted_iota(jnp.int32, (K,), 0)
+    act = jnp.zeros((K,), jnp.int32)
+    for s, h in enumerate(hot):
+        act = jnp.where(slots == s, h["active"].astype(jnp.int32), act)
+    active_ref[...] = act
+
+
+def _pow2(n: int, at_least: int = 1) -> int:
+    return max(1 << (max(n, 1) - 1).bit_length(), at_least)
+
+
+def certify_rung0(q_s, q_abs, apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_k, hot_v, res_k,
+                  res_v, r_count, key_scale, *, k_max: int, tau_cov: float, rank_margin: float,
+                  interpret: bool | None = None, num_warps: int = 4) -> Rung0:
+    """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
+    Query heads are padded to a power of two, and blocks to a power of two of at least 16, where needed."""
+    B, H, G, d = q_s.shape
+    nb = apx_m.shape[-1]
+    K, Bk = hot_ids.shape[-1], res_k.shape[-2]
+    if apx_acc.shape != (B, H, G, nb, d) or hot_k.shape != (B, H, K, Bk, d) or eta.shape != (B, H, nb):
+        raise ValueError(f"certify_rung0: inconsistent shapes q {q_s.shape}, acc {apx_acc.shape}, "
+                         f"hot_k {hot_k.shape}, eta {eta.shape}")
+    if not 0 < k_max <= K:
+        raise ValueError(f"k_max {k_max} must be in [1, {K}] (the hot slots)")
+    interpret = backend.interpret() if interpret is None else interpret
+    if not interpret:
+        for name, n in (("block size", Bk), ("head_dim", d), ("hot slots", K)):
+            if n & (n - 1):
+                raise ValueError(f"the compiled rung-0 kernel needs a power-of-two {name}, got {n}")
+    Gp, NBp = _pow2(G), _pow2(nb, 16)
+    pg, pn = Gp - G, NBp - nb
+    f32 = jnp.float32
+    if pg or pn:
+        def pad(x, value, extra=0):
+            return jnp.pad(x, ((0, 0), (0, 0), (0, pg), (0, pn)) + ((0, 0),) * extra, constant_values=value)
+
+        apx_m, apx_l, apx_delta = pad(apx_m.astype(f32), -jnp.inf), pad(apx_l.astype(f32), 0.0), pad(apx_delta, 0.0)
+        apx_acc = pad(apx_acc.astype(f32), 0.0, extra=1)
+        q_s = jnp.pad(q_s, ((0, 0), (0, 0), (0, pg), (0, 0)))
+        q_abs = jnp.pad(q_abs, ((0, 0), (0, 0), (0, pg), (0, 0)))
+        eta = jnp.pad(eta, ((0, 0), (0, 0), (0, pn)))
+    params = jnp.stack([jnp.asarray(tau_cov, f32), jnp.asarray(rank_margin, f32)])
+    out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), q_s.astype(f32),
+                q_abs.astype(f32), apx_m.astype(f32), apx_l.astype(f32), apx_delta.astype(f32),
+                eta.astype(f32)[:, :, None, :], apx_acc.astype(f32), hot_ids.astype(jnp.int32), hot_k, hot_v,
+                res_k, res_v, G=G, nb=nb, kp=k_max, interpret=interpret, num_warps=num_warps)
+    o, ek, ev, br, rk, act = out
+    return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
+                 ranking_ok=rk[:, :, 0] != 0, active=act != 0)
+
+
+@functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "interpret", "num_warps"))
+def _call(params, n_valid, r_count, key_scale, q_s, q_abs, m, l, delta, eta, acc, hot_ids, hot_k, hot_v, res_k,
+          res_v, *, G, nb, kp, interpret, num_warps):
+    B, H, Gp, d = q_s.shape
+    NBp = m.shape[-1]
+    K, Bk = hot_ids.shape[-1], res_k.shape[-2]
+    kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16))
+
+    def whole(*shape):
+        return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))
+
+    per_seq = pl.BlockSpec((None,), lambda b, h: (b,))
+    per_head = pl.BlockSpec((None, None), lambda b, h: (b, h))
+    return pl.pallas_call(
+        kernel,
+        grid=(B, H),
+        in_specs=[pl.BlockSpec((2,), lambda b, h: (0,)), per_seq, per_seq, per_head, whole(Gp, d), whole(Gp, d),
+                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp), whole(1, NBp), whole(Gp, NBp, d), whole(K),
+                  whole(K, Bk, d), whole(K, Bk, d), whole(Bk, d), whole(Bk, d)],
+        out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K)],
+        out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]
+        + [jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)] * 2
+        + [jax.ShapeDtypeStruct((B, H, Gp), jnp.int32)] * 2 + [jax.ShapeDtypeStruct((B, H, K), jnp.int32)],
+        compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
+        interpret=interpret,
+        name="certattn_certify_rung0",
+    )(params, n_valid, r_count, key_scale, q_s, q_abs, m, l, delta, eta, acc, hot_ids, hot_k, hot_v, res_k, res_v)

@@ -1,0 +1,104 @@
+"""The fused rung-0 kernel (`pallas_kernels.certify_rung0`, interpret mode on CPU) against its reference, the
+jnp path's rung 0 (`step.build_context` -> `ladder.select_and_promote` -> `step.evaluate_stage`), on fresh
+random caches whose hot sets hold a random mix of blocks; and its own outputs against float64 attention.
+
+Both sides read the same tier-1 partials (the policy's tier-1 pass), so the selection, the promoted slots,
+K* and the ranking check must agree exactly, and the output and the bound terms to float32 rounding (the
+kernel sums in another order). Interpret mode fills outputs with NaN first: a missing write shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from certattn_jax import ladder, step
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.policy import CertPolicy
+from tests.float64_reference import attention_f64
+
+CASES = [
+    # B, T (per sequence), H, G, d, Bk, K, dtype, peaked
+    dict(B=2, T=(700, 455), H=2, G=3, d=64, Bk=64, K=8, dtype=jnp.bfloat16, peaked=True),  # G, nb padded
+    dict(B=1, T=(512,), H=2, G=4, d=32, Bk=32, K=4, dtype=jnp.float32, peaked=False),  # no residual tokens
+    dict(B=3, T=(40, 300, 129), H=1, G=2, d=32, Bk=64, K=4, dtype=jnp.bfloat16, peaked=True),  # T < one block
+]
+
+
+def _cache(seed, B, T, H, G, d, Bk, K, dtype, peaked):
+    """A cache of fresh random keys/values (needle tokens aligned with the query when peaked), its hot set
+    holding exact copies of random blocks (some slots empty), and a query."""
+    rng = np.random.default_rng(seed)
+    Tmax = max(T)
+    policy = CertPolicy(tier1="pallas", block_size=Bk, group_size=min(32, d), k_max=K)
+    k = (rng.normal(size=(B, Tmax, H, d)) * rng.uniform(0.5, 3.0, size=d)).astype(np.float32)
+    v = (rng.normal(size=(B, Tmax, H, d)) + 1.0).astype(np.float32)
+    q = (rng.normal(size=(B, H * G, d)) * 1.5).astype(np.float32)
+    if peaked:
+        for b in range(B):
+            for t in rng.choice(T[b], size=min(4, T[b]), replace=False):
+                k[b, t] = q[b].reshape(H, G, d).mean(1) * 2.5
+    kj, vj = jnp.asarray(k, dtype), jnp.asarray(v, dtype)
+    cache = TieredKVCache.from_dense(kj, vj, policy, lengths=jnp.asarray(T, jnp.int32))
+    nb = cache.num_blocks
+    ids = np.full((B, H, K), -1, np.int32)
+    for b in range(B):
+        full = T[b] // Bk
+        for h in range(H):
+            pick = rng.permutation(full)[:max(K - 1, 1)]
+            ids[b, h, :len(pick)] = pick
+    pad = nb * Bk - Tmax
+    blocks = lambda x: jnp.pad(x, ((0, 0), (0, max(pad, 0)), (0, 0), (0, 0)))[:, :nb * Bk].reshape(  # noqa: E731
+        B, nb, Bk, H, d).transpose(0, 3, 1, 2, 4)
+    idj = jnp.asarray(ids)
+    take = lambda x: jnp.take_along_axis(blocks(x), jnp.maximum(idj, 0)[..., None, None], axis=2)  # noqa: E731
+    cache = cache.replace(hot_ids=idj, hot_k=take(kj).astype(cache.hot_k.dtype),
+                          hot_v=take(vj).astype(cache.hot_v.dtype))
+    return jnp.asarray(q, dtype), cache, policy, k, v
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fused_rung0_matches_the_jnp_rung0(case, seed):
+    q, cache, policy, k, v = _cache(seed, **CASES[case])
+    ctx = step.build_context(q, cache, policy)
+    sel = ladder.select_and_promote(ctx, cache, policy)
+    ref = step.evaluate_stage(ctx, [sel.hot], q.dtype, policy)
+    fused = jax.jit(step.rung0_fused)(q, cache, policy)
+    got = fused.stage
+    assert int(jnp.sum(sel.hot.active)) > 0 or case == 2  # the test promotes something
+    np.testing.assert_array_equal(fused.active, sel.hot.active)
+    np.testing.assert_array_equal(got.k_star, ref.k_star)
+    np.testing.assert_array_equal(got.ranking_ok, ref.ranking_ok)
+    out_g, out_r = np.asarray(got.out, np.float32), np.asarray(ref.out, np.float32)
+    assert np.all(np.isfinite(out_g))
+    ulp = 2.0 ** -7 if q.dtype == jnp.bfloat16 else 1e-5  # the cast may round the other way
+    np.testing.assert_allclose(out_g, out_r, rtol=ulp, atol=1e-6)
+    for name in ("e_key", "e_val", "e_num", "bound"):
+        np.testing.assert_allclose(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name)), rtol=2e-5,
+                                   err_msg=name)
+    np.testing.assert_array_equal(fused.tolerance, ctx.tolerance)
+    np.testing.assert_array_equal(fused.bad, ctx.bad)
+    # and the bound holds against float64 attention over what the cache stores (originals)
+    T = np.asarray(cache.lengths)
+    want = attention_f64(np.asarray(q, np.float32), np.asarray(jnp.asarray(k, q.dtype), np.float32),
+                         np.asarray(jnp.asarray(v, q.dtype), np.float32), list(T))
+    H, G = cache.num_kv_heads, q.shape[1] // cache.num_kv_heads
+    err = np.linalg.norm(out_g.reshape(want.shape).astype(np.float64) - want, axis=-1)
+    assert np.all(err <= np.asarray(got.bound).reshape(err.shape)), (err, got.bound)
+    assert H * G == q.shape[1]
+
+
+def test_fused_rung0_tolerances_do_not_recompile():
+    """tau_cov and rank_margin are traced policy leaves: a new value reuses the compiled kernel."""
+    q, cache, policy, _, _ = _cache(3, **CASES[1])
+    f = jax.jit(step.rung0_fused)
+    a = f(q, cache, policy)
+    compiled = f._cache_size()  # the jit cache is shared with the other tests' calls of the same function
+    b = f(q, cache, dataclasses.replace(policy, tau_cov=0.5, rank_margin=2.0))
+    assert f._cache_size() == compiled
+    assert int(jnp.sum(b.active)) <= int(jnp.sum(a.active))  # a lower coverage target promotes no more
