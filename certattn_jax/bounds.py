@@ -86,7 +86,8 @@ def flush_floor(n_terms: int, value_abs: jax.Array) -> jax.Array:
     return per_channel * math.sqrt(d) * 2.0
 
 
-def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array, bits: int) -> jax.Array:
+def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array, bits: int,
+                        int_pieces: bool = False) -> jax.Array:
     """Delta_n for INT keys: [..., G, nb] from |q| [..., G, d] and scale/zero [..., nb, d].
 
     Each reconstructed key element is within s_c (1/2 + slack) of the original (quant.py), and the float32
@@ -95,15 +96,27 @@ def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array,
     <= L s_c + |z_c|) and for the tier-1 kernel (scale folded into the query: sum_c fl(q_c s_c) code_c plus
     sum_c q_c z_c, whose terms are bounded by |q_c| L s_c and |q_c| |z_c|; docs/bounds.md section 11). The
     einsums evaluating this bound are rounded up for their own error.
+
+    int_pieces: the scores come from the tier-1 kernel's exact integer key dot (`int_keys`: fl(q_c s_c) split
+    into four int8 pieces times the codes shifted by off = 2^(bits-1), int32 accumulation), whose float part
+    is bounded by gamma(d + 6) sum_c |q_c| (2 L s_c + |z_c|) + gamma(d + 6) 0.032 d off A + d off 2^-26 A
+    (A = max_c |q_c| s_c: the piece split's remainder and the rounding of its four-term sum) plus a
+    d (L + off) 2^-124 floor for flushed products (docs/bounds.md section 12).
     """
     d = q_abs.shape[-1]
     L = quant.levels(bits)
     s = k_scale.astype(jnp.float32)
     z = k_zero.astype(jnp.float32)
-    mag = (L * s + jnp.abs(z)) * (1.0 + 2 * U)
+    mag = ((2 * L if int_pieces else L) * s + jnp.abs(z)) * (1.0 + 2 * U)
     quant_part = jnp.einsum("...gd,...nd->...gn", q_abs, s, precision="highest") * (0.5 + quant.QUANT_ROUNDING_SLACK)
     fp_part = jnp.einsum("...gd,...nd->...gn", q_abs, mag, precision="highest") * gamma(d + 6)
+    if int_pieces:
+        off = 2 ** (bits - 1)
+        a_max = jnp.max(q_abs[..., :, None, :] * s[..., None, :, :], axis=-1) * (1.0 + 2 * U)  # [..., G, nb]
+        fp_part = fp_part + a_max * (gamma(d + 6) * 0.032 * d * off + d * off * 2.0 ** -26 * (1.0 + 4 * U))
     delta = round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
+    if int_pieces:
+        delta = delta + d * (L + off) * 2.0 ** -124
     return delta + flush_delta(q_abs)[..., None]
 
 

@@ -37,6 +37,7 @@ from certattn_jax.step import (
     evaluate_stage,
     exact_items,
     exact_keys_values,
+    fused_supported,
     log_mass,
     overlay_residual,
     rung0_fused,
@@ -244,7 +245,7 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     H = cache.num_kv_heads
     G = Hq // H
     cache0 = cache  # the step's input: the selection reads its hot set (rung 1 refreshes the hot set)
-    if policy.tier1 == "pallas":  # rung 0 by the fused kernel; a higher rung builds the context it needs
+    if policy.rung0 == "fused" and fused_supported(cache):  # one kernel; a higher rung builds its own context
         with jax.named_scope("rung0_fused"):
             fused = rung0_fused(q, cache, policy)
         st0, tol, bad, active0 = fused.stage, fused.tolerance, fused.bad, fused.active

@@ -17,8 +17,11 @@ from certattn_jax.kv_cache import is_concrete
 
 _static = {"pytree_node": False}
 TIER1_IMPLS = ("jnp", "pallas")
-# The default tier-1 implementation; CERTATTN_TIER1=pallas runs e.g. the whole soundness suite through the kernel.
+RUNG0_IMPLS = ("jnp", "fused")
+# The default implementations; CERTATTN_TIER1=pallas (CERTATTN_RUNG0=fused) runs e.g. the whole soundness suite
+# through the tier-1 kernel (the fused rung-0 kernel).
 _DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "jnp").strip() or "jnp"
+_DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "jnp").strip() or "jnp"
 
 
 def _is_number(x: object) -> bool:
@@ -44,6 +47,13 @@ class CertPolicy:
                    "jnp" (XLA) or "pallas" (`pallas_kernels.tier1_pass`, one read of the quantized bytes; interpret
                    mode off the GPU). Both are covered by the same bound (docs/bounds.md section 11). Default
                    "jnp", or the environment variable CERTATTN_TIER1.
+      rung0:       how rung 0 (selection, promotion of resident blocks, merge, bound, ranking check) is computed:
+                   "jnp" (XLA, ~60 small kernels per layer) or "fused" (`pallas_kernels.certify_rung0`, one
+                   kernel per layer; a higher rung then builds its context inside its own branch). Same
+                   arithmetic up to the order of float32 sums. Default "jnp" (the fused kernel is slower at long
+                   contexts today: docs/performance.md), or CERTATTN_RUNG0.
+    A compiled kernel needs power-of-two shapes (block size, head dim, value group, hot slots); for other
+    shapes the step falls back to the jnp computation of that part (same bound).
     Tolerances
       eps:         a head is certified when error_bound <= eps * value_scale + abs_tol, where value_scale is
                    ||r||_2, r_c = max_i v_ic - min_i v_ic the per-channel range of that KV head's values
@@ -72,10 +82,13 @@ class CertPolicy:
     rank_margin: float = 0.5
     layer_fallback_fraction: float = 0.5
     tier1: str = struct.field(default=_DEFAULT_TIER1, **_static)
+    rung0: str = struct.field(default=_DEFAULT_RUNG0, **_static)
 
     def __post_init__(self) -> None:
         if self.tier1 not in TIER1_IMPLS:
             raise ValueError(f"unknown tier-1 implementation {self.tier1!r}; choose from {TIER1_IMPLS}")
+        if self.rung0 not in RUNG0_IMPLS:
+            raise ValueError(f"unknown rung-0 implementation {self.rung0!r}; choose from {RUNG0_IMPLS}")
         if self.block_size < 2 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 2, got {self.block_size}")
         if self.group_size < 2:

@@ -220,7 +220,7 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
     block_valid = block_validity(cache)
     if apx is None:
         apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
-    apx_delta = bounds.key_delta_quantized(qt.q_abs, cache.k_scale, cache.k_zero, cache.key_bits)
+    apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
 
     res_tok, res_k, res_v = residual_tokens(cache)
     s_res = jnp.einsum("bhgd,bhtd->bhgt", qt.q_scaled, res_k, precision=_HI)
@@ -261,6 +261,13 @@ class FusedRung0(NamedTuple):
     bad: jax.Array
 
 
+def fused_supported(cache: TieredKVCache) -> bool:
+    """Whether `rung0_fused` can run on this cache's shapes (compiled kernels need powers of two)."""
+    from pallas_kernels import certify_rung0
+
+    return certify_rung0.supports(cache.block_size, cache.head_dim, cache.k_max)
+
+
 def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> FusedRung0:
     """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass, then
     `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output
@@ -274,7 +281,7 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
     qt = query_terms(q, cache)
     block_valid = block_validity(cache)
     apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
-    apx_delta = bounds.key_delta_quantized(qt.q_abs, cache.k_scale, cache.k_zero, cache.key_bits)
+    apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
     _, _, res_v = residual_tokens(cache)
     vt = value_terms(cache, policy, block_valid, res_v)
     r = certify_rung0(qt.q_scaled, qt.q_abs, apx.m, apx.l, apx.acc, apx_delta, vt.eta,
@@ -293,17 +300,33 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
                       tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad)
 
 
+def tier1_kernel_runs(cache: TieredKVCache, impl: str) -> bool:
+    """Whether `tier1_partials` takes the Pallas kernel for this cache (impl "pallas" and shapes it supports)."""
+    from pallas_kernels import tier1_pass as kernel
+
+    return impl == "pallas" and kernel.supports(cache.block_size, cache.head_dim, cache.group_size)
+
+
+def key_deltas(q_abs: jax.Array, cache: TieredKVCache, impl: str) -> jax.Array:
+    """Delta_n [B, H, G, nb] of the INT blocks for the tier-1 implementation that computes their scores."""
+    from pallas_kernels import tier1_pass as kernel
+
+    int_pieces = tier1_kernel_runs(cache, impl) and kernel.CERTIFIED_VARIANT in kernel.INT_KEY_VARIANTS
+    return bounds.key_delta_quantized(q_abs, cache.k_scale, cache.k_zero, cache.key_bits, int_pieces=int_pieces)
+
+
 def tier1_partials(q_s: jax.Array, cache: TieredKVCache, block_valid: jax.Array, impl: str) -> Partials:
     """Per-block partials (m, l, acc) [B, H, G, nb] of every full block with INT keys and values, for the
     pre-scaled query q_s [B, H, G, d]: with jnp (float32 dequantized copies, XLA) or with the tier-1 Pallas
     kernel (one read of the quantized bytes, dequantized in registers; `score_scale=1`: no multiply follows
     the dot). Empty blocks: m = -inf, l = 0, acc = 0. Both are covered by the same bound (docs/bounds.md 11)."""
-    if impl == "pallas":
-        from pallas_kernels.tier1_pass import tier1_pass  # imported here: pallas_kernels imports certattn_jax
+    from pallas_kernels import tier1_pass as kernel  # imported here: pallas_kernels imports certattn_jax
 
-        t1 = tier1_pass(q_s, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale, cache.v_zero,
-                        cache.flushed // cache.block_size, group_size=cache.group_size, key_bits=cache.key_bits,
-                        value_bits=cache.value_bits, per_block_acc=True, score_scale=1.0)
+    if tier1_kernel_runs(cache, impl):
+        t1 = kernel.tier1_pass(q_s, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale,
+                               cache.v_zero, cache.flushed // cache.block_size, group_size=cache.group_size,
+                               key_bits=cache.key_bits, value_bits=cache.value_bits, per_block_acc=True,
+                               score_scale=1.0, variant=kernel.CERTIFIED_VARIANT)
         return Partials(m=t1.m, l=t1.l, acc=t1.acc)
     k_hat = quant.dequantize_keys(cache.k_codes, cache.k_scale, cache.k_zero, cache.key_bits)
     s_apx = jnp.einsum("bhgd,bhntd->bhgnt", q_s, k_hat, precision=_HI)

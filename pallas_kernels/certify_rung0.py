@@ -50,6 +50,12 @@ _F32 = jnp.float32
 _NEG_INF = -jnp.inf
 
 
+def _i32(x: int) -> jax.Array:
+    """An int32 constant. (jnp.where(pred, 0, -1) with two Python ints mis-lowers to Triton in jax 0.10-0.11:
+    an i1 compared with an i32.)"""
+    return jnp.int32(x)
+
+
 class Rung0(NamedTuple):
     """out [B, H, G, d] float32 (before the output cast); e_key, e_val [B, H, G]; broken [B, H, G] bool (some
     valid item could not be bounded: the bound is +inf); ranking_ok [B, H] bool; active [B, H, K] bool."""
@@ -60,6 +66,11 @@ class Rung0(NamedTuple):
     broken: jax.Array
     ranking_ok: jax.Array
     active: jax.Array
+
+
+def _any_row(x: jax.Array) -> jax.Array:
+    """jnp.any over axis 1 (Triton has no boolean reduction: a max of int32)."""
+    return jnp.max(x.astype(jnp.int32), axis=1) > 0
 
 
 def _dot(a: jax.Array, b: jax.Array, a_contract: int, b_contract: int) -> jax.Array:
@@ -151,7 +162,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
     def min_real(x):
         return jnp.min(jnp.where(g_real, x, jnp.inf))
 
-    k_star = jnp.where(min_real(covered) >= tau, 0, -1).astype(jnp.int32)
+    k_star = jnp.where(min_real(covered) >= tau, _i32(0), _i32(-1))
     ranked = []
     for j in range(kp):
         best = jnp.max(score)
@@ -159,19 +170,19 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
         ok = best >= 0
         picked = (nidx == idx) & ok
         covered = covered + jnp.sum(jnp.where(picked, est, 0.0), axis=1)
-        k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), j + 1, k_star)
-        ranked.append(jnp.where(ok, idx, -1))
+        k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), _i32(j + 1), k_star)
+        ranked.append(jnp.where(ok, idx, _i32(-1)))
         score = jnp.where(nidx == idx, -2.0, score)
-    n_cands = jnp.minimum(n_valid, 2 * kp)  # the jnp path ranks 2 k_max candidates
-    k_star = jnp.minimum(jnp.minimum(jnp.where(k_star >= 0, k_star, n_cands), n_cands), kp)
+    n_cands = jnp.minimum(n_valid, _i32(2 * kp))  # the jnp path ranks 2 k_max candidates
+    k_star = jnp.minimum(jnp.minimum(jnp.where(k_star >= 0, k_star, n_cands), n_cands), _i32(kp))
 
     # 3. hot slots: promoted when they hold one of the top-K* blocks; exact partials of every filled slot
     hot = []
     for s in range(K):
         hid = hid_ref[s]
-        rank = jnp.array(kp, jnp.int32)
+        rank = _i32(kp)
         for j in reversed(range(kp)):
-            rank = jnp.where((ranked[j] == hid) & (hid >= 0), j, rank)
+            rank = jnp.where((ranked[j] == hid) & (hid >= 0), _i32(j), rank)
         filled = hid >= 0
         k32 = jnp.where(filled, hk_ref[s, :, :].astype(_F32), 0.0)
         v32 = jnp.where(filled, hv_ref[s, :, :].astype(_F32), 0.0)
@@ -240,7 +251,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
         xs = jnp.where(use, bounds._exp_up(lmv + jnp.log(jnp.where(use, jnp.expm1(dlv), 1.0))), 0.0)
         ys = jnp.where(use, bounds._exp_up(lmv + jnp.log(jnp.where(use, -jnp.expm1(-dlv), 1.0))), 0.0)
         if it.lm.ndim == 2:  # the INT blocks: reduce over them
-            bad, xs, ys, dlv = jnp.any(bad, axis=1), jnp.sum(xs, axis=1), jnp.sum(ys, axis=1), jnp.max(dlv, axis=1)
+            bad, xs, ys, dlv = _any_row(bad), jnp.sum(xs, axis=1), jnp.sum(ys, axis=1), jnp.max(dlv, axis=1)
             lm_up_blocks = lm_up
         broken = broken | bad
         x_sum = x_sum + xs
@@ -259,7 +270,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
     use = blocks.valid & (eta > 0)
     terms = bounds._exp_up(jnp.where(use, lm_up_blocks, 0.0) + jnp.log(jnp.where(use, eta, 1.0)))
     e_val = bounds.round_up_sum(jnp.sum(jnp.where(use, terms, 0.0), axis=1), nb) + (nb + 1) * bounds.TINY
-    e_val_bad = broken | jnp.any(blocks.valid & ~jnp.isfinite(eta), axis=1)
+    e_val_bad = broken | _any_row(blocks.valid & ~jnp.isfinite(eta))
     e_val = jnp.where(e_val_bad | jnp.isnan(e_val), jnp.inf, e_val)
 
     # the ranking-consistency check (select.ranking_consistent), per KV head
@@ -292,6 +303,14 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
     for s, h in enumerate(hot):
         act = jnp.where(slots == s, h["active"].astype(jnp.int32), act)
     active_ref[...] = act
+
+
+def supports(block_size: int, head_dim: int, hot_slots: int) -> bool:
+    """Whether the kernel runs on these shapes here: compiled (Triton) tensors need power-of-two sizes;
+    interpret mode takes any."""
+    if backend.interpret():
+        return True
+    return all(n > 0 and n & (n - 1) == 0 for n in (block_size, head_dim, hot_slots))
 
 
 def _pow2(n: int, at_least: int = 1) -> int:

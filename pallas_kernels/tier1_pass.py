@@ -59,6 +59,14 @@ class Tier1Partials(NamedTuple):
     acc_m: jax.Array
 
 
+def supports(block_size: int, head_dim: int, group_size: int) -> bool:
+    """Whether the kernel runs on these shapes here: compiled (Triton) tensors need power-of-two sizes;
+    interpret mode takes any."""
+    if backend.interpret():
+        return True
+    return all(n > 0 and n & (n - 1) == 0 for n in (block_size, head_dim, group_size))
+
+
 def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:
     """Blocks per split so that batch * kv_heads * splits is about _TARGET_PROGRAMS."""
     splits = max(1, min(num_blocks, -(-_TARGET_PROGRAMS // max(1, batch * kv_heads))))
@@ -509,6 +517,11 @@ _VARIANTS = {"reduce": _tier1_kernel, "dot": functools.partial(_tier1_kernel_dot
              "dot_t": functools.partial(_tier1_kernel_dot, magic=True, transposed=True),
              "int_keys": functools.partial(_tier1_kernel_dot, magic=True, int_keys=True),
              "int_kv": _tier1_kernel_int}
+# The variant the certified path uses (`certattn_jax.step.tier1_partials`): the exact int8 key dot, 2.5x faster
+# than dot_magic on the H200 (docs/kernels.md); its score rounding is bounded in bounds.key_delta_quantized
+# (int_pieces) and docs/bounds.md section 12. Values as in dot_t (covered by docs/bounds.md section 11).
+CERTIFIED_VARIANT = "int_keys"
+INT_KEY_VARIANTS = ("int_keys", "int_kv")
 # fewest query-head rows a variant's dots need (int8 MMA tiles: 4 pieces x 4 heads = 16)
 _MIN_G = {"int_keys": 4, "int_kv": 4}
 

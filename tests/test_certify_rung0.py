@@ -102,3 +102,15 @@ def test_fused_rung0_tolerances_do_not_recompile():
     b = f(q, cache, dataclasses.replace(policy, tau_cov=0.5, rank_margin=2.0))
     assert f._cache_size() == compiled
     assert int(jnp.sum(b.active)) <= int(jnp.sum(a.active))  # a lower coverage target promotes no more
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_fused_rung0_lowers_to_triton(case, monkeypatch):
+    """Cross-lower the compiled kernel for CUDA on this CPU machine (the Pallas -> Triton-IR lowering, no GPU):
+    catches unsupported primitives and mistyped operations before a GPU run."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    q, cache, policy, _, _ = _cache(5, **CASES[case])
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    f = jax.jit(step.rung0_fused)
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, cache, policy).mlir_module()
+    assert "certattn_certify_rung0" in text or "xla.gpu.triton" in text
