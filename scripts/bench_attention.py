@@ -38,6 +38,10 @@ from certattn_jax.memory import memory_report  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
 
 
+def hot_of(cache: TieredKVCache) -> dict:
+    return {f: getattr(cache, f) for f in ("hot_k", "hot_v", "hot_ids", "hot_used")}
+
+
 def timed(fn, args, reps):
     out = fn(*args)
     jax.block_until_ready(out)
@@ -76,23 +80,25 @@ def bench_context(T: int, B: int, H: int, G: int, d: int, steps: int, reps: int,
             return acc + naive_attention(q_at(i), cache).astype(jnp.float32)
         return jax.lax.fori_loop(0, steps, body, jnp.zeros((B, H * G, d)))
 
+    # The loops carry only the hot set (what a step changes) and read the rest of the cache from the jit
+    # argument: carrying the whole cache makes XLA copy it, tier 2 included, on entry to every call.
     @jax.jit
     def cert_loop(cache, policy):
         def body(i, carry):
-            acc, c, rung_hist = carry
-            out, cert, c = certified_attention_step(q_at(i), c, policy)
+            acc, hot, rung_hist = carry
+            out, cert, c = certified_attention_step(q_at(i), cache.replace(**hot), policy)
             hist = rung_hist + jnp.bincount(cert.rung.reshape(-1), length=5)
-            return acc + out.astype(jnp.float32), c, hist
-        return jax.lax.fori_loop(0, steps, body, (jnp.zeros((B, H * G, d)), cache, jnp.zeros(5, jnp.int32)))
+            return acc + out.astype(jnp.float32), hot_of(c), hist
+        return jax.lax.fori_loop(0, steps, body, (jnp.zeros((B, H * G, d)), hot_of(cache), jnp.zeros(5, jnp.int32)))
 
     @jax.jit
     def fast_loop(cache, policy):  # the model's fast pass: rungs 0-1 only (escalations counted, not answered)
         def body(i, carry):
-            acc, c, rung_hist, esc = carry
-            out, cert, c, escalate = certified_attention_fast(q_at(i), c, policy)
+            acc, hot, rung_hist, esc = carry
+            out, cert, c, escalate = certified_attention_fast(q_at(i), cache.replace(**hot), policy)
             hist = rung_hist + jnp.bincount(cert.rung.reshape(-1), length=5)
-            return acc + out.astype(jnp.float32), c, hist, esc + jnp.sum(escalate)
-        init = (jnp.zeros((B, H * G, d)), cache, jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.int32))
+            return acc + out.astype(jnp.float32), hot_of(c), hist, esc + jnp.sum(escalate)
+        init = (jnp.zeros((B, H * G, d)), hot_of(cache), jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.int32))
         return jax.lax.fori_loop(0, steps, body, init)
 
     @jax.jit
