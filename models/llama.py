@@ -148,21 +148,33 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     return x, cache.with_lengths(new_lengths)
 
 
-def _layer(layer: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, i: int | jax.Array,
-           cos: jax.Array, sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
-    """One transformer layer on x [B, T, D]; `i` (a Python int, or traced inside a loop over layers) picks the
-    layer's cache."""
+def _attention_inputs(layer: Params, config: LlamaConfig, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The layer's q [B, T, Hq, d], k, v [B, T, Hkv, d] (RoPE applied) from x [B, T, D]."""
     B, T, _ = x.shape
     Hq, Hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
     h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
     q, k, v = _qkv(layer, h, config)
     q = apply_rope(q.reshape(B, T, Hq, d), cos, sin)
     k = apply_rope(k.reshape(B, T, Hkv, d), cos, sin)
-    v = v.reshape(B, T, Hkv, d)
-    attn, cache = cache.attend(i, q, k, v, new_lengths)
-    x = x + _dot(attn.reshape(B, T, Hq * d), layer["wo"])
+    return q, k, v.reshape(B, T, Hkv, d)
+
+
+def _attention_output_and_mlp(layer: Params, config: LlamaConfig, x: jax.Array, attn: jax.Array) -> jax.Array:
+    """The rest of the layer: x + attn W_o, then the MLP block (attn [B, T, Hq, d])."""
+    B, T, _ = x.shape
+    x = x + _dot(attn.reshape(B, T, -1), layer["wo"])
     h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-    return x + _mlp(layer, h), cache
+    return x + _mlp(layer, h)
+
+
+def _layer(layer: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, i: int | jax.Array,
+           cos: jax.Array, sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
+    """One transformer layer on x [B, T, D]; `i` (a Python int, or traced inside a loop over layers) picks the
+    layer's cache."""
+    q, k, v = _attention_inputs(layer, config, x, cos, sin)
+    attn, cache = cache.attend(i, q, k, v, new_lengths)
+    return _attention_output_and_mlp(layer, config, x, attn), cache
 
 
 def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
@@ -175,16 +187,25 @@ def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: K
 
 def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
                    sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
-    """Every layer in a `lax.fori_loop`: the layer body (and the cache's attention in it) is compiled once. The
-    cache must accept a traced layer index (TieredModelCache). Layer i's weights come out of a `lax.switch`,
-    i.e. as a copy: one extra pass over the weights per step, paid only on the slow path (a loop over stacked
-    weights costs 2.5x per step on the H200 for the 8B shape, results/probe_layer_loop_h200.json)."""
+    """Every layer in a `lax.fori_loop`: the cache's attention (the certified ladder) is compiled once. The
+    cache must accept a traced layer index (TieredModelCache).
+
+    The layer's dense parts run inside two `lax.switch`es over the layer index whose branches compute with
+    their own layer's weights (projections before attention; output projection and MLP after it), so every
+    GEMM reads its weights in place. (The first version selected the weights with a `lax.switch` that returned
+    them: a copy of every layer's weights each step, 8.9 ms of a 20.1 ms 8B step on the H200; a loop over
+    stacked weights copies each slice before its GEMM, 2.5x per step: results/probe_layer_loop_h200.json.)
+    The branches hold the unrolled model's dense code once, so compiling costs about a dense model's compile
+    plus one copy of the attention."""
     layers = list(params["layers"])
+    pre = [lambda x, w=w: _attention_inputs(w, config, x, cos, sin) for w in layers]
+    post = [lambda x, a, w=w: _attention_output_and_mlp(w, config, x, a) for w in layers]
 
     def body(i, carry):
         x, cache = carry
-        layer = jax.lax.switch(i, [lambda w=w: w for w in layers])
-        return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
+        q, k, v = jax.lax.switch(i, pre, x)
+        attn, cache = cache.attend(i, q, k, v, new_lengths)
+        return jax.lax.switch(i, post, x, attn), cache
 
     return jax.lax.fori_loop(0, len(layers), body, (x, cache))
 

@@ -277,3 +277,22 @@ def test_the_ladder_is_compiled_once_whatever_the_depth(params, schedule):
     if schedule == "two-pass":
         for rung in fast:  # the fast pass is unrolled: once per layer
             assert counts[1][rung] > 1.2 * counts[0][rung], counts
+
+
+def test_the_looped_schedule_reads_weights_in_place(params):
+    """The loop over layers runs each layer's projections and MLP inside a `lax.switch` whose branch holds
+    that layer's weights: the compiled decode step has no copy (nor slice) of any weight-shaped buffer. (The
+    first looped schedule selected the weights with a switch that returned them: a copy of every layer's
+    weights per step, 8.9 ms of a 20.1 ms 8B step on the H200.)"""
+    fused = llama.fuse_projections(params)
+    shapes = {f"f32[{','.join(map(str, w.shape))}]" for layer in fused["layers"] for w in layer.values()
+              if w.ndim == 2}
+    cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
+    hlo = jax.jit(lambda p, t, c: llama.forward(p, CFG, t, c)).lower(
+        fused, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
+    import re
+
+    moved = [line for line in hlo.splitlines()
+             if re.match(r"\s*%?[\w.\-]+ = (f32\[[\d,]*\])\{[^}]*\} (copy|copy-start|dynamic-slice)\(", line)
+             and re.match(r"\s*%?[\w.\-]+ = (f32\[[\d,]*\])", line).group(1) in shapes]
+    assert shapes and not moved, moved[:3]
