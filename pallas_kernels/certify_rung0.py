@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -48,6 +49,10 @@ from pallas_kernels import backend
 
 _F32 = jnp.float32
 _NEG_INF = -jnp.inf
+# Warps per program. The kernel is a long chain of small reductions (one program per KV head): fewer warps make
+# each reduction cheaper (within a warp: shuffles, no shared memory or barrier). Measured with 4 only so far
+# (docs/performance.md); CERTATTN_RUNG0_WARPS=1|2|4|8 selects another for measurements.
+DEFAULT_WARPS = int(os.environ.get("CERTATTN_RUNG0_WARPS", "4"))
 
 
 def _i32(x: int) -> jax.Array:
@@ -319,7 +324,7 @@ def _pow2(n: int, at_least: int = 1) -> int:
 
 def certify_rung0(q_s, q_abs, apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_k, hot_v, res_k,
                   res_v, r_count, key_scale, *, k_max: int, tau_cov: float, rank_margin: float,
-                  interpret: bool | None = None, num_warps: int = 4) -> Rung0:
+                  interpret: bool | None = None, num_warps: int | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
     Query heads are padded to a power of two, and blocks to a power of two of at least 16, where needed."""
     B, H, G, d = q_s.shape
@@ -331,6 +336,7 @@ def certify_rung0(q_s, q_abs, apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, ho
     if not 0 < k_max <= K:
         raise ValueError(f"k_max {k_max} must be in [1, {K}] (the hot slots)")
     interpret = backend.interpret() if interpret is None else interpret
+    num_warps = num_warps or DEFAULT_WARPS
     if not interpret:
         for name, n in (("block size", Bk), ("head_dim", d), ("hot slots", K)):
             if n & (n - 1):
