@@ -1,171 +1,346 @@
-"""One decode step of attention over one layer, timed on the device: dense vs naive vs certified.
+"""One decode step of attention over one LLaMA-3.1-8B layer, device-timed: dense baselines vs naive vs certified.
 
-Shapes of a LLaMA-3.1-8B layer (32 query heads, 8 KV heads, d = 128), batch 1, contexts 8K and 32K, bf16.
-Each variant runs `--steps` times inside one jitted fori_loop (dispatch amortised); the certified variant
-carries its cache (the hot set) through the loop, as the model does. Also reports the cost of the
-control flow the certified path adds (a lax.cond on a device predicate per layer and step), the bytes each
-variant must read at least, and the measured HBM bandwidth of the same run.
+Shapes: 32 query heads, 8 KV heads, d = 128, bf16; contexts 8K-128K, batch 1 and 8 (issue 8's grid). Rows of
+`results/bench_attention.json`: {"impl", "data", "context", "batch", "median_us", "bytes", "rungs", ...} with
 
-    python scripts/bench_attention.py --out results/bench_attention.json
-    python scripts/bench_attention.py --smoke
+  torch_sdpa_bf16     torch's scaled_dot_product_attention, replayed from a CUDA graph (CUDA events)
+  jax_cudnn_bf16      jax.nn.dot_product_attention(implementation="cudnn")
+  jax_xla_bf16        einsum softmax einsum, float32 accumulation
+  pallas_dense_bf16   jax's Pallas decode kernel (`decode_attention.gqa`, k_splits 128)
+  naive               INT8/INT4 attention without certification: the tier-1 kernel + its combine (`--tier1
+                      pallas`) or XLA (`jnp`)
+  certified           the model's per-layer certified step (`ladder.run_fast`: rungs 0-1; a head needing more
+                      is counted in "escalations", answered by the whole ladder in the model)
+  certified_full      the whole ladder (`ladder.run`) with no forced fallback
+  certified_rung1..4  the whole ladder with every head forced up to that rung (`ladder.run(min_rung=...)`;
+                      rung 3 with rung 4 disabled). Rungs 3-4 move tier-2 bytes over PCIe ("pcie_bytes").
+
+Data: "gaussian" (random keys/values) and "peaked" (an attention sink on the first tokens, a recent window and
+three needle blocks aligned with the query, like real LLM attention); baselines on gaussian only (their cost
+does not depend on the data). The certified loops carry the hot set from step to step (as the model does).
+
+Timing: each variant runs n1 and n2 times inside one jit (a step-dependent query), per call = (t(n2) - t(n1))
+/ (n2 - n1): dispatch and fixed costs cancel. Median of --reps. "bytes" is what a variant must read at least
+(dense: K and V; ours: tier 1), "floor_us" that over the bandwidth measured in the same run.
+
+    python scripts/bench_attention.py --out results/bench_attention.json          # the whole grid, GPU
+    python scripts/bench_attention.py --smoke                                     # tiny, CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import measure_bandwidth  # noqa: E402
-
-from certattn_jax.attention import (  # noqa: E402
-    certified_attention_fast,
-    certified_attention_step,
-    dense_attention_f32,
-    naive_attention,
-)
+from certattn_jax import ladder  # noqa: E402
+from certattn_jax.attention import naive_attention  # noqa: E402
 from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.memory import memory_report  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
 
+HOT = ("hot_k", "hot_v", "hot_ids", "hot_used")
+RESULT: dict = {"rows": [], "errors": []}
 
-def hot_of(cache: TieredKVCache) -> dict:
-    return {f: getattr(cache, f) for f in ("hot_k", "hot_v", "hot_ids", "hot_used")}
+
+def log(*a) -> None:
+    print(*a, flush=True)
 
 
-def timed(fn, args, reps):
-    out = fn(*args)
-    jax.block_until_ready(out)
-    times = []
+def save(path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(RESULT, indent=1) + "\n")
+
+
+def q_at(q0: jax.Array, i: jax.Array) -> jax.Array:
+    """A step-dependent query (nothing can be hoisted out of the timing loop)."""
+    return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
+
+
+def per_call_us(make, n1: int, n2: int, reps: int) -> tuple[float, object]:
+    """make(n) -> zero-arg function running n calls in one jit. (median per-call µs, the n2 run's output)."""
+    f1, f2 = make(n1), make(n2)
+    jax.block_until_ready(f1())
+    out = jax.block_until_ready(f2())
+    diffs = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        jax.block_until_ready(f1())
+        t1 = time.perf_counter()
+        out = jax.block_until_ready(f2())
+        t2 = time.perf_counter()
+        diffs.append(((t2 - t1) - (t1 - t0)) / (n2 - n1))
+    return statistics.median(diffs) * 1e6, out
 
 
-def bench_context(T: int, B: int, H: int, G: int, d: int, steps: int, reps: int, policy, bws) -> dict:
-    keys = jax.random.split(jax.random.key(T), 3)
-    k = jax.random.normal(keys[0], (B, T, H, d), jnp.bfloat16)
-    v = jax.random.normal(keys[1], (B, T, H, d), jnp.bfloat16)
-    q0 = jax.random.normal(keys[2], (B, H * G, d), jnp.bfloat16)
-    t0 = time.perf_counter()
-    cache = jax.jit(lambda k, v: TieredKVCache.from_dense(k, v, policy))(k, v)
-    jax.block_until_ready(cache)
-    build_s = time.perf_counter() - t0
-    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    lengths = jnp.full((B,), T, jnp.int32)
+def stateless_loop(step, q0, args):
+    """n calls of step(q, *args); the whole output is carried (a reduced output lets XLA hoist reads)."""
+    def make(n):
+        @jax.jit
+        def run(q0, args):
+            shape = jax.eval_shape(step, q0, *args).shape
 
-    def q_at(i):
-        return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(jnp.bfloat16)
+            def body(i, acc):
+                out = step(q_at(q0, i), *args)
+                return acc + jnp.where(jnp.isfinite(out), out, 0.0).astype(jnp.float32)
+            return jax.lax.fori_loop(0, n, body, jnp.zeros(shape, jnp.float32))
+        return lambda: run(q0, args)
+    return make
 
-    @jax.jit
-    def dense_loop(kh, vh):
-        def body(i, acc):
-            return acc + dense_attention_f32(q_at(i), kh, vh, lengths).astype(jnp.bfloat16).astype(jnp.float32)
-        return jax.lax.fori_loop(0, steps, body, jnp.zeros((B, H * G, d)))
 
-    @jax.jit
-    def naive_loop(cache):
-        def body(i, acc):
-            return acc + naive_attention(q_at(i), cache).astype(jnp.float32)
-        return jax.lax.fori_loop(0, steps, body, jnp.zeros((B, H * G, d)))
+def certified_loop(q0, cache, policy, fast: bool, min_rung: int = 0):
+    """n certified steps carrying the hot set (the rest of the cache is read-only: carrying it all would make XLA
+    copy it, tier 2 included, on every call). Returns (out sum, rung histogram [5], escalations)."""
+    def make(n):
+        @jax.jit
+        def run(q0, cache):
+            def body(i, carry):
+                acc, hot, hist, esc = carry
+                c = cache.replace(**hot)
+                if fast:
+                    out, cert, c, e = ladder.run_fast(q_at(q0, i), c, policy)
+                    esc = esc + jnp.sum(e)
+                else:
+                    out, cert, c = ladder.run(q_at(q0, i), c, policy, min_rung=min_rung)
+                hist = hist + jnp.bincount(cert.rung.reshape(-1), length=5)
+                return acc + out.astype(jnp.float32), {f: getattr(c, f) for f in HOT}, hist, esc
+            init = (jnp.zeros(q0.shape, jnp.float32), {f: getattr(cache, f) for f in HOT},
+                    jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.int32))
+            return jax.lax.fori_loop(0, n, body, init)
+        return lambda: run(q0, cache)
+    return make
 
-    # The loops carry only the hot set (what a step changes) and read the rest of the cache from the jit
-    # argument: carrying the whole cache makes XLA copy it, tier 2 included, on entry to every call.
-    @jax.jit
-    def cert_loop(cache, policy):
-        def body(i, carry):
-            acc, hot, rung_hist = carry
-            out, cert, c = certified_attention_step(q_at(i), cache.replace(**hot), policy)
-            hist = rung_hist + jnp.bincount(cert.rung.reshape(-1), length=5)
-            return acc + out.astype(jnp.float32), hot_of(c), hist
-        return jax.lax.fori_loop(0, steps, body, (jnp.zeros((B, H * G, d)), hot_of(cache), jnp.zeros(5, jnp.int32)))
 
-    @jax.jit
-    def fast_loop(cache, policy):  # the model's fast pass: rungs 0-1 only (escalations counted, not answered)
-        def body(i, carry):
-            acc, hot, rung_hist, esc = carry
-            out, cert, c, escalate = certified_attention_fast(q_at(i), cache.replace(**hot), policy)
-            hist = rung_hist + jnp.bincount(cert.rung.reshape(-1), length=5)
-            return acc + out.astype(jnp.float32), hot_of(c), hist, esc + jnp.sum(escalate)
-        init = (jnp.zeros((B, H * G, d)), hot_of(cache), jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.int32))
-        return jax.lax.fori_loop(0, steps, body, init)
+def measure_bandwidth(nbytes: int) -> float:
+    n = nbytes // 2
+    x = jax.random.normal(jax.random.key(0), (n,), jnp.bfloat16)
 
-    @jax.jit
-    def cond_loop(x):  # the control-flow cost: a never-taken lax.cond on a device predicate per iteration
-        def body(i, y):
-            return jax.lax.cond(jnp.sum(y) > 1e30, lambda z: z * 2.0, lambda z: z + 1.0, y)
-        return jax.lax.fori_loop(0, steps * 32, body, x)
+    def make(k):
+        @jax.jit
+        def reads(x):
+            return jax.lax.fori_loop(0, k, lambda i, c: jnp.sum(x * c, dtype=jnp.float32).astype(
+                jnp.bfloat16) * jnp.bfloat16(1e-9) + c, jnp.bfloat16(1.0))
+        return lambda: reads(x)
 
-    @jax.jit
-    def where_loop(x):
-        def body(i, y):
-            return jnp.where(jnp.sum(y) > 1e30, y * 2.0, y + 1.0)
-        return jax.lax.fori_loop(0, steps * 32, body, x)
+    us, _ = per_call_us(make, 2, 6, 3)
+    return n * 2 / (us * 1e-6)
 
-    small = jnp.ones((128,))
-    t_dense, _ = timed(dense_loop, (kh, vh), reps)
-    t_naive, _ = timed(naive_loop, (cache,), reps)
-    t_cert, (acc, _, hist) = timed(cert_loop, (cache, policy), reps)
-    t_fast, (_, _, fast_hist, fast_esc) = timed(fast_loop, (cache, policy), reps)
-    t_cond, _ = timed(cond_loop, (small,), reps)
-    t_where, _ = timed(where_loop, (small,), reps)
-    mem = memory_report(cache)
+
+def make_data(kind: str, B: int, T: int, H: int, G: int, d: int, seed: int):
+    """q [B, H*G, d], k, v [B, T, H, d] bf16. peaked: keys of an attention sink (first 4 tokens), a recent window
+    (last 64) and three needle blocks lean towards the mean query of their KV head."""
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(ks[0], (B, H * G, d), jnp.float32)
+    k = jax.random.normal(ks[1], (B, T, H, d), jnp.float32)
+    v = jax.random.normal(ks[2], (B, T, H, d), jnp.float32)
+    if kind == "peaked":
+        qdir = q.reshape(B, H, G, d).mean(axis=2)
+        qdir = qdir / jnp.linalg.norm(qdir, axis=-1, keepdims=True)  # [B, H, d]
+        t = jnp.arange(T)
+        lift = jnp.zeros((T,))
+        lift = jnp.where(t < 4, 10.0, lift)
+        lift = jnp.where(t >= T - 64, 4.0, lift)
+        for c in jax.random.choice(ks[3], T // 64 - 2, (3,), replace=False):
+            lift = jnp.where((t >= 64 * (c + 1)) & (t < 64 * (c + 1) + 8), 8.0, lift)
+        k = k + lift[None, :, None, None] * qdir[:, None, :, :]
+    return q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+
+
+def xla_attention(q, k, v):
+    B, Hq, d = q.shape
+    H = k.shape[2]
+    qg = q.reshape(B, H, Hq // H, d)
+    s = jnp.einsum("bhgd,bthd->bhgt", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("bhgt,bthd->bhgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(B, Hq, d).astype(q.dtype)
+
+
+def cudnn_attention(q, k, v):
+    return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
+
+
+def pallas_dense(q, k, v):
+    from jax.experimental.pallas.ops.gpu import decode_attention
+
+    return decode_attention.gqa(q, k, v, k_splits=128)
+
+
+def torch_sdpa_us(B, T, H, G, d, n) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    q = torch.randn(B, H * G, 1, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    times = []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / n)
+    del g, q, k, v
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def bench(T: int, B: int, args, bw: float) -> None:
+    H, G, d = args.kv_heads, args.groups, args.head_dim
+    n1, n2, reps = args.n1, args.n2, args.reps
     dense_bytes = 2 * B * H * T * d * 2
-    tier1_read = mem["tier1_device_bytes"]
-    per_iter = steps * 32
-    row = dict(context=T, batch=B, kv_heads=H, q_heads=H * G, head_dim=d, steps_per_call=steps,
-               dense_us=t_dense / steps * 1e6, naive_us=t_naive / steps * 1e6, certified_us=t_cert / steps * 1e6,
-               certified_fast_us=t_fast / steps * 1e6, tier1=policy.tier1,
-               certified_fast_rung_histogram=[int(x) for x in fast_hist], certified_fast_escalations=int(fast_esc),
-               cond_overhead_us=(t_cond - t_where) / per_iter * 1e6, cond_loop_iter_us=t_cond / per_iter * 1e6,
-               where_loop_iter_us=t_where / per_iter * 1e6,
-               dense_floor_us=dense_bytes / bws["used"] * 1e6, tier1_floor_us=tier1_read / bws["used"] * 1e6,
-               tier1_fraction=mem["tier1_fraction"], build_cache_s=build_s,
-               certified_rung_histogram=[int(x) for x in hist])
-    print(f"T={T:6d} dense {row['dense_us']:8.1f} us (floor {row['dense_floor_us']:.1f})  "
-          f"naive {row['naive_us']:8.1f} us  certified {row['certified_us']:8.1f} us "
-          f"fast {row['certified_fast_us']:8.1f} us "
-          f"(tier-1 floor {row['tier1_floor_us']:.1f})  cond {row['cond_loop_iter_us']:.1f} vs where "
-          f"{row['where_loop_iter_us']:.1f} us/iter  rungs {row['certified_rung_histogram']}", flush=True)
-    return row
+    impls = set(args.impls)
+
+    def add(impl, data, us, nbytes, **extra):
+        row = dict(impl=impl, data=data, context=T, batch=B, median_us=round(us, 2), bytes=int(nbytes),
+                   floor_us=round(nbytes / bw * 1e6, 2), **extra)
+        RESULT["rows"].append(row)
+        log(json.dumps(row))
+        save(args.out)
+
+    def attempt(name, fn):
+        if name.split(":")[0] not in impls:
+            return
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - one failing variant must not stop the grid
+            RESULT["errors"].append({"impl": name, "context": T, "batch": B, "error": f"{type(e).__name__}: {e}"[:800]})
+            log("FAILED", name, T, B, type(e).__name__, str(e)[:300])
+            traceback.print_exc(limit=2)
+            save(args.out)
+
+    q, k, v = make_data("gaussian", B, T, H, G, d, seed=T + B)
+    gpu = jax.default_backend() == "gpu"
+    for name, fn in (("jax_xla_bf16", xla_attention), ("jax_cudnn_bf16", cudnn_attention),
+                     ("pallas_dense_bf16", pallas_dense)):
+        if name != "jax_xla_bf16" and not gpu:
+            continue
+        attempt(name, lambda name=name, fn=fn: add(name, "gaussian", per_call_us(
+            stateless_loop(fn, q, (k, v)), n1, n2, reps)[0], dense_bytes))
+    if gpu:
+        attempt("torch_sdpa_bf16", lambda: add("torch_sdpa_bf16", "gaussian", torch_sdpa_us(B, T, H, G, d, n2),
+                                               dense_bytes))
+    for data in ("gaussian", "peaked"):
+        if data == "peaked":
+            q, k, v = make_data("peaked", B, T, H, G, d, seed=T + B)
+        bench_certified(data, q, k, v, args, add, attempt, dense_bytes)
+
+
+def bench_certified(data: str, q, k, v, args, add, attempt, dense_bytes: int) -> None:
+    """naive (gaussian only), certified and certified_full on this data; the forced rungs on gaussian."""
+    B, Hq, d = q.shape
+    H = k.shape[2]
+    G = Hq // H
+    n1, n2, reps = args.n1, args.n2, args.reps
+    policy = args.policy
+    cache = jax.jit(lambda k, v: TieredKVCache.from_dense(k, v, policy))(k, v)
+    t1_bytes = memory_report(cache)["tier1_device_bytes"]
+    if data == "gaussian":
+        if policy.tier1 == "pallas":
+            from pallas_kernels.tier1_pass import naive_output, tier1_pass
+
+            def naive(q, c):
+                qg = q.astype(jnp.float32).reshape(B, H, G, d)
+                p = tier1_pass(qg, c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale, c.v_zero,
+                               c.flushed // c.block_size, group_size=c.group_size, key_bits=c.key_bits,
+                               value_bits=c.value_bits)
+                return naive_output(p).reshape(B, H * G, d).astype(q.dtype)
+        else:
+            def naive(q, c):
+                return naive_attention(q, c)
+        attempt("naive", lambda: add("naive", data, per_call_us(stateless_loop(naive, q, (cache,)), n1, n2,
+                                                                 reps)[0], t1_bytes, tier1=policy.tier1))
+
+    def certified(name, fast, min_rung=0, pol=policy, m1=n1, m2=n2, pcie=0):
+        us, (_, _, hist, esc) = per_call_us(certified_loop(q, cache, pol, fast, min_rung), m1, m2, reps)
+        add(name, data, us, t1_bytes, rungs=[int(x) for x in hist], escalations=int(esc), tier1=pol.tier1,
+            rung0=pol.rung0, pcie_bytes=pcie)
+
+    attempt("certified", lambda: certified("certified", True))
+    attempt("certified_full", lambda: certified("certified_full", False))
+    if data == "gaussian":
+        few1, few2 = max(1, n1 // 8), max(2, n2 // 8)  # rungs 3-4 move K and V over PCIe every step
+        no_rung4 = dataclasses.replace(policy, layer_fallback_fraction=2.0)
+        attempt("certified_rung1", lambda: certified("certified_rung1", False, 1))
+        attempt("certified_rung2", lambda: certified("certified_rung2", False, 2))
+        attempt("certified_rung3", lambda: certified("certified_rung3", False, 3, no_rung4, few1, few2, dense_bytes))
+        attempt("certified_rung4", lambda: certified("certified_rung4", False, 3, policy, few1, few2, dense_bytes))
+
+
+IMPLS = ("torch_sdpa_bf16", "jax_cudnn_bf16", "jax_xla_bf16", "pallas_dense_bf16", "naive", "certified",
+         "certified_full", "certified_rung1", "certified_rung2", "certified_rung3", "certified_rung4")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--contexts", default="8192,32768")
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--reps", type=int, default=5)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", default="8192,32768,65536,131072")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--tier1", choices=("jnp", "pallas"), default="pallas")
+    ap.add_argument("--rung0", choices=("jnp", "fused"), default="jnp")
+    ap.add_argument("--n1", type=int, default=8)
+    ap.add_argument("--n2", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--tier1", choices=("jnp", "pallas"), default=None, help="the policy's tier-1 implementation")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU): checks the script runs")
     args = ap.parse_args()
-    B, H, G, d = 1, 8, 4, 128
+    args.kv_heads, args.groups, args.head_dim = 8, 4, 128
+    args.policy = CertPolicy(tier1=args.tier1, rung0=args.rung0)
     if args.smoke:
-        args.contexts, args.steps, args.reps, H, G, d = "512", 3, 2, 2, 2, 64
+        args.contexts, args.batches, args.n1, args.n2, args.reps = "512", "1", 1, 3, 1
+        args.kv_heads, args.groups, args.head_dim = 2, 2, 64
+        args.policy = CertPolicy(tier1=args.tier1, rung0=args.rung0, k_max=2, v_max=2)
     dev = jax.devices()[0]
-    bws = measure_bandwidth(64 << 20 if args.smoke else 4 << 30)
-    print(f"device {dev.device_kind}, jax {jax.__version__}, read bw {bws['read_only'] / 1e12:.2f} TB/s", flush=True)
-    policy = CertPolicy() if args.tier1 is None else CertPolicy(tier1=args.tier1)
-    contexts = [int(t) for t in args.contexts.split(",")]
-    rows = [bench_context(T, B, H, G, d, args.steps, args.reps, policy, bws) for T in contexts]
-    result = dict(device=dev.device_kind, platform=dev.platform, jax_version=jax.__version__,
-                  measured_bandwidth_Bps=bws, policy=repr(policy), rows=rows,
-                  note=f"tier-1 pass: {policy.tier1}; certified = full ladder, "
-                  "certified_fast = the model's rungs-0-1 pass")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    bw = measure_bandwidth(64 << 20 if args.smoke else 4 << 30)
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    RESULT.update(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, torch=torch_version,
+                  measured_bandwidth_Bps=bw, policy=repr(args.policy), n1=args.n1, n2=args.n2, reps=args.reps,
+                  shape=dict(kv_heads=args.kv_heads, query_heads=args.kv_heads * args.groups, head_dim=args.head_dim))
+    log(f"device {dev.device_kind}, jax {jax.__version__}, torch {torch_version}, read bw {bw / 1e12:.2f} TB/s")
+    for T in [int(t) for t in args.contexts.split(",")]:
+        for B in [int(b) for b in args.batches.split(",")]:
+            bench(T, B, args, bw)
+    save(args.out)
+    rows = RESULT["rows"]
+    if not rows:
+        raise SystemExit("no row measured")
+    by_key = {(r["impl"], r["data"], r["context"], r["batch"]): r["median_us"] for r in rows}
+    for (impl, data, T, B), us in sorted(by_key.items(), key=lambda x: (x[0][2], x[0][3], x[0][0])):
+        dense = [by_key.get((b, "gaussian", T, B)) for b in ("torch_sdpa_bf16", "jax_cudnn_bf16", "jax_xla_bf16",
+                                                               "pallas_dense_bf16")]
+        dense = [x for x in dense if x]
+        ratio = f"{us / min(dense):6.2f}x fastest dense" if dense else ""
+        log(f"T={T:6d} B={B} {impl:18s} {data:8s} {us:10.1f} us {ratio}")
+    assert np.isfinite([r["median_us"] for r in rows]).all()
 
 
 if __name__ == "__main__":
