@@ -32,11 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
-import statistics
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import jax
@@ -45,6 +41,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _device_timing as timing  # noqa: E402
+from _device_timing import cudnn_attention, measure_bandwidth, per_call_us, torch_sdpa_us, xla_attention  # noqa: E402
 
 from certattn_jax import ladder  # noqa: E402
 from certattn_jax.attention import naive_attention  # noqa: E402
@@ -71,20 +70,6 @@ def q_at(q0: jax.Array, i: jax.Array) -> jax.Array:
     return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
 
 
-def per_call_us(make, n1: int, n2: int, reps: int) -> tuple[float, object]:
-    """make(n) -> zero-arg function running n calls in one jit. (median per-call µs, the n2 run's output)."""
-    f1, f2 = make(n1), make(n2)
-    jax.block_until_ready(f1())
-    out = jax.block_until_ready(f2())
-    diffs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f1())
-        t1 = time.perf_counter()
-        out = jax.block_until_ready(f2())
-        t2 = time.perf_counter()
-        diffs.append(((t2 - t1) - (t1 - t0)) / (n2 - n1))
-    return statistics.median(diffs) * 1e6, out
 
 
 def stateless_loop(step, q0, args):
@@ -125,19 +110,6 @@ def certified_loop(q0, cache, policy, fast: bool, min_rung: int = 0):
     return make
 
 
-def measure_bandwidth(nbytes: int) -> float:
-    n = nbytes // 2
-    x = jax.random.normal(jax.random.key(0), (n,), jnp.bfloat16)
-
-    def make(k):
-        @jax.jit
-        def reads(x):
-            return jax.lax.fori_loop(0, k, lambda i, c: jnp.sum(x * c, dtype=jnp.float32).astype(
-                jnp.bfloat16) * jnp.bfloat16(1e-9) + c, jnp.bfloat16(1.0))
-        return lambda: reads(x)
-
-    us, _ = per_call_us(make, 2, 6, 3)
-    return n * 2 / (us * 1e-6)
 
 
 def make_data(kind: str, B: int, T: int, H: int, G: int, d: int, seed: int):
@@ -160,18 +132,8 @@ def make_data(kind: str, B: int, T: int, H: int, G: int, d: int, seed: int):
     return q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
 
 
-def xla_attention(q, k, v):
-    B, Hq, d = q.shape
-    H = k.shape[2]
-    qg = q.reshape(B, H, Hq // H, d)
-    s = jnp.einsum("bhgd,bthd->bhgt", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
-    p = jax.nn.softmax(s, axis=-1)
-    out = jnp.einsum("bhgt,bthd->bhgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.reshape(B, Hq, d).astype(q.dtype)
 
 
-def cudnn_attention(q, k, v):
-    return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
 
 
 def pallas_dense(q, k, v):
@@ -180,34 +142,6 @@ def pallas_dense(q, k, v):
     return decode_attention.gqa(q, k, v, k_splits=128)
 
 
-def torch_sdpa_us(B, T, H, G, d, n) -> float:
-    import torch
-    import torch.nn.functional as F
-
-    q = torch.randn(B, H * G, 1, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    times = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / n)
-    del g, q, k, v
-    torch.cuda.empty_cache()
-    return statistics.median(times)
 
 
 def bench(T: int, B: int, args, bw: float) -> None:
@@ -224,14 +158,7 @@ def bench(T: int, B: int, args, bw: float) -> None:
         save(args.out)
 
     def attempt(name, fn):
-        if name.split(":")[0] not in impls:
-            return
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - one failing variant must not stop the grid
-            RESULT["errors"].append({"impl": name, "context": T, "batch": B, "error": f"{type(e).__name__}: {e}"[:800]})
-            log("FAILED", name, T, B, type(e).__name__, str(e)[:300])
-            traceback.print_exc(limit=2)
+        if name in impls and not timing.attempt(RESULT, name, T, B, fn):
             save(args.out)
 
     q, k, v = make_data("gaussian", B, T, H, G, d, seed=T + B)
@@ -243,7 +170,7 @@ def bench(T: int, B: int, args, bw: float) -> None:
         attempt(name, lambda name=name, fn=fn: add(name, "gaussian", per_call_us(
             stateless_loop(fn, q, (k, v)), n1, n2, reps)[0], dense_bytes))
     if gpu:
-        attempt("torch_sdpa_bf16", lambda: add("torch_sdpa_bf16", "gaussian", torch_sdpa_us(B, T, H, G, d, n2),
+        attempt("torch_sdpa_bf16", lambda: add("torch_sdpa_bf16", "gaussian", torch_sdpa_us(B, T, H, H * G, d, n2),
                                                dense_bytes))
     for data in ("gaussian", "peaked"):
         if data == "peaked":

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import jax
@@ -32,6 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _device_timing as timing  # noqa: E402
+from _device_timing import cudnn_attention, xla_attention  # noqa: E402
 
 from certattn_jax import quant  # noqa: E402
 from pallas_kernels import tier1_pass as t1  # noqa: E402
@@ -51,20 +52,19 @@ def log(*a) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- timing
+
+
 def per_call_us(make_loop, n1: int, n2: int, reps: int) -> float:
-    """make_loop(n) -> zero-arg function running n calls in one jit; median per-call time in microseconds."""
-    f1, f2 = make_loop(n1), make_loop(n2)
-    jax.block_until_ready(f1())
-    jax.block_until_ready(f2())
-    diffs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f1())
-        t1_ = time.perf_counter()
-        jax.block_until_ready(f2())
-        t2 = time.perf_counter()
-        diffs.append(((t2 - t1_) - (t1_ - t0)) / (n2 - n1))
-    return statistics.median(diffs) * 1e6
+    """Median per-call µs of make_loop(n) (n calls in one jit): `_device_timing.per_call_us`."""
+    return timing.per_call_us(make_loop, n1, n2, reps)[0]
+
+
+def measure_bandwidth() -> float:
+    return timing.measure_bandwidth(2 << 30)
+
+
+def torch_sdpa_us(B, T, n) -> float:
+    return timing.torch_sdpa_us(B, T, HKV, HQ, D, n)
 
 
 def jax_loop(step, q0, args):
@@ -88,19 +88,6 @@ def jax_loop(step, q0, args):
     return make
 
 
-def measure_bandwidth() -> float:
-    n = (2 << 30) // 2
-    x = jax.random.normal(jax.random.key(0), (n,), jnp.bfloat16)
-
-    def make(k):
-        @jax.jit
-        def reads(x):
-            return jax.lax.fori_loop(0, k, lambda i, c: jnp.sum(x * c, dtype=jnp.float32).astype(
-                jnp.bfloat16) * jnp.bfloat16(1e-9) + c, jnp.bfloat16(1.0))
-        return lambda: reads(x)
-
-    us = per_call_us(make, 2, 6, 3)
-    return n * 2 / (us * 1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -245,48 +232,10 @@ def dense_inputs(key, B, T):
     return q, k, v
 
 
-def xla_attention(q, k, v):
-    B, _, d = q.shape
-    qg = q.reshape(B, HKV, HQ // HKV, d)
-    s = jnp.einsum("bhgd,bthd->bhgt", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
-    p = jax.nn.softmax(s, axis=-1)
-    return jnp.einsum("bhgt,bthd->bhgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(q.dtype)
 
 
-def cudnn_attention(q, k, v):
-    return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
 
 
-def torch_sdpa_us(B, T, n) -> float:
-    import torch
-    import torch.nn.functional as F
-
-    dev = "cuda"
-    q = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.bfloat16)
-    k = torch.randn(B, HKV, T, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(B, HKV, T, D, device=dev, dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            o = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    del o
-    times = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / n)
-    del g, q, k, v
-    torch.cuda.empty_cache()
-    return statistics.median(times)
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -302,12 +251,7 @@ def bench_shape(B, T, n1, n2, reps, bw, bps_list, quick, variants, warps, no_bas
         log(row)
 
     def attempt(name, fn):
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - a missing baseline must not stop the run
-            RESULT["errors"].append({"impl": name, "context": T, "batch": B, "error": f"{type(e).__name__}: {e}"[:800]})
-            log("FAILED", name, T, B, type(e).__name__, str(e)[:300])
-            traceback.print_exc(limit=2)
+        timing.attempt(RESULT, name, T, B, fn)
 
     args = tier1_inputs(jax.random.key(T + B), B, T)
     nbytes_t1 = tier1_bytes(args)

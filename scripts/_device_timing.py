@@ -1,0 +1,109 @@
+"""Device timing shared by the benchmark scripts (bench_attention.py, bench_kernels.py).
+
+per_call_us: each variant runs n1 and n2 times inside one jit; per call = (t(n2) - t(n1)) / (n2 - n1), which
+removes dispatch and the fixed cost of a call; median of `reps`. torch_sdpa_us: torch's SDPA replayed from a
+CUDA graph, timed with CUDA events.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def per_call_us(make, n1: int, n2: int, reps: int) -> tuple[float, object]:
+    """make(n) -> zero-arg function running n calls in one jit. (median per-call µs, the last n2 run's output)."""
+    f1, f2 = make(n1), make(n2)
+    jax.block_until_ready(f1())
+    out = jax.block_until_ready(f2())
+    diffs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f1())
+        t1 = time.perf_counter()
+        out = jax.block_until_ready(f2())
+        t2 = time.perf_counter()
+        diffs.append(((t2 - t1) - (t1 - t0)) / (n2 - n1))
+    return statistics.median(diffs) * 1e6, out
+
+
+def measure_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Read bandwidth (bytes/s) of a sum over nbytes of bf16, device-timed."""
+    n = nbytes // 2
+    x = jax.random.normal(jax.random.key(0), (n,), jnp.bfloat16)
+
+    def make(k):
+        @jax.jit
+        def reads(x):
+            return jax.lax.fori_loop(0, k, lambda i, c: jnp.sum(x * c, dtype=jnp.float32).astype(
+                jnp.bfloat16) * jnp.bfloat16(1e-9) + c, jnp.bfloat16(1.0))
+        return lambda: reads(x)
+
+    us, _ = per_call_us(make, 2, 6, 3)
+    return n * 2 / (us * 1e-6)
+
+
+def xla_attention(q, k, v):
+    """Dense decode attention with XLA: q [B, Hq, d], k, v [B, T, H, d] (einsum, float32 accumulation)."""
+    B, Hq, d = q.shape
+    H = k.shape[2]
+    qg = q.reshape(B, H, Hq // H, d)
+    s = jnp.einsum("bhgd,bthd->bhgt", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("bhgt,bthd->bhgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(B, Hq, d).astype(q.dtype)
+
+
+def cudnn_attention(q, k, v):
+    return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
+
+
+def torch_sdpa_us(B: int, T: int, H: int, Hq: int, d: int, n: int) -> float:
+    """torch SDPA (GQA) per call in µs: a CUDA graph of n calls, median of 5 replays."""
+    import torch
+    import torch.nn.functional as F
+
+    q = torch.randn(B, Hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    times = []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / n)
+    del g, q, k, v
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def attempt(result: dict, name: str, context: int, batch: int, fn) -> bool:
+    """Run fn(); a failure is recorded in result["errors"] and printed instead of stopping the benchmark grid
+    (one variant that does not compile or run must not cost the others their numbers). True if it ran."""
+    import traceback
+
+    try:
+        fn()
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure of one variant is recorded, never fatal
+        result["errors"].append({"impl": name, "context": context, "batch": batch,
+                                 "error": f"{type(e).__name__}: {e}"[:800]})
+        print("FAILED", name, context, batch, type(e).__name__, str(e)[:300], flush=True)
+        traceback.print_exc(limit=2)
+        return False
