@@ -30,3 +30,9 @@ def compiler_params(num_warps: int, num_stages: int) -> Any:
     from jax.experimental.pallas import triton as pl_triton
 
     return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def supports_sizes(*sizes: int) -> bool:
+    """Whether a kernel whose tensors have these sizes runs here: compiled (Triton) tensors need powers of two;
+    interpret mode takes any size."""
+    return interpret() or all(n > 0 and n & (n - 1) == 0 for n in sizes)

@@ -313,9 +313,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
 def supports(block_size: int, head_dim: int, hot_slots: int) -> bool:
     """Whether the kernel runs on these shapes here: compiled (Triton) tensors need power-of-two sizes;
     interpret mode takes any."""
-    if backend.interpret():
-        return True
-    return all(n > 0 and n & (n - 1) == 0 for n in (block_size, head_dim, hot_slots))
+    return backend.supports_sizes(block_size, head_dim, hot_slots)
 
 
 def _pow2(n: int, at_least: int = 1) -> int:

@@ -62,9 +62,7 @@ class Tier1Partials(NamedTuple):
 def supports(block_size: int, head_dim: int, group_size: int) -> bool:
     """Whether the kernel runs on these shapes here: compiled (Triton) tensors need power-of-two sizes;
     interpret mode takes any."""
-    if backend.interpret():
-        return True
-    return all(n > 0 and n & (n - 1) == 0 for n in (block_size, head_dim, group_size))
+    return backend.supports_sizes(block_size, head_dim, group_size)
 
 
 def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:

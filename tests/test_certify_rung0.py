@@ -114,3 +114,20 @@ def test_fused_rung0_lowers_to_triton(case, monkeypatch):
     f = jax.jit(step.rung0_fused)
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, cache, policy).mlir_module()
     assert "certattn_certify_rung0" in text or "xla.gpu.triton" in text
+
+
+def test_compiled_kernels_fall_back_for_shapes_they_cannot_take(monkeypatch):
+    """A compiled (Triton) kernel needs power-of-two sizes: for others the step uses the jnp computation of that
+    part (and the jnp path's Delta), in interpret mode any size runs through the kernels."""
+    def cache_with(d, k_max):
+        pol = CertPolicy(tier1="pallas", rung0="fused", block_size=16, group_size=16, k_max=k_max)
+        kv = jnp.zeros((1, 40, 1, d), jnp.float32)
+        return TieredKVCache.from_dense(kv, kv, pol)
+
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    assert step.tier1_kernel_runs(cache_with(64, 4), "pallas") and step.fused_supported(cache_with(64, 4))
+    assert not step.tier1_kernel_runs(cache_with(48, 4), "pallas")
+    assert not step.fused_supported(cache_with(64, 3)) and not step.fused_supported(cache_with(48, 4))
+    assert not step.tier1_kernel_runs(cache_with(64, 4), "jnp")
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "1")
+    assert step.tier1_kernel_runs(cache_with(48, 4), "pallas") and step.fused_supported(cache_with(48, 3))
