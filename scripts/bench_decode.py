@@ -1,15 +1,23 @@
-"""Decode-step benchmark: dense bf16 KV cache, random bf16 weights, timed inside one jit.
+"""Decode-step benchmark: random bf16 weights, a KV cache of `context` random tokens, timed inside one jit.
 
-For each (model, batch, context, attention impl): fill a dense cache of `context` tokens with random
-keys/values, then run `--steps` greedy decode steps in a `lax.fori_loop` inside one jitted call (so
-Python dispatch is amortised), and report time per step against the memory floor
+For each (model, batch, context, cache, attention impl): fill a dense cache of `context` tokens with random
+keys/values (converted in one bulk pass into a naive or certified tiered cache for those modes), then run
+`--steps` greedy decode steps in a `lax.fori_loop` inside one jitted call (so Python dispatch is amortised),
+and report time per step, tokens/s, peak device memory, tier-2 host bytes, the compile time and (certified)
+the rung histogram of every head-step, against the memory floor
 
     floor = (weight bytes read per step + KV bytes read per step) / measured HBM bandwidth
 
 where the bandwidth is measured in the same run (a fused read+write pass over a large array).
 
-    python scripts/bench_decode.py --out results/bench_decode.json            # GPU, full grid
+    python scripts/bench_decode.py --out results/bench_decode.json            # GPU, full grid (dense)
+    python scripts/bench_decode.py --models llama3.1-8b --contexts 32768,131072 --batches 1,8,16 \
+        --caches dense,naive,certified --impls einsum --out results/bench_decode.json   # issue 8's cache rows
+    python scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified \
+        --impls einsum --soak-steps 10000 --out results/bench_decode_soak.json          # device memory flat?
     python scripts/bench_decode.py --smoke                                      # tiny CPU check
+
+A batch that does not fit is recorded in "errors" (so the largest batch that fits each cache is visible).
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from certattn_jax.dense_cache import DenseKVCache  # noqa: E402
+from certattn_jax.memory import memory_report  # noqa: E402
+from certattn_jax.model_cache import cache_spec  # noqa: E402
+from certattn_jax.policy import CertPolicy  # noqa: E402
 from models import llama  # noqa: E402
 from models.config import LlamaConfig, RopeScaling  # noqa: E402
 
@@ -83,46 +94,85 @@ def weight_bytes(params) -> int:
 
 
 def make_step_loop(config: LlamaConfig, steps: int):
+    """One jitted call of `steps` greedy decode steps (cache donated). Also returns the rung histogram [5] of
+    every head-step of a certified cache (zeros for the others)."""
     def run(params, cache, tokens):
         def body(_, carry):
-            cache, tok = carry
+            cache, tok, hist = carry
             hidden, cache = llama.forward_hidden(params, config, tok[:, None], cache)
             logits = llama.logits_from_hidden(params, config, hidden[:, 0])
-            return cache, jnp.argmax(logits, -1).astype(jnp.int32)
+            if getattr(cache, "mode", "") == "certified":
+                hist = hist + jnp.bincount(cache.step_record().rung.reshape(-1), length=5)
+            return cache, jnp.argmax(logits, -1).astype(jnp.int32), hist
 
-        return jax.lax.fori_loop(0, steps, body, (cache, tokens))
+        return jax.lax.fori_loop(0, steps, body, (cache, tokens, jnp.zeros(5, jnp.int32)))
 
     return jax.jit(run, donate_argnums=(1,))
 
 
-def bench_one(name, config, params, batch, context, impl, steps, reps, bw):
+def build_cache(config, batch, context, mode, impl, room, policy):
+    """A cache of capacity `context` holding `context` - room random tokens (room for the timed steps)."""
     key = jax.random.key(batch * 7 + context)
     shape = (batch, config.num_kv_heads, context, config.head_dim)
     ks = jax.random.split(key, 2 * config.num_layers)
-    cache = DenseKVCache(
+    dense = DenseKVCache(
         k=tuple(jax.random.normal(ks[2 * i], shape, jnp.bfloat16) for i in range(config.num_layers)),
         v=tuple(jax.random.normal(ks[2 * i + 1], shape, jnp.bfloat16) for i in range(config.num_layers)),
-        lengths=jnp.full((batch,), context - (reps + 2) * steps - 1, jnp.int32), attn_impl=impl)
-    tokens = jnp.ones((batch,), jnp.int32)
+        lengths=jnp.full((batch,), context - room, jnp.int32), attn_impl=impl)
+    if mode == "dense":
+        return dense
+    return cache_spec(mode, config, jnp.bfloat16, policy).from_staging(dense)
+
+
+def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode="dense", policy=None,
+              soak_steps=0):
+    room = (reps + 2) * steps + 1 + soak_steps + steps
+    if room >= context:
+        raise ValueError(f"context {context} leaves no room for {room} decode steps")
+    cache = build_cache(config, batch, context, mode, impl, room, policy)
+    mem = memory_report(cache)
+    # every input committed to the device, as the loop's outputs are: a committed/uncommitted mix between the
+    # first call and the later ones would compile the loop twice (jit keys on it)
+    dev = jax.devices()[0]
+    tokens = jax.device_put(jnp.ones((batch,), jnp.int32), dev)
+    if mode == "dense":
+        cache = jax.device_put(cache, dev)
     loop = make_step_loop(config, steps)
     t0 = time.perf_counter()
-    cache, tokens = loop(params, cache, tokens)
+    cache, tokens, hist = loop(params, cache, tokens)
     jax.block_until_ready(tokens)
     compile_s = time.perf_counter() - t0
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        cache, tokens = loop(params, cache, tokens)
+        cache, tokens, h = loop(params, cache, tokens)
         jax.block_until_ready(tokens)
         times.append((time.perf_counter() - t0) / steps)
+        hist = hist + h
+    soak = None
+    if soak_steps:  # the cache was built with room for them; memory in use recorded after every call
+        in_use, done = [], 0
+        while done < soak_steps:
+            cache, tokens, h = loop(params, cache, tokens)
+            jax.block_until_ready(tokens)
+            hist = hist + h
+            done += steps
+            in_use.append((dev.memory_stats() or {}).get("bytes_in_use"))
+        soak = dict(steps=done, bytes_in_use_first=in_use[0], bytes_in_use_last=in_use[-1],
+                    bytes_in_use_max=max(x or 0 for x in in_use), compiled_programs=loop._cache_size())
     step_s = statistics.median(times)
     wb = weight_bytes(params)
     kvb = 2 * config.num_layers * batch * config.num_kv_heads * context * config.head_dim * 2
-    floor_s = (wb + kvb) / bw
-    row = dict(model=name, batch=batch, context=context, attn_impl=impl, steps_per_call=steps,
+    read_b = wb + (kvb if mode == "dense" else mem["tier1_device_bytes"])
+    floor_s = read_b / bw
+    stats = dev.memory_stats() or {}
+    row = dict(model=name, cache=mode, batch=batch, context=context, attn_impl=impl, steps_per_call=steps,
                step_ms=step_s * 1e3, step_ms_all=[t * 1e3 for t in times], tokens_per_s=batch / step_s,
-               weight_bytes=wb, kv_bytes=kvb, floor_ms=floor_s * 1e3, ratio_to_floor=step_s / floor_s,
-               compile_plus_first_call_s=compile_s)
+               weight_bytes=wb, kv_bytes=kvb, tier1_device_bytes=mem["tier1_device_bytes"],
+               tier2_host_bytes=mem["tier2_host_bytes"], floor_ms=floor_s * 1e3, ratio_to_floor=step_s / floor_s,
+               compile_plus_first_call_s=compile_s, peak_device_bytes=stats.get("peak_bytes_in_use"),
+               rung_histogram=[int(x) for x in hist] if mode == "certified" else None,
+               tier1=policy.tier1 if policy else None, soak=soak)
     del cache
     return row
 
@@ -136,18 +186,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--unfused", action="store_true", help="keep q/k/v and gate/up as separate matrices")
+    ap.add_argument("--caches", default="dense", help="comma list of dense, naive, certified")
+    ap.add_argument("--tier1", choices=("jnp", "pallas"), default="pallas", help="the certified tier-1 pass")
+    ap.add_argument("--soak-steps", type=int, default=0, help="then this many more steps, memory recorded")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes (CPU check of the script)")
     args = ap.parse_args()
+    policy = CertPolicy(tier1=args.tier1)
     if args.smoke:
         args.models, args.batches, args.contexts, args.steps, args.reps = "tiny", "1,2", "256", 4, 2
+        policy = CertPolicy(tier1="jnp", block_size=16, group_size=16)
     dev = jax.devices()[0]
     bws = measure_bandwidth(64 << 20 if args.smoke else 4 << 30)
     bw = bws["used"]
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}, measured bandwidth: "
           f"read-only {bws['read_only'] / 1e12:.2f} TB/s, read+write {bws['read_write'] / 1e12:.2f} TB/s",
           flush=True)
-    rows = []
+    rows, errors = [], []
     for name in args.models.split(","):
         config = MODELS[name]
         params = llama.init_params(config, jax.random.key(0), jnp.bfloat16)
@@ -155,26 +210,37 @@ def main() -> None:
             params = llama.fuse_projections(params)
         for batch in map(int, args.batches.split(",")):
             for context in map(int, args.contexts.split(",")):
-                for impl in args.impls.split(","):
-                    row = bench_one(name, config, params, batch, context, impl, args.steps, args.reps, bw)
-                    row["fused_projections"] = not args.unfused
-                    rows.append(row)
-                    print(f"{name:12s} B={batch:<2d} ctx={context:<6d} {impl:7s} step {row['step_ms']:8.3f} ms "
-                          f"floor {row['floor_ms']:7.3f} ms  x{row['ratio_to_floor']:.2f}  "
-                          f"{row['tokens_per_s']:9.1f} tok/s", flush=True)
-                    _write(args.out, dev, bws, rows)
+                for mode in args.caches.split(","):
+                    for impl in args.impls.split(",") if mode == "dense" else ["einsum"]:
+                        try:
+                            row = bench_one(name, config, params, batch, context, impl, args.steps, args.reps, bw,
+                                            mode, policy, args.soak_steps)
+                        except Exception as e:  # noqa: BLE001 - e.g. a batch that does not fit: recorded
+                            errors.append(dict(model=name, cache=mode, batch=batch, context=context, attn_impl=impl,
+                                               error=f"{type(e).__name__}: {e}"[:600]))
+                            print(f"{name} B={batch} ctx={context} {mode}: FAILED {type(e).__name__}: {e}"[:300],
+                                  flush=True)
+                            _write(args.out, dev, bws, rows, errors)
+                            continue
+                        row["fused_projections"] = not args.unfused
+                        rows.append(row)
+                        print(f"{name:12s} B={batch:<2d} ctx={context:<6d} {mode:9s} {impl:7s} step "
+                              f"{row['step_ms']:8.3f} ms floor {row['floor_ms']:7.3f} ms  "
+                              f"x{row['ratio_to_floor']:.2f}  {row['tokens_per_s']:9.1f} tok/s  "
+                              f"rungs {row['rung_histogram']}", flush=True)
+                        _write(args.out, dev, bws, rows, errors)
         del params
     if args.out:
         print(f"wrote {args.out}")
 
 
-def _write(out, dev, bws, rows) -> None:
+def _write(out, dev, bws, rows, errors=()) -> None:
     if not out:
         return
     result = dict(device=dev.device_kind, platform=dev.platform, jax_version=jax.__version__,
                   python=platform.python_version(), measured_bandwidth_Bps=bws,
                   timing="median over reps of (one jitted fori_loop of steps_per_call decode steps) / steps",
-                  rows=rows)
+                  rows=rows, errors=list(errors))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1))
 
