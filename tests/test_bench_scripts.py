@@ -26,3 +26,20 @@ def test_bench_attention_smoke(tmp_path):
     assert forced["rungs"][0] == 0 and sum(forced["rungs"]) > 0  # min_rung=1: no head answered at rung 0
     for key in ("device", "jax", "measured_bandwidth_Bps"):
         assert key in result
+
+
+def test_bench_decode_smoke_compiles_each_loop_once(tmp_path):
+    out = tmp_path / "bench_decode.json"
+    cmd = [sys.executable, str(ROOT / "scripts/bench_decode.py"), "--smoke", "--caches", "dense,certified",
+           "--impls", "einsum", "--soak-steps", "8", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                   timeout=900)
+    result = json.loads(out.read_text())
+    assert not result["errors"]
+    assert {(r["cache"], r["batch"]) for r in result["rows"]} == {("dense", 1), ("dense", 2), ("certified", 1),
+                                                                  ("certified", 2)}
+    for r in result["rows"]:
+        assert r["soak"]["compiled_programs"] == 1, r  # no recompilation after the first call
+        assert r["soak"]["steps"] >= 8
+        if r["cache"] == "certified":
+            assert sum(r["rung_histogram"]) > 0 and r["tier2_host_bytes"] > 0
