@@ -515,7 +515,7 @@ _VARIANTS = {"reduce": _tier1_kernel, "dot": functools.partial(_tier1_kernel_dot
              "dot_t": functools.partial(_tier1_kernel_dot, magic=True, transposed=True),
              "int_keys": functools.partial(_tier1_kernel_dot, magic=True, int_keys=True),
              "int_kv": _tier1_kernel_int}
-# The variant the certified path uses (`certattn_jax.step.tier1_partials`): the exact int8 key dot, 2.5x faster
+# The variant the certified path uses (`certattn_jax.step.tier1_partials`): the exact int8 key dot, 2x faster
 # than dot_magic on the H200 (docs/kernels.md); its score rounding is bounded in bounds.key_delta_quantized
 # (int_pieces) and docs/bounds.md section 12. Values as in dot_t (covered by docs/bounds.md section 11).
 CERTIFIED_VARIANT = "int_keys"
