@@ -250,6 +250,13 @@ def numeric_term(value_abs: jax.Array, n_items: int, block_size: int) -> jax.Arr
             + bounds.dequantization_mismatch(value_abs))
 
 
+def total_bound(e_key: jax.Array, e_val: jax.Array, value_abs: jax.Array, n_items: int, block_size: int,
+                cast: jax.Array, broken: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(E_num [B, H, G] with the output cast, +inf where broken; the bound E_key + E_val + E_num rounded up)."""
+    e_num = jnp.where(broken, jnp.inf, numeric_term(value_abs, n_items, block_size)[..., None] + cast)
+    return e_num, bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U))
+
+
 class FusedRung0(NamedTuple):
     """Rung 0 through the fused kernel: the stage, the promoted hot slots active [B, H, K], the tier-1
     partials (for a higher rung's context), tolerance [B, H, G] and bad [B, H, G]."""
@@ -289,9 +296,7 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
                       cache.res_v, cache.lengths - cache.flushed, vt.key_scale, k_max=policy.k_max,
                       tau_cov=policy.tau_cov, rank_margin=policy.rank_margin)
     out, cast = bounds.cast_error(r.out, q.dtype)
-    e_num = numeric_term(vt.value_abs, nb + K + 1, cache.block_size)[..., None]
-    e_num = jnp.where(r.broken, jnp.inf, e_num + cast)
-    bound = bounds.finite_or_inf((r.e_key + r.e_val + e_num) * (1.0 + 2 * bounds.U))
+    e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, nb + K + 1, cache.block_size, cast, r.broken)
     k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
     stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
                         ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=k_star,
@@ -385,9 +390,7 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     e_key = bounds.key_error(tv, ctx.key_scale[..., None])
     e_val = bounds.weighted_sum(lm_up[..., :nb], ctx.eta[:, :, None, :], valid[..., :nb], broken)
     out, cast = bounds.cast_error(comb.out, out_dtype)
-    e_num = numeric_term(ctx.value_abs, n_items, policy.block_size)[..., None]
-    e_num = jnp.where(broken, jnp.inf, e_num + cast)
-    bound = bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U))
+    e_num, bound = total_bound(e_key, e_val, ctx.value_abs, n_items, policy.block_size, cast, broken)
 
     norm = ctx.log_norm[..., None]
     approx_lm, exact_lm, active = [], [], []
