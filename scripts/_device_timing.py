@@ -107,3 +107,17 @@ def attempt(result: dict, name: str, context: int, batch: int, fn) -> bool:
         print("FAILED", name, context, batch, type(e).__name__, str(e)[:300], flush=True)
         traceback.print_exc(limit=2)
         return False
+
+
+# The part of a TieredKVCache that a certified step changes: timing loops carry only this and read the rest from
+# the jit argument (carrying the whole cache makes XLA copy it, tier 2 included, on entry to every call).
+HOT_FIELDS = ("hot_k", "hot_v", "hot_ids", "hot_used")
+
+
+def hot_set(cache) -> dict:
+    return {f: getattr(cache, f) for f in HOT_FIELDS}
+
+
+def q_at(q0: jax.Array, i: jax.Array) -> jax.Array:
+    """A query that depends on the loop step (nothing can be hoisted out of a timing loop)."""
+    return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)

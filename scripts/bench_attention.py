@@ -43,7 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _device_timing as timing  # noqa: E402
-from _device_timing import cudnn_attention, measure_bandwidth, per_call_us, torch_sdpa_us, xla_attention  # noqa: E402
+from _device_timing import (  # noqa: E402
+    cudnn_attention,
+    hot_set,
+    measure_bandwidth,
+    per_call_us,
+    q_at,
+    torch_sdpa_us,
+    xla_attention,
+)
 
 from certattn_jax import ladder  # noqa: E402
 from certattn_jax.attention import naive_attention  # noqa: E402
@@ -51,7 +59,6 @@ from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.memory import memory_report  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
 
-HOT = ("hot_k", "hot_v", "hot_ids", "hot_used")
 RESULT: dict = {"rows": [], "errors": []}
 
 
@@ -64,10 +71,6 @@ def save(path: str | None) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(RESULT, indent=1) + "\n")
 
-
-def q_at(q0: jax.Array, i: jax.Array) -> jax.Array:
-    """A step-dependent query (nothing can be hoisted out of the timing loop)."""
-    return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
 
 
 
@@ -102,8 +105,8 @@ def certified_loop(q0, cache, policy, fast: bool, min_rung: int = 0):
                 else:
                     out, cert, c = ladder.run(q_at(q0, i), c, policy, min_rung=min_rung)
                 hist = hist + jnp.bincount(cert.rung.reshape(-1), length=5)
-                return acc + out.astype(jnp.float32), {f: getattr(c, f) for f in HOT}, hist, esc
-            init = (jnp.zeros(q0.shape, jnp.float32), {f: getattr(cache, f) for f in HOT},
+                return acc + out.astype(jnp.float32), hot_set(c), hist, esc
+            init = (jnp.zeros(q0.shape, jnp.float32), hot_set(cache),
                     jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.int32))
             return jax.lax.fori_loop(0, n, body, init)
         return lambda: run(q0, cache)

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from _device_timing import hot_set, q_at  # noqa: E402
 from bench_generate import count_launches  # noqa: E402
 
 from certattn_jax import ladder, step  # noqa: E402
@@ -33,7 +34,6 @@ from certattn_jax.attention import naive_attention  # noqa: E402
 from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
 
-HOT = ("hot_k", "hot_v", "hot_ids", "hot_used")
 SHAPES = {"8b": (8, 4, 128), "smol": (3, 3, 64)}  # KV heads, query heads per KV head, head dim
 
 
@@ -78,9 +78,6 @@ def phases(policy: CertPolicy):
 
 
 def time_loop(fn, cache, q0, steps, reps, dump=None):
-    def q_at(i):
-        return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
-
     # Only the hot set is carried (the one part of the cache a step changes): carrying the whole cache through
     # the loop makes XLA copy it, tier 2 included, on entry to every call (an artefact a decode loop that
     # donates its cache does not have: measured ~0.6 ms per step at 32K when amortised over 30 steps).
@@ -88,9 +85,9 @@ def time_loop(fn, cache, q0, steps, reps, dump=None):
     def loop(cache):
         def body(i, carry):
             acc, hot = carry
-            res, c = fn(q_at(i), cache.replace(**hot))
-            return acc + _reduce(res), {f: getattr(c, f) for f in HOT}
-        return jax.lax.fori_loop(0, steps, body, (jnp.zeros(()), {f: getattr(cache, f) for f in HOT}))
+            res, c = fn(q_at(q0, i), cache.replace(**hot))
+            return acc + _reduce(res), hot_set(c)
+        return jax.lax.fori_loop(0, steps, body, (jnp.zeros(()), hot_set(cache)))
 
     t0 = time.perf_counter()
     compiled = loop.lower(cache).compile()
@@ -108,13 +105,10 @@ def time_loop(fn, cache, q0, steps, reps, dump=None):
 
 
 def dense_loop_us(k, v, q0, lengths, steps, reps):
-    def q_at(i):
-        return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
-
     @jax.jit
     def loop(k, v):
         def body(i, acc):
-            return acc + step.dense_attention_f32(q_at(i), k, v, lengths).astype(q0.dtype).astype(jnp.float32)
+            return acc + step.dense_attention_f32(q_at(q0, i), k, v, lengths).astype(q0.dtype).astype(jnp.float32)
         return jax.lax.fori_loop(0, steps, body, jnp.zeros(q0.shape))
 
     jax.block_until_ready(loop(k, v))
