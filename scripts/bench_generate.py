@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -185,7 +186,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
-            "k_max": policy.k_max, "tier1": policy.tier1}
+            "k_max": policy.k_max, "tier1": policy.tier1, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -163,7 +164,7 @@ def main() -> None:
                 rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, us=us, launches=launches["launches"],
                                  cond_branch_launches=launches["cond_branch_launches"], compile_s=compile_s))
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, steps=args.steps,
-                  reps=args.reps, rows=rows)
+                  reps=args.reps, xla_flags=os.environ.get("XLA_FLAGS", ""), rows=rows)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 

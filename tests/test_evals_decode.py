@@ -190,3 +190,22 @@ def test_tiered_prefill_goes_through_a_dense_staging_cache(params, ids, monkeypa
         for x, y in zip(exact_keys_values(a), exact_keys_values(b), strict=True):
             np.testing.assert_allclose(np.asarray(x)[:, :, :PREFIX], np.asarray(y)[:, :, :PREFIX], rtol=1e-5,
                                        atol=1e-5)
+
+
+def test_records_need_the_cpu_platform_and_the_cli_adds_it():
+    # Measured on the H200: under JAX_PLATFORMS=cuda the records' io_callback failed at the first step.
+    assert decode.platforms_with_cpu("cuda") == "cuda,cpu"
+    assert decode.platforms_with_cpu("cuda, tpu") == "cuda,tpu,cpu"
+    assert decode.platforms_with_cpu("cuda,cpu") == "cuda,cpu"
+    assert decode.platforms_with_cpu("cpu") == "cpu"
+    assert decode.platforms_with_cpu("") == ""
+    assert decode.platforms_with_cpu(None) is None
+
+
+def test_a_missing_cpu_backend_is_a_clear_error(monkeypatch):
+    def no_cpu(backend=None):
+        raise RuntimeError("Unknown backend cpu")
+
+    monkeypatch.setattr(decode.jax, "local_devices", no_cpu)
+    with pytest.raises(RuntimeError, match="JAX_PLATFORMS=cuda,cpu"):
+        decode.require_host_callback_device()

@@ -118,8 +118,10 @@ def build(args: argparse.Namespace):
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     """Run the job; write the result JSON (after every part) and, with --summary, the headline figures."""
     from certattn_jax import cli
+    from certattn_jax.evals.decode import ensure_host_callback_platform
     from certattn_jax.evals.runner import run_job, summarize
 
+    ensure_host_callback_platform()  # before the first backend starts: JAX_PLATFORMS=cuda must not break records
     cli.enable_compilation_cache()
     session, cfg, stops, label = build(args)
     out = Path(args.out or f"results/eval_{args.job}.json")

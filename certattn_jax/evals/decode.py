@@ -168,9 +168,42 @@ def _deliver(step, record) -> None:
         fn(int(step), jax.tree.map(np.asarray, record))
 
 
+def platforms_with_cpu(platforms: str | None) -> str | None:
+    """The `jax_platforms` setting with "cpu" added where it names only accelerators ("cuda" -> "cuda,cpu").
+    None / "" (JAX picks every platform it finds, CPU included) and lists that already hold "cpu" are returned
+    unchanged. The accelerator stays first, so it stays the default device."""
+    if not platforms:
+        return platforms
+    names = [p.strip() for p in platforms.split(",") if p.strip()]
+    return platforms if "cpu" in names else ",".join([*names, "cpu"])
+
+
+def ensure_host_callback_platform() -> None:
+    """Make the records' `io_callback` possible: it places its operands on a CPU device, which JAX does not
+    create under e.g. JAX_PLATFORMS=cuda ("failed to find a local CPU device" at the first step, measured on the
+    H200). Adds "cpu" to `jax_platforms` when called before the first backend starts (the eval CLI does);
+    afterwards `require_host_callback_device` explains the fix instead."""
+    wanted = platforms_with_cpu(jax.config.jax_platforms)
+    if wanted != jax.config.jax_platforms:
+        jax.config.update("jax_platforms", wanted)
+
+
+def require_host_callback_device() -> None:
+    """Raise a clear error when JAX has no CPU device (the per-step records could not leave the loop)."""
+    try:
+        jax.local_devices(backend="cpu")
+    except RuntimeError as e:
+        raise RuntimeError(
+            "the evaluation streams per-step records to the host through jax.experimental.io_callback, which "
+            f"needs JAX's CPU backend; JAX_PLATFORMS={jax.config.jax_platforms!r} leaves it out. Set "
+            "JAX_PLATFORMS=cuda,cpu (or leave it unset), or call "
+            "certattn_jax.evals.decode.ensure_host_callback_platform() before JAX starts.") from e
+
+
 def _emit(step: jax.Array, cache) -> None:
     rec = cache.step_record()
     if jax.tree.leaves(rec):
+        require_host_callback_device()  # at trace time: a clear error instead of one inside the compiled loop
         io_callback(_deliver, None, step, rec, ordered=False)
 
 

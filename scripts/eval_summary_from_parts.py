@@ -1,0 +1,76 @@
+"""Join the headline figures of evaluation runs split over several calls (e.g. one device call per job) into
+results/eval_summary.json's schema.
+
+    python scripts/eval_summary_from_parts.py results/eval_h200_ppl.json results/eval_h200_niah.json \
+        results/eval_h200_ruler_8k.json results/eval_h200_audit_8k.json --keep-aggressive results/eval_summary.json \
+        --out results/eval_summary.json
+
+Each part is summarised by `certattn_jax.evals.runner.summarize`; the soundness section adds up every part's
+certified audit (head-steps, violations, rung histogram) and lists each part's median tightness and mean K*
+(medians of different runs do not combine into one median). `--keep-aggressive FILE` carries the "aggressive"
+section of an earlier summary over (with its source) when this set of parts has none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from certattn_jax.evals.runner import summarize  # noqa: E402
+
+
+def combine(parts: dict[str, dict]) -> dict:
+    """The summary of several result files, {path: result}."""
+    first = next(iter(parts.values()))
+    out: dict = {"model": first["model"], "device": first["device"], "sources": {}}
+    audits = {}
+    for path, result in parts.items():
+        s = summarize(result, result["model"], result["device"])
+        for key in ("ppl", "niah", "ruler", "ruler_lengths", "aggressive"):
+            if key in s and not (key == "ppl" and result.get("job") == "audit"):  # audit: certified-only windows
+                out[key] = s[key]
+        cert = result.get("audit", {}).get("certified")
+        if cert and "violations" in cert:
+            audits[path] = cert
+        out["sources"][path] = result.get("command")
+    if audits:
+        out["soundness"] = {
+            "head_steps": sum(a["head_steps"] for a in audits.values()),
+            "violations": sum(a["violations"] for a in audits.values()),
+            "violations_beyond_reference_rounding": sum(a["violations_beyond_reference_rounding"]
+                                                        for a in audits.values()),
+            "tightness_median": {p: a["tightness_median"] for p, a in audits.items()},
+            "rung_histogram": np.sum([a["rung_histogram"] for a in audits.values()], axis=0).tolist(),
+            "mean_k_star": {p: a["mean_k_star"] for p, a in audits.items()},
+            "share_rung0": sum(a["rung_histogram"][0] for a in audits.values())
+            / sum(a["head_steps"] for a in audits.values()),
+            "share_certified": min(a["share_certified"] for a in audits.values()),
+        }
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("parts", nargs="+")
+    ap.add_argument("--keep-aggressive", default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    summary = combine({p: json.loads(Path(p).read_text()) for p in args.parts})
+    if args.keep_aggressive and "aggressive" not in summary:
+        old = json.loads(Path(args.keep_aggressive).read_text())
+        if "aggressive" in old:
+            source = old["aggressive"].get("source", "an earlier run (see docs/evaluation.md)")
+            summary["aggressive"] = {**old["aggressive"], "device": old.get("device"), "source": source}
+    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary.get("soundness", {}), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
