@@ -185,19 +185,41 @@ def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: K
     return x, cache
 
 
+# Layer weights (bytes) from which the looped schedule computes inside per-layer `lax.switch` branches instead of
+# selecting the layer's weights with one switch (a copy). Measured on the H200 (docs/performance.md, 2026-12-01):
+# a conditional costs ~20 µs per step, a copy of W bytes ~2W / 3 TB/s, so copying wins below ~30 MB per layer:
+# SmolLM2 (7 MB per layer) 170 tokens/s copying vs 142 in branches; 8B (436 MB per layer) 49.8 vs 68.6.
+IN_PLACE_WEIGHTS_FROM_BYTES = 32 << 20
+
+
+def _nbytes(tree: Any) -> int:
+    """Bytes of a pytree's arrays (tracers included: from shape and dtype)."""
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
 def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
                    sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
     """Every layer in a `lax.fori_loop`: the cache's attention (the certified ladder) is compiled once. The
     cache must accept a traced layer index (TieredModelCache).
 
-    The layer's dense parts run inside two `lax.switch`es over the layer index whose branches compute with
-    their own layer's weights (projections before attention; output projection and MLP after it), so every
-    GEMM reads its weights in place. (The first version selected the weights with a `lax.switch` that returned
-    them: a copy of every layer's weights each step, 8.9 ms of a 20.1 ms 8B step on the H200; a loop over
-    stacked weights copies each slice before its GEMM, 2.5x per step: results/probe_layer_loop_h200.json.)
-    The branches hold the unrolled model's dense code once, so compiling costs about a dense model's compile
-    plus one copy of the attention."""
+    How layer i's weights reach its GEMMs depends on their size (`IN_PLACE_WEIGHTS_FROM_BYTES`):
+      * large layers: the layer's dense parts run inside two `lax.switch`es over the layer index whose branches
+        compute with their own layer's weights (projections before attention; output projection and MLP after
+        it), so every GEMM reads its weights in place (a switch that returned the weights copied them: 8.9 ms of
+        a 20.1 ms 8B step on the H200; a loop over stacked weights copies each slice before its GEMM, 2.5x per
+        step: results/probe_layer_loop_h200.json);
+      * small layers: one `lax.switch` returns the layer's weights (a copy, cheaper than a second conditional).
+    Either way the dense code is compiled once per layer in the branches and the attention once."""
     layers = list(params["layers"])
+    if max(_nbytes(w) for w in layers) < IN_PLACE_WEIGHTS_FROM_BYTES:
+        pick = [lambda w=w: w for w in layers]
+
+        def body(i, carry):
+            x, cache = carry
+            return _layer(jax.lax.switch(i, pick), config, x, cache, i, cos, sin, new_lengths)
+
+        return jax.lax.fori_loop(0, len(layers), body, (x, cache))
+
     pre = [lambda x, w=w: _attention_inputs(w, config, x, cos, sin) for w in layers]
     post = [lambda x, a, w=w: _attention_output_and_mlp(w, config, x, a) for w in layers]
 
