@@ -209,6 +209,17 @@ def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array
                       value_abs=value_abs, tolerance=policy.eps * value_range + policy.abs_tol)
 
 
+def residual_partials(qt: QueryTerms, cache: TieredKVCache) -> tuple[Partials, jax.Array, jax.Array]:
+    """The residual block's exact partials (m, l [B, H, G, 1], acc [B, H, G, 1, d]), its Delta [B, H, G, 1]
+    (rounding of the exact scores) and its values res_v [B, H, Bk, d] (float32, padding zeroed)."""
+    res_tok, res_k, res_v = residual_tokens(cache)
+    s_res = jnp.einsum("bhgd,bhtd->bhgt", qt.q_scaled, res_k, precision=_HI)
+    s_res = jnp.where(res_tok[:, None, None, :], s_res, -jnp.inf)[:, :, :, None, :]
+    res = partials(s_res, res_v[:, :, None])
+    res_kmax = jnp.max(jnp.abs(res_k), axis=2)[:, :, None]
+    return res, bounds.key_delta_exact(qt.q_abs, res_kmax), res_v
+
+
 def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: Partials | None = None,
                   ) -> StepContext:
     """The step's rung-independent terms. apx: the tier-1 partials when already computed (the fused rung 0
@@ -222,12 +233,7 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
         apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
     apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
 
-    res_tok, res_k, res_v = residual_tokens(cache)
-    s_res = jnp.einsum("bhgd,bhtd->bhgt", qt.q_scaled, res_k, precision=_HI)
-    s_res = jnp.where(res_tok[:, None, None, :], s_res, -jnp.inf)[:, :, :, None, :]
-    res = partials(s_res, res_v[:, :, None])
-    res_kmax = jnp.max(jnp.abs(res_k), axis=2)[:, :, None]
-    res_delta = bounds.key_delta_exact(qt.q_abs, res_kmax)
+    res, res_delta, res_v = residual_partials(qt, cache)
     vt = value_terms(cache, policy, block_valid, res_v)
     all_lm = jnp.concatenate([log_mass(apx), log_mass(res)], axis=-1)
     log_norm = jax.scipy.special.logsumexp(all_lm, axis=-1)
@@ -272,11 +278,12 @@ def fused_supported(cache: TieredKVCache) -> bool:
     """Whether `rung0_fused` can run on this cache's shapes (compiled kernels need powers of two)."""
     from pallas_kernels import certify_rung0
 
-    return certify_rung0.supports(cache.block_size, cache.head_dim, cache.k_max)
+    return certify_rung0.supports(cache.head_dim, cache.k_max)
 
 
 def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> FusedRung0:
-    """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass, then
+    """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass, the
+    exact partials of every hot slot and of the residual (XLA, all slots at once), then
     `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output
     cast here. The same stage as `evaluate_stage(build_context(...), [select_and_promote(...).hot])`, up to
     the order of float32 sums."""
@@ -289,12 +296,13 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
     block_valid = block_validity(cache)
     apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
     apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
-    _, _, res_v = residual_tokens(cache)
+    res, res_delta, res_v = residual_partials(qt, cache)
+    hot, hot_delta = exact_partials(qt.q_scaled, qt.q_abs, cache.hot_k, cache.hot_v, cache.hot_ids)
     vt = value_terms(cache, policy, block_valid, res_v)
-    r = certify_rung0(qt.q_scaled, qt.q_abs, apx.m, apx.l, apx.acc, apx_delta, vt.eta,
-                      cache.flushed // cache.block_size, cache.hot_ids, cache.hot_k, cache.hot_v, cache.res_k,
-                      cache.res_v, cache.lengths - cache.flushed, vt.key_scale, k_max=policy.k_max,
-                      tau_cov=policy.tau_cov, rank_margin=policy.rank_margin)
+    r = certify_rung0(apx.m, apx.l, apx.acc, apx_delta, vt.eta, cache.flushed // cache.block_size, cache.hot_ids,
+                      hot.m, hot.l, hot.acc, hot_delta, res.m[..., 0], res.l[..., 0], res.acc[..., 0, :],
+                      res_delta[..., 0], cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
+                      k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin)
     out, cast = bounds.cast_error(r.out, q.dtype)
     e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, nb + K + 1, cache.block_size, cast, r.broken)
     k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
@@ -348,17 +356,23 @@ def key_term_scale(value_range: jax.Array, max_value_norm: jax.Array) -> jax.Arr
     return jnp.minimum(value_range, 2.0 * max_value_norm)
 
 
-def exact_items(ctx: StepContext, keys: jax.Array, values: jax.Array, ids: jax.Array, active: jax.Array,
-                ) -> ExactItems:
-    """Exact partials for blocks keys/values [B, H, S, Bk, d] (device), ids [B, H, S] (-1 = empty slot)."""
+def exact_partials(q_scaled: jax.Array, q_abs: jax.Array, keys: jax.Array, values: jax.Array, ids: jax.Array,
+                   ) -> tuple[Partials, jax.Array]:
+    """Exact partials [B, H, G, S] (acc [..., d]) of blocks keys/values [B, H, S, Bk, d] (device) for the query
+    terms [B, H, G, d], and their Delta [B, H, G, S]; ids [B, H, S] (-1: empty slot: m = -inf, l = 0)."""
     filled = ids >= 0
     k32 = jnp.where(filled[..., None, None], keys.astype(jnp.float32), 0.0)
     v32 = jnp.where(filled[..., None, None], values.astype(jnp.float32), 0.0)
-    s = jnp.einsum("bhgd,bhstd->bhgst", ctx.q_scaled, k32, precision=_HI)
+    s = jnp.einsum("bhgd,bhstd->bhgst", q_scaled, k32, precision=_HI)
     s = jnp.where(filled[:, :, None, :, None], s, -jnp.inf)
-    parts = partials(s, v32)
-    delta = bounds.key_delta_exact(ctx.q_abs, jnp.max(jnp.abs(k32), axis=-2))
-    return ExactItems(parts=parts, ids=ids, active=active & filled, delta=delta)
+    return partials(s, v32), bounds.key_delta_exact(q_abs, jnp.max(jnp.abs(k32), axis=-2))
+
+
+def exact_items(ctx: StepContext, keys: jax.Array, values: jax.Array, ids: jax.Array, active: jax.Array,
+                ) -> ExactItems:
+    """Exact partials for blocks keys/values [B, H, S, Bk, d] (device), ids [B, H, S] (-1 = empty slot)."""
+    parts, delta = exact_partials(ctx.q_scaled, ctx.q_abs, keys, values, ids)
+    return ExactItems(parts=parts, ids=ids, active=active & (ids >= 0), delta=delta)
 
 
 def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy: CertPolicy) -> StageResult:

@@ -4,15 +4,21 @@ Everything a certified step does after the tier-1 pass, when no tier-2 byte is n
 one launch per layer instead of ~60 small XLA kernels (docs/performance.md: at 1K context those launches, not
 bytes, are the certified step's cost). One program per (sequence b, KV head h) with its G query heads.
 
-Inputs (b, h omitted; G query heads, nb full blocks of Bk tokens, K hot slots):
-    q_s, q_abs        [G, d]       the pre-scaled query q / sqrt(d) (float32) and |q|
+The exact partials of the hot slots and of the residual block are inputs (version 2): the caller computes
+them with the jnp path's own functions (`step.exact_partials`), all slots at once. (Version 1 computed them in
+the kernel, slot after slot: one program per KV head ran K dependent load-dot-reduce chains, 70 µs at 1K on
+the H200 — slower than the ~30 XLA launches it replaced; docs/performance.md.)
+
+Inputs (b, h omitted; G query heads, nb full blocks, K hot slots):
     apx_m, apx_l      [G, nb]      tier-1 partials of every full block (INT keys / values): max score, sum-exp
     apx_acc           [G, nb, d]   their value sums (per-block layout of `tier1_pass`)
     apx_delta         [G, nb]      Delta_n, the score error bound of each INT block (bounds.key_delta_quantized)
     eta               [nb]         value reconstruction error of each block (0 for invalid ones)
     n_valid           []           full blocks holding tokens;  r_count []: tokens in the residual block
-    hot_ids           [K]          block id held by each hot slot (-1: empty); hot_k, hot_v [K, Bk, d] originals
-    res_k, res_v      [Bk, d]      the residual block (exact)
+    hot_ids           [K]          block id held by each hot slot (-1: empty)
+    hot_m, hot_l      [G, K]       exact partials of each hot slot (empty: -inf, 0); hot_acc [G, K, d]
+    hot_delta         [G, K]       Delta of each slot's exact scores (bounds.key_delta_exact)
+    res_m, res_l, res_delta [G]; res_acc [G, d]   the same for the residual block (exact)
     key_scale         []           E_key = TV * key_scale (step.key_term_scale)
 
 What it computes is, operation for operation, the jnp path's rung 0 (`step.build_context`'s log-masses and
@@ -78,31 +84,9 @@ def _any_row(x: jax.Array) -> jax.Array:
     return jnp.max(x.astype(jnp.int32), axis=1) > 0
 
 
-def _dot(a: jax.Array, b: jax.Array, a_contract: int, b_contract: int) -> jax.Array:
-    """2-D float32 dot with HIGHEST precision (IEEE float32 FMAs under Triton: no TF32)."""
-    return jax.lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((), ())),
-                               precision=jax.lax.Precision.HIGHEST, preferred_element_type=_F32)
-
-
-def _partials(scores: jax.Array, values: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """step.partials for one item: scores [G, T] (-inf masked), values [T, d] -> m [G], l [G], acc [G, d]."""
-    m = jnp.max(scores, axis=1)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    w = jnp.exp(scores - m_safe[:, None])
-    return m, jnp.sum(w, axis=1), _dot(w, values, 1, 0)
-
-
 def _log_mass(m: jax.Array, l: jax.Array) -> jax.Array:
     """step.log_mass: log sum_i e^{s_i} of an item, -inf for an empty one."""
     return jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), _NEG_INF)
-
-
-def _delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
-    """bounds.key_delta_exact for one item: q_abs [G, d], k_abs_max [d] -> [G]."""
-    d = q_abs.shape[-1]
-    dot = jnp.sum(q_abs * k_abs_max[None, :], axis=1)
-    flush = (2.0 * jnp.sum(q_abs, axis=1) + 2 * d + 8) * bounds.TINY
-    return bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * bounds.U) + flush
 
 
 class _Item(NamedTuple):
@@ -127,18 +111,15 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
     return _Item(lm=lm, err=err, ok=ok, valid=valid, delta=delta)
 
 
-def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, hid_ref, hk_ref,
-            hv_ref, rk_ref, rv_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref, active_ref, *, G: int,
-            nb: int, K: int, kp: int, ch: int):
+def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, hid_ref, hm_ref, hl_ref, hacc_ref,
+            hdl_ref, rm_ref, rl_ref, racc_ref, rdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref, active_ref,
+            *, G: int, nb: int, K: int, kp: int, ch: int, block_size: int):
     Gp, NBp = m_ref.shape
-    Bk, d = rk_ref.shape
     n_valid = jnp.clip(nv_ref[()], 0, nb)
     r_count = rc_ref[()]
     key_scale = ks_ref[()]
     tau = par_ref[0]  # the policy's tolerances are traced values (a new tau_cov must not recompile)
     margin = par_ref[1]
-    qs = qs_ref[...]
-    qa = qa_ref[...]
     g_real = jax.lax.broadcasted_iota(jnp.int32, (Gp,), 0) < G  # padded query-head rows never count
     g_real2 = g_real[:, None]
     nidx = jax.lax.broadcasted_iota(jnp.int32, (1, NBp), 1)
@@ -148,12 +129,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
     m = m_ref[...]
     l = l_ref[...]
     apx_lm = _log_mass(m, l)  # [Gp, NBp]
-    tok_col = jax.lax.broadcasted_iota(jnp.int32, (Bk, 1), 0) < r_count
-    tok_row = jax.lax.broadcasted_iota(jnp.int32, (1, Bk), 1) < r_count
-    rk = jnp.where(tok_col, rk_ref[...].astype(_F32), 0.0)  # padding never counts
-    rv = jnp.where(tok_col, rv_ref[...].astype(_F32), 0.0)
-    res_m, res_l, res_acc = _partials(jnp.where(tok_row, _dot(qs, rk, 1, 1), _NEG_INF), rv)
-    res_delta = _delta_exact(qa, jnp.max(jnp.abs(rk), axis=0))
+    res_m, res_l, res_acc, res_delta = rm_ref[...], rl_ref[...], racc_ref[...], rdl_ref[...]
     res_lm = _log_mass(res_m, res_l)  # [Gp]
     top = jnp.maximum(jnp.max(apx_lm, axis=1), res_lm)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
@@ -181,7 +157,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
     n_cands = jnp.minimum(n_valid, _i32(2 * kp))  # the jnp path ranks 2 k_max candidates
     k_star = jnp.minimum(jnp.minimum(jnp.where(k_star >= 0, k_star, n_cands), n_cands), _i32(kp))
 
-    # 3. hot slots: promoted when they hold one of the top-K* blocks; exact partials of every filled slot
+    # 3. hot slots: promoted when they hold one of the top-K* blocks (their exact partials are inputs)
     hot = []
     for s in range(K):
         hid = hid_ref[s]
@@ -189,11 +165,8 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
         for j in reversed(range(kp)):
             rank = jnp.where((ranked[j] == hid) & (hid >= 0), _i32(j), rank)
         filled = hid >= 0
-        k32 = jnp.where(filled, hk_ref[s, :, :].astype(_F32), 0.0)
-        v32 = jnp.where(filled, hv_ref[s, :, :].astype(_F32), 0.0)
-        hm, hl, hacc = _partials(jnp.where(filled, _dot(qs, k32, 1, 1), _NEG_INF), v32)
-        hot.append(dict(id=hid, active=(rank < k_star) & filled, m=hm, l=hl, acc=hacc,
-                        delta=_delta_exact(qa, jnp.max(jnp.abs(k32), axis=0))))
+        hot.append(dict(id=hid, active=(rank < k_star) & filled, m=hm_ref[:, s], l=hl_ref[:, s],
+                        acc=hacc_ref[:, s, :], delta=hdl_ref[:, s]))
 
     def promoted(ids):  # [1, n] bool: the block is answered by a promoted hot slot
         hit = jnp.zeros(ids.shape, jnp.bool_)
@@ -239,7 +212,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
 
     # 5. the bound (bounds.tv_bound, key_error, weighted_sum with evaluate_stage's constants)
     n_items = nb + K + 1
-    sum_rel = bounds.sum_error(Bk + 1, n_items + 1)
+    sum_rel = bounds.sum_error(block_size + 1, n_items + 1)
     lm_shift = math.log1p(2 * (sum_rel + 2 * bounds.EPS_WEIGHT)) * (1.0 + 4 * bounds.U)
 
     broken = jnp.zeros((Gp,), jnp.bool_)
@@ -310,64 +283,73 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, qs_ref, qa_ref, m_ref, l_ref, dl_re
     active_ref[...] = act
 
 
-def supports(block_size: int, head_dim: int, hot_slots: int) -> bool:
+def supports(head_dim: int, hot_slots: int) -> bool:
     """Whether the kernel runs on these shapes here: compiled (Triton) tensors need power-of-two sizes;
     interpret mode takes any."""
-    return backend.supports_sizes(block_size, head_dim, hot_slots)
+    return backend.supports_sizes(head_dim, hot_slots)
 
 
 def _pow2(n: int, at_least: int = 1) -> int:
     return max(1 << (max(n, 1) - 1).bit_length(), at_least)
 
 
-def certify_rung0(q_s, q_abs, apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_k, hot_v, res_k,
-                  res_v, r_count, key_scale, *, k_max: int, tau_cov: float, rank_margin: float,
-                  interpret: bool | None = None, num_warps: int | None = None) -> Rung0:
+def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_m, hot_l, hot_acc, hot_delta, res_m,
+                  res_l, res_acc, res_delta, r_count, key_scale, *, block_size: int, k_max: int, tau_cov: float,
+                  rank_margin: float, interpret: bool | None = None, num_warps: int | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
-    Query heads are padded to a power of two, and blocks to a power of two of at least 16, where needed."""
-    B, H, G, d = q_s.shape
-    nb = apx_m.shape[-1]
-    K, Bk = hot_ids.shape[-1], res_k.shape[-2]
-    if apx_acc.shape != (B, H, G, nb, d) or hot_k.shape != (B, H, K, Bk, d) or eta.shape != (B, H, nb):
-        raise ValueError(f"certify_rung0: inconsistent shapes q {q_s.shape}, acc {apx_acc.shape}, "
-                         f"hot_k {hot_k.shape}, eta {eta.shape}")
+    Query heads are padded to a power of two, blocks to a power of two of at least 16 (padding: empty items)."""
+    B, H, G, nb = apx_m.shape
+    d = apx_acc.shape[-1]
+    K = hot_ids.shape[-1]
+    if (apx_acc.shape != (B, H, G, nb, d) or hot_acc.shape != (B, H, G, K, d) or eta.shape != (B, H, nb)
+            or hot_m.shape != (B, H, G, K) or res_acc.shape != (B, H, G, d)):
+        raise ValueError(f"certify_rung0: inconsistent shapes m {apx_m.shape}, acc {apx_acc.shape}, hot_acc "
+                         f"{hot_acc.shape}, hot_m {hot_m.shape}, res_acc {res_acc.shape}, eta {eta.shape}")
     if not 0 < k_max <= K:
         raise ValueError(f"k_max {k_max} must be in [1, {K}] (the hot slots)")
     interpret = backend.interpret() if interpret is None else interpret
     num_warps = num_warps or DEFAULT_WARPS
     if not interpret:
-        for name, n in (("block size", Bk), ("head_dim", d), ("hot slots", K)):
+        for name, n in (("head_dim", d), ("hot slots", K)):
             if n & (n - 1):
                 raise ValueError(f"the compiled rung-0 kernel needs a power-of-two {name}, got {n}")
     Gp, NBp = _pow2(G), _pow2(nb, 16)
     pg, pn = Gp - G, NBp - nb
     f32 = jnp.float32
-    if pg or pn:
-        def pad(x, value, extra=0):
-            return jnp.pad(x, ((0, 0), (0, 0), (0, pg), (0, pn)) + ((0, 0),) * extra, constant_values=value)
 
-        apx_m, apx_l, apx_delta = pad(apx_m.astype(f32), -jnp.inf), pad(apx_l.astype(f32), 0.0), pad(apx_delta, 0.0)
-        apx_acc = pad(apx_acc.astype(f32), 0.0, extra=1)
-        q_s = jnp.pad(q_s, ((0, 0), (0, 0), (0, pg), (0, 0)))
-        q_abs = jnp.pad(q_abs, ((0, 0), (0, 0), (0, pg), (0, 0)))
+    def rows(x, value):  # pad the query-head axis (2) with empty items
+        return jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, pg)) + ((0, 0),) * (x.ndim - 3), constant_values=value)
+
+    apx_m, apx_l, apx_delta, apx_acc = (rows(apx_m, -jnp.inf), rows(apx_l, 0.0), rows(apx_delta, 0.0),
+                                        rows(apx_acc, 0.0))
+    if pn:
+        def blocks(x, value, extra=0):
+            return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pn)) + ((0, 0),) * extra, constant_values=value)
+
+        apx_m, apx_l, apx_delta = blocks(apx_m, -jnp.inf), blocks(apx_l, 0.0), blocks(apx_delta, 0.0)
+        apx_acc = blocks(apx_acc, 0.0, extra=1)
         eta = jnp.pad(eta, ((0, 0), (0, 0), (0, pn)))
+    hot_m, hot_l, hot_acc, hot_delta = (rows(hot_m, -jnp.inf), rows(hot_l, 0.0), rows(hot_acc, 0.0),
+                                        rows(hot_delta, 0.0))
+    res_m, res_l, res_acc, res_delta = (rows(res_m, -jnp.inf), rows(res_l, 0.0), rows(res_acc, 0.0),
+                                        rows(res_delta, 0.0))
     params = jnp.stack([jnp.asarray(tau_cov, f32), jnp.asarray(rank_margin, f32)])
-    out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), q_s.astype(f32),
-                q_abs.astype(f32), apx_m.astype(f32), apx_l.astype(f32), apx_delta.astype(f32),
-                eta.astype(f32)[:, :, None, :], apx_acc.astype(f32), hot_ids.astype(jnp.int32), hot_k, hot_v,
-                res_k, res_v, G=G, nb=nb, kp=k_max, interpret=interpret, num_warps=num_warps)
+    out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
+                apx_delta, eta.astype(f32)[:, :, None, :], apx_acc, hot_ids.astype(jnp.int32), hot_m, hot_l, hot_acc,
+                hot_delta, res_m, res_l, res_acc, res_delta, G=G, nb=nb, kp=k_max, block_size=block_size,
+                interpret=interpret, num_warps=num_warps)
     o, ek, ev, br, rk, act = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0)
 
 
-@functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "interpret", "num_warps"))
-def _call(params, n_valid, r_count, key_scale, q_s, q_abs, m, l, delta, eta, acc, hot_ids, hot_k, hot_v, res_k,
-          res_v, *, G, nb, kp, interpret, num_warps):
-    B, H, Gp, d = q_s.shape
-    NBp = m.shape[-1]
-    K, Bk = hot_ids.shape[-1], res_k.shape[-2]
-    kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16))
+@functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps"))
+def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, hot_m, hot_l, hot_acc, hot_delta,
+          res_m, res_l, res_acc, res_delta, *, G, nb, kp, block_size, interpret, num_warps):
+    B, H, Gp, NBp = m.shape
+    d = acc.shape[-1]
+    K = hot_ids.shape[-1]
+    kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), block_size=block_size)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))
@@ -377,9 +359,9 @@ def _call(params, n_valid, r_count, key_scale, q_s, q_abs, m, l, delta, eta, acc
     return pl.pallas_call(
         kernel,
         grid=(B, H),
-        in_specs=[pl.BlockSpec((2,), lambda b, h: (0,)), per_seq, per_seq, per_head, whole(Gp, d), whole(Gp, d),
-                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp), whole(1, NBp), whole(Gp, NBp, d), whole(K),
-                  whole(K, Bk, d), whole(K, Bk, d), whole(Bk, d), whole(Bk, d)],
+        in_specs=[pl.BlockSpec((2,), lambda b, h: (0,)), per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp),
+                  whole(Gp, NBp), whole(1, NBp), whole(Gp, NBp, d), whole(K), whole(Gp, K), whole(Gp, K),
+                  whole(Gp, K, d), whole(Gp, K), whole(Gp), whole(Gp), whole(Gp, d), whole(Gp)],
         out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K)],
         out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]
         + [jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)] * 2
@@ -387,4 +369,5 @@ def _call(params, n_valid, r_count, key_scale, q_s, q_abs, m, l, delta, eta, acc
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
-    )(params, n_valid, r_count, key_scale, q_s, q_abs, m, l, delta, eta, acc, hot_ids, hot_k, hot_v, res_k, res_v)
+    )(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, hot_m, hot_l, hot_acc, hot_delta, res_m,
+      res_l, res_acc, res_delta)
