@@ -2,7 +2,7 @@
 
     out, cert = certified_attention(q, cache, policy)          # q [B, Hq, d] -> out [B, Hq, d], Certificate
     out, cert, cache = certified_attention_step(q, cache, policy)   # also returns the cache (hot set updated)
-    out = naive_attention(q, cache)                             # INT8/INT4 everywhere, no certificate
+    out = naive_attention(q, cache, policy)                     # INT8/INT4 everywhere, no certificate
     out = dense_attention(q, cache)                             # exact, over the tier-2 originals
 
 Certified attention, per KV head (its G query heads share promotions):
@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from certattn_jax import ladder, quant
+from certattn_jax import ladder, quant, step
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate
 from certattn_jax.kv_cache import is_concrete
@@ -80,9 +80,16 @@ def dense_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | Non
 
 
 def naive_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | None = None) -> jax.Array:
-    """Attention over tier 1 alone (INT keys and values dequantized, residual exact), no certification.
-    (`policy` is accepted for symmetry with certified_attention and unused.)"""
+    """Attention over tier 1 alone (INT keys and values, residual exact), no certification. [B, Hq, d] in q's
+    dtype.
+
+    With `policy.tier1 == "pallas"` (and shapes the compiled kernel takes) one read of the quantized bytes by the
+    tier-1 kernel (`NAIVE_VARIANT`, per-split value sums) plus the residual block's exact partials, combined in
+    float32; otherwise XLA over dequantized copies. Both compute softmax(q k_hat) v_hat; they differ in float32
+    rounding only (nothing is certified here, so the kernel may use its fastest variant)."""
     _check_query(q, cache)
+    if policy is not None and step.tier1_kernel_runs(cache, policy.tier1):
+        return _naive_through_kernel(q, cache)
     B, H, nb, Bk, _ = cache.k_codes.shape
     d = cache.head_dim
     k_hat = quant.dequantize_keys(cache.k_codes, cache.k_scale, cache.k_zero, cache.key_bits)
@@ -91,3 +98,22 @@ def naive_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | Non
     k = overlay_residual(k_hat.reshape(B, H, nb * Bk, d), cache.res_k, cache.flushed, cache.lengths)
     v = overlay_residual(v_hat.reshape(B, H, nb * Bk, d), cache.res_v, cache.flushed, cache.lengths)
     return dense_attention_f32(q.astype(jnp.float32), k, v, cache.lengths).astype(q.dtype)
+
+
+# The fastest tier-1 kernel variant measured on the H200 (results/bench_kernels_int_variants_h200.json: 66 µs
+# at 32K vs 82 for int_keys); its value-side rounding has no written bound, which naive attention does not need.
+NAIVE_VARIANT = "int_kv"
+
+
+def _naive_through_kernel(q: jax.Array, cache: TieredKVCache) -> jax.Array:
+    from pallas_kernels import split_combine, tier1_pass  # pallas_kernels imports certattn_jax
+
+    B, Hq, d = q.shape
+    qt = step.query_terms(q, cache)
+    parts = tier1_pass.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes,
+                                  cache.v_scale, cache.v_zero, cache.flushed // cache.block_size,
+                                  group_size=cache.group_size, key_bits=cache.key_bits,
+                                  value_bits=cache.value_bits, score_scale=1.0, variant=NAIVE_VARIANT)
+    res, _, _ = step.residual_partials(qt, cache)
+    out, _ = split_combine.combine(parts, [(res.m, res.l, res.acc)])
+    return out.reshape(B, Hq, d).astype(q.dtype)

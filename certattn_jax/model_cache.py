@@ -208,7 +208,7 @@ class TieredModelCache:
                     out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)
                 cert = jax.tree.map(lambda buf, x: buf.at[layer].set(x), cert, step_cert)
             else:
-                out = naive_attention(q[:, 0], c)
+                out = naive_attention(q[:, 0], c, self.policy)
             out = out[:, None]
         else:
             c = base.append(k, v, new_lengths - self.lengths)

@@ -184,25 +184,13 @@ def bench(T: int, B: int, args, bw: float) -> None:
 def bench_certified(data: str, q, k, v, args, add, attempt, dense_bytes: int) -> None:
     """naive (gaussian only), certified and certified_full on this data; the forced rungs on gaussian."""
     B, Hq, d = q.shape
-    H = k.shape[2]
-    G = Hq // H
     n1, n2, reps = args.n1, args.n2, args.reps
     policy = args.policy
     cache = jax.jit(lambda k, v: TieredKVCache.from_dense(k, v, policy))(k, v)
     t1_bytes = memory_report(cache)["tier1_device_bytes"]
     if data == "gaussian":
-        if policy.tier1 == "pallas":
-            from pallas_kernels.tier1_pass import naive_output, tier1_pass
-
-            def naive(q, c):
-                qg = q.astype(jnp.float32).reshape(B, H, G, d)
-                p = tier1_pass(qg, c.k_codes, c.k_scale, c.k_zero, c.v_codes, c.v_scale, c.v_zero,
-                               c.flushed // c.block_size, group_size=c.group_size, key_bits=c.key_bits,
-                               value_bits=c.value_bits)
-                return naive_output(p).reshape(B, H * G, d).astype(q.dtype)
-        else:
-            def naive(q, c):
-                return naive_attention(q, c)
+        def naive(q, c):  # the product's naive attention: the tier-1 kernel (+ residual) when tier1 is pallas
+            return naive_attention(q, c, policy)
         attempt("naive", lambda: add("naive", data, per_call_us(stateless_loop(naive, q, (cache,)), n1, n2,
                                                                  reps)[0], t1_bytes, tier1=policy.tier1))
 

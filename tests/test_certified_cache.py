@@ -102,6 +102,22 @@ def test_certified_output_is_within_bound_and_better_than_naive():
     assert cert.error_bound.shape == (2, 4)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_naive_through_the_tier1_kernel_matches_the_xla_naive(dtype):
+    """naive_attention with policy.tier1 = "pallas" (the kernel's per-split sums + the residual's exact partials)
+    computes what the XLA path computes over dequantized copies, on a ragged batch with residual tokens and a
+    sequence shorter than one block (interpret mode on CPU)."""
+    policy = dataclasses.replace(POLICY, tier1="pallas")
+    q, k, v = _data(11, B=3, T=150, dtype=dtype)
+    lengths = jnp.asarray([150, 9, 77], jnp.int32)
+    cache = TieredKVCache.from_dense(k, v, policy, lengths=lengths)
+    got = np.asarray(jax.jit(naive_attention)(q, cache, policy), np.float32)
+    want = np.asarray(naive_attention(q, cache), np.float32)  # no policy: XLA
+    tol = 2.0 ** -7 if dtype == jnp.bfloat16 else 1e-5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    assert np.all(np.isfinite(got))
+
+
 def _escalation_policy(**kw):
     return dataclasses.replace(POLICY, **kw)
 
