@@ -185,11 +185,13 @@ def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: K
     return x, cache
 
 
-# Layer weights (bytes) from which the looped schedule computes inside per-layer `lax.switch` branches instead of
-# selecting the layer's weights with one switch (a copy). Measured on the H200 (docs/performance.md, 2026-12-01):
-# a conditional costs ~20 µs per step, a copy of W bytes ~2W / 3 TB/s, so copying wins below ~30 MB per layer:
-# SmolLM2 (7 MB per layer) 170 tokens/s copying vs 142 in branches; 8B (436 MB per layer) 49.8 vs 68.6.
-IN_PLACE_WEIGHTS_FROM_BYTES = 32 << 20
+# Per backend, the layer-weight size (bytes) below which the looped schedule selects a layer's weights with one
+# `lax.switch` (a copy) instead of computing inside per-layer switch branches (no copy, a second conditional).
+# Measured: on the H200 (docs/performance.md, 2026-12-01) a conditional costs ~20 µs per step and a copy of W
+# bytes ~2W / 3 TB/s, so copying wins below ~30 MB per layer (SmolLM2, 7 MB per layer: 170 tokens/s copying vs
+# 142 in branches; 8B, 436 MB: 49.8 vs 68.6); on a 2-core CPU conditionals are cheap and copies are not
+# (SmolLM2: 16.5 tokens/s copying vs 30.3 in branches), so never. Other backends: in branches.
+COPY_WEIGHTS_BELOW_BYTES = {"gpu": 32 << 20, "cpu": 0}
 
 
 def _nbytes(tree: Any) -> int:
@@ -202,16 +204,17 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     """Every layer in a `lax.fori_loop`: the cache's attention (the certified ladder) is compiled once. The
     cache must accept a traced layer index (TieredModelCache).
 
-    How layer i's weights reach its GEMMs depends on their size (`IN_PLACE_WEIGHTS_FROM_BYTES`):
+    How layer i's weights reach its GEMMs depends on their size and the backend (`COPY_WEIGHTS_BELOW_BYTES`):
       * large layers: the layer's dense parts run inside two `lax.switch`es over the layer index whose branches
         compute with their own layer's weights (projections before attention; output projection and MLP after
         it), so every GEMM reads its weights in place (a switch that returned the weights copied them: 8.9 ms of
         a 20.1 ms 8B step on the H200; a loop over stacked weights copies each slice before its GEMM, 2.5x per
         step: results/probe_layer_loop_h200.json);
-      * small layers: one `lax.switch` returns the layer's weights (a copy, cheaper than a second conditional).
+      * small layers on a GPU: one `lax.switch` returns the layer's weights (a copy, cheaper there than a second
+        conditional).
     Either way the dense code is compiled once per layer in the branches and the attention once."""
     layers = list(params["layers"])
-    if max(_nbytes(w) for w in layers) < IN_PLACE_WEIGHTS_FROM_BYTES:
+    if max(_nbytes(w) for w in layers) < COPY_WEIGHTS_BELOW_BYTES.get(jax.default_backend(), 0):
         pick = [lambda w=w: w for w in layers]
 
         def body(i, carry):

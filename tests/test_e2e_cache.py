@@ -242,10 +242,10 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
         return gen.generate(params, CFG, prompts, 8, cache_factory=cache_spec("certified", CFG, jnp.float32,
                                                                               policy, schedule=schedule), **kw)
 
-    runs = {s: run(s) for s in ("unrolled", "two-pass", "looped")}  # the tiny model's layers: weights copied
-    monkeypatch.setattr(llama, "IN_PLACE_WEIGHTS_FROM_BYTES", 0)
+    runs = {s: run(s) for s in ("unrolled", "two-pass", "looped")}  # on the CPU: weights in place
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
-    runs["looped, weights in place"] = run("looped")
+    runs["looped, weights copied"] = run("looped")
     ref = runs.pop("unrolled")
     rungs = np.asarray(ref.step_records.rung)  # [steps, L, B, Hq]
     if eps == 0.05:
@@ -301,9 +301,9 @@ def _weight_moves(params, hlo: str) -> list[str]:
 def test_the_looped_schedule_places_weights_by_size(params, monkeypatch, in_place):
     """Large layers (8B: 436 MB each) run inside per-layer `lax.switch` branches holding their own weights:
     the compiled decode step has no copy (nor slice) of any weight-shaped buffer (a switch that returned the
-    weights copied them: 8.9 ms of a 20.1 ms 8B step on the H200). Small layers (SmolLM2: 7 MB) take the
-    copy, which is cheaper there than a second conditional per layer (170 vs 142 tokens/s on the H200)."""
-    monkeypatch.setattr(llama, "IN_PLACE_WEIGHTS_FROM_BYTES", 0 if in_place else 1 << 40)
+    weights copied them: 8.9 ms of a 20.1 ms 8B step on the H200). Small layers on a GPU (SmolLM2: 7 MB) take
+    the copy, which is cheaper there than a second conditional per layer (170 vs 142 tokens/s on the H200)."""
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 0 if in_place else 1 << 40)
     fused = llama.fuse_projections(params)
     cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
     hlo = jax.jit(lambda p, t, c: llama.forward(p, CFG, t, c)).lower(
