@@ -43,3 +43,13 @@ def test_bench_decode_smoke_compiles_each_loop_once(tmp_path):
         assert r["soak"]["steps"] >= 8
         if r["cache"] == "certified":
             assert sum(r["rung_histogram"]) > 0 and r["tier2_host_bytes"] > 0
+
+
+def test_probe_conditionals_smoke(tmp_path):
+    out = tmp_path / "probe_conditionals.json"
+    cmd = [sys.executable, str(ROOT / "scripts/probe_conditionals.py"), "--smoke", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                   timeout=300)
+    result = json.loads(out.read_text())
+    assert [r["form"] for r in result["forms"]] == ["plain", "cond_false", "cond_true", "switch", "where"]
+    assert all("extra_us_vs_plain" in r for r in result["forms"]) and "xla_flags" in result
