@@ -213,6 +213,27 @@ def weighted_sum(log_mass_up: jax.Array, errors: jax.Array, valid: jax.Array, br
     return jnp.where(bad | jnp.isnan(total), jnp.inf, total)
 
 
+def int_value_rounding(scale_max: jax.Array, zero_max: jax.Array, block_size: int, value_bits: int, group: int,
+                       n_items: int) -> jax.Array:
+    """E_int [...]: the float32 rounding of the tier-1 kernel's exact-integer value sums (`int_kv`: per block,
+    the weights w_i = p_i t_i split into int8 pieces, an int32 dot with the shifted codes; docs/bounds.md section
+    13), as an l2 bound over the output's channels. It comes on top of E_num's own sum terms (which stay, so the
+    inner sum is counted twice: conservative).
+
+    scale_max, zero_max [..., ng]: per group of `group` channels, the largest value scale t and |zero y| of any
+    token the pass reads. Per channel of group j, with B = block_size, off = 2^(bits-1):
+        (a off t_max,j + b y_max,j)(1 + 2 sigma + 2 eps_w) + 2 n (4 B off 2^-126),
+        a = 5u + B 2^-26 + gamma_3 (1 + 0.0315 B) + gamma_{B-1},   b = gamma_B + 2u,
+    sigma the two-level sum error over n items (the merge), eps_w a merge weight's error."""
+    B, off = block_size, 2 ** (value_bits - 1)
+    a = (5 * U + B * 2.0 ** -26 + gamma(3) * (1 + 0.0315 * B) + gamma(B - 1)) * (1 + 1e-5)
+    b = (gamma(B) + 2 * U) * (1 + 1e-5)
+    merge = (1 + 2 * sum_error(B + 1, n_items + 1) + 2 * EPS_WEIGHT) * (1 + 1e-5)
+    floor = 2.0 * n_items * 4 * B * off * 2.0 ** -126
+    per_group = (a * off * scale_max + b * zero_max) * merge + floor
+    return l2(per_group) * math.sqrt(group) * (1.0 + 4 * U)
+
+
 def l2(x: jax.Array) -> jax.Array:
     """Euclidean norm over the last axis as an upper bound (+inf for a non-finite entry): `quant.norm_upper`."""
     return quant.norm_upper(x)

@@ -127,6 +127,7 @@ class StepContext(NamedTuple):
     value_abs: jax.Array  # [B, H, d] bound on |v_tilde_ic|
     tolerance: jax.Array  # [B, H, G]
     bad: jax.Array  # [B, H, G] nothing can be proven: NaN/Inf in the cache or in the query
+    value_rounding: jax.Array  # [B, H] E_int: rounding of the tier-1 kernel's integer value sums (0 if none)
 
 
 class StageResult(NamedTuple):
@@ -241,7 +242,8 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
                        apx_lm=log_mass(apx), log_norm=log_norm, res=res, res_delta=res_delta,
                        res_valid=cache.lengths > cache.flushed, block_valid=block_valid, eta=vt.eta,
                        value_range=vt.value_range, key_scale=vt.key_scale, value_abs=vt.value_abs,
-                       tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad)
+                       tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad,
+                       value_rounding=int_value_term(cache, block_valid, policy))
 
 
 def numeric_term(value_abs: jax.Array, n_items: int, block_size: int) -> jax.Array:
@@ -256,10 +258,32 @@ def numeric_term(value_abs: jax.Array, n_items: int, block_size: int) -> jax.Arr
             + bounds.dequantization_mismatch(value_abs))
 
 
+def int_value_term(cache: TieredKVCache, block_valid: jax.Array, policy: CertPolicy) -> jax.Array:
+    """E_int [B, H] (bounds.int_value_rounding) when the tier-1 partials come from a kernel variant that sums
+    values in exact integer arithmetic, else 0. The item count is the largest any stage merges (rung 2: the
+    blocks, the hot slots, the widened selection, the exact-value blocks and the residual)."""
+    from pallas_kernels import tier1_pass as kernel
+
+    B, H = cache.batch, cache.num_kv_heads
+    if not (tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT in kernel.INT_VALUE_VARIANTS):
+        return jnp.zeros((B, H), jnp.float32)
+    valid = block_valid[:, None, :, None, None]
+    scale_max = jnp.max(jnp.where(valid, jnp.abs(cache.v_scale.astype(jnp.float32)), 0.0), axis=(2, 3))
+    zero_max = jnp.max(jnp.where(valid, jnp.abs(cache.v_zero.astype(jnp.float32)), 0.0), axis=(2, 3))
+    n_items = cache.num_blocks + 4 * cache.k_max + policy.v_max + 2
+    return bounds.int_value_rounding(scale_max, zero_max, cache.block_size, cache.value_bits, cache.group_size,
+                                     n_items)
+
+
 def total_bound(e_key: jax.Array, e_val: jax.Array, value_abs: jax.Array, n_items: int, block_size: int,
-                cast: jax.Array, broken: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(E_num [B, H, G] with the output cast, +inf where broken; the bound E_key + E_val + E_num rounded up)."""
-    e_num = jnp.where(broken, jnp.inf, numeric_term(value_abs, n_items, block_size)[..., None] + cast)
+                cast: jax.Array, broken: jax.Array, value_rounding: jax.Array | None = None,
+                ) -> tuple[jax.Array, jax.Array]:
+    """(E_num [B, H, G] with the output cast and E_int (value_rounding [B, H], if any), +inf where broken; the
+    bound E_key + E_val + E_num rounded up)."""
+    e_num = numeric_term(value_abs, n_items, block_size)
+    if value_rounding is not None:
+        e_num = e_num + value_rounding
+    e_num = jnp.where(broken, jnp.inf, e_num[..., None] + cast)
     return e_num, bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U))
 
 
@@ -304,7 +328,8 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
                       res_delta[..., 0], cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
                       k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin)
     out, cast = bounds.cast_error(r.out, q.dtype)
-    e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, nb + K + 1, cache.block_size, cast, r.broken)
+    e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, nb + K + 1, cache.block_size, cast, r.broken,
+                               int_value_term(cache, block_valid, policy))
     k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
     stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
                         ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=k_star,
@@ -404,7 +429,8 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     e_key = bounds.key_error(tv, ctx.key_scale[..., None])
     e_val = bounds.weighted_sum(lm_up[..., :nb], ctx.eta[:, :, None, :], valid[..., :nb], broken)
     out, cast = bounds.cast_error(comb.out, out_dtype)
-    e_num, bound = total_bound(e_key, e_val, ctx.value_abs, n_items, policy.block_size, cast, broken)
+    e_num, bound = total_bound(e_key, e_val, ctx.value_abs, n_items, policy.block_size, cast, broken,
+                               ctx.value_rounding)
 
     norm = ctx.log_norm[..., None]
     approx_lm, exact_lm, active = [], [], []

@@ -311,6 +311,25 @@ def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float):
     return _scaled(t * inv_f[None, :] + base[None, :], inv_sqrt_d)
 
 
+def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: jax.Array, value_bits: int,
+                   ) -> jax.Array:
+    """sum_i p_ig (t_i code_ic + y_i) [G, group] for one block and value group j, in exact integer arithmetic
+    (int_kv): w_ig = p_ig t_i split into int8 pieces down the tokens (`_int8_pieces_cols`), an int32 dot with the
+    codes shifted to signed, plus off sum_i w_ig + sum_i p_ig y_i. p [Bk, G], t_j, y_j [Bk] (scale, zero),
+    codes_packed [Bk, group * bits / 8]. Rounding: docs/bounds.md section 13 (bounds.int_value_rounding)."""
+    f32 = jnp.float32
+    G = p.shape[1]
+    voff = 1 << (value_bits - 1)
+    w = p * t_j[:, None]  # [Bk, G]
+    pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4G]
+    codes = (_unpack(codes_packed, value_bits) - voff).astype(jnp.int8)  # [Bk, group]
+    si = jax.lax.dot_general(pieces, codes, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
+    t = jnp.sum(si.astype(f32).reshape(G, 4, codes.shape[1]) * _pow2(-7 * kk), axis=1)  # [G, group]
+    base = voff * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)  # [G]
+    return t * inv_f[:, None] + base[:, None]
+
+
 def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
                       *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
                       value_bits: int, per_block: bool, scale: float):
@@ -325,9 +344,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
     inv_sqrt_d = scale
     ng = d // group
     hg = group * value_bits // 8  # packed bytes per group and token
-    voff = 1 << (value_bits - 1)
     q = q_ref[...].astype(f32)  # [G, d]
-    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
 
     def valid_block(n, carry):
         s = _int_scores(q, ks_ref[n, :].astype(f32), kz_ref[n, :].astype(f32), kc_ref[n, :, :], key_bits,
@@ -336,17 +353,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
         p = jnp.exp(s - m[None, :])
         m_ref[:, n] = m
         l_ref[:, n] = jnp.sum(p, axis=0)
-        pvs = []
-        for j in range(ng):
-            t_j = vs_ref[n, :, j].astype(f32)  # [Bk]
-            y_j = vz_ref[n, :, j].astype(f32)
-            w = p * t_j[:, None]  # [Bk, G]
-            pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4G]
-            codes = (_unpack(vc_ref[n, :, pl.ds(j * hg, hg)], value_bits) - voff).astype(jnp.int8)  # [Bk, group]
-            si = jax.lax.dot_general(pieces, codes, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
-            t = jnp.sum(si.astype(f32).reshape(G, 4, group) * _pow2(-7 * kk), axis=1)  # [G, group]
-            base = voff * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)  # [G]
-            pvs.append(t * inv_f[:, None] + base[:, None])
+        pvs = [_int_value_sum(p, vs_ref[n, :, j].astype(f32), vz_ref[n, :, j].astype(f32),
+                              vc_ref[n, :, pl.ds(j * hg, hg)], value_bits) for j in range(ng)]
         if per_block:
             for j in range(ng):
                 acc_ref[:, n, pl.ds(j * group, group)] = pvs[j]
@@ -515,11 +523,13 @@ _VARIANTS = {"reduce": _tier1_kernel, "dot": functools.partial(_tier1_kernel_dot
              "dot_t": functools.partial(_tier1_kernel_dot, magic=True, transposed=True),
              "int_keys": functools.partial(_tier1_kernel_dot, magic=True, int_keys=True),
              "int_kv": _tier1_kernel_int}
-# The variant the certified path uses (`certattn_jax.step.tier1_partials`): the exact int8 key dot, 2x faster
-# than dot_magic on the H200 (docs/kernels.md); its score rounding is bounded in bounds.key_delta_quantized
-# (int_pieces) and docs/bounds.md section 12. Values as in dot_t (covered by docs/bounds.md section 11).
-CERTIFIED_VARIANT = "int_keys"
-INT_KEY_VARIANTS = ("int_keys", "int_kv")
+# The variant the certified path uses (`certattn_jax.step.tier1_partials`): exact int8 dots for the keys and the
+# values, the fastest variant on the H200 (66 µs at 32K vs 82 for int_keys and 163 for dot_magic,
+# results/bench_kernels_int_variants_h200.json); its score rounding is bounded in bounds.key_delta_quantized
+# (int_pieces, docs/bounds.md section 12), its value sums' rounding in bounds.int_value_rounding (section 13).
+CERTIFIED_VARIANT = "int_kv"
+INT_KEY_VARIANTS = ("int_keys", "int_kv")  # exact integer key scores: Delta of docs/bounds.md section 12
+INT_VALUE_VARIANTS = ("int_kv",)  # exact integer value sums: E_int of section 13 (bounds.int_value_rounding)
 # fewest query-head rows a variant's dots need (int8 MMA tiles: 4 pieces x 4 heads = 16)
 _MIN_G = {"int_keys": 4, "int_kv": 4}
 

@@ -279,3 +279,51 @@ def test_kernels_lower_to_triton(variant, monkeypatch):
         allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
         text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(*args).mlir_module()
         assert "xla.gpu.triton" in text
+
+
+@pytest.mark.parametrize("family", ["random", "same_sign", "offset", "tiny_weights", "huge_scales", "subnormal"])
+def test_int_value_sums_are_within_their_rounding_bound(family):
+    """docs/bounds.md section 13, per block and value group: the int_kv kernel's value sum (`_int_value_sum`,
+    the function the kernel calls) against sum_i p_i (t_i code_ic + y_i) in float64 is within
+    (a off t_max + b y_max) sum_i p_i + 4 B off 2^-126 -- and not vacuously: the worst case comes within a
+    factor 1000 of the bound (so a coefficient off by that much would fail here)."""
+    from certattn_jax import bounds
+    from pallas_kernels.tier1_pass import _int_value_sum
+
+    rng = np.random.default_rng(21)
+    Bk, G, gs, bits = 64, 4, 32, 4
+    off, u = 2 ** (bits - 1), bounds.U
+    a = 5 * u + Bk * 2.0 ** -26 + bounds.gamma(3) * (1 + 0.0315 * Bk) + bounds.gamma(Bk - 1)
+    b = bounds.gamma(Bk) + 2 * u
+    worst = 0.0
+    for trial in range(20):
+        p = rng.uniform(0, 1, size=(Bk, G))
+        p[rng.integers(Bk)] = 1.0  # the block max has weight 1
+        t = rng.uniform(0.01, 1.0, size=Bk)
+        y = rng.normal(size=Bk)
+        if family == "same_sign":
+            y = np.abs(y) + 3.0
+            p = np.maximum(p, 0.9)
+        elif family == "offset":
+            y = 1002.0 + 0.01 * y
+            t = t * 1e-3
+        elif family == "tiny_weights":
+            p = p * 2.0 ** -100
+        elif family == "huge_scales":
+            t = t * 1e30
+            y = y * 1e30
+        elif family == "subnormal":
+            p = p * 2.0 ** -120
+            t = t * 2.0 ** -10
+        codes = rng.integers(0, 2 ** bits, size=(Bk, gs))
+        packed = quant.pack(jnp.asarray(codes, jnp.uint8), bits)
+        p32, t32, y32 = (jnp.asarray(x, jnp.float32) for x in (p, t, y))
+        got = np.asarray(jax.jit(_int_value_sum, static_argnums=4)(p32, t32, y32, packed, bits), np.float64)
+        p64, t64, y64 = (np.asarray(x, np.float64) for x in (p32, t32, y32))
+        exact = np.einsum("ig,ic->gc", p64, t64[:, None] * codes + y64[:, None])  # [G, gs]
+        claim = (a * off * np.abs(t64).max() + b * np.abs(y64).max()) * p64.sum(axis=0)[:, None] \
+            + 4 * Bk * off * 2.0 ** -126
+        err = np.abs(got - exact)
+        assert np.all(err <= claim), (family, trial, float(np.max(err / claim)))
+        worst = max(worst, float(np.max(err / claim)))
+    assert worst > 1e-3, worst
