@@ -197,9 +197,15 @@ def error_op_norm(v: jax.Array, v_hat: jax.Array) -> jax.Array:
     """An upper bound of the spectral norm ||E||_2 of the error matrix E = v - v_hat [..., n, d] (one block):
     sqrt of Gershgorin's bound on the largest eigenvalue of the smaller Gram matrix (E^T E or E E^T), each
     entry's float32 rounding added (gamma_{m+1} of |E|^T |E|, m the contracted size), plus u ||E||_F for the
-    subtraction's own rounding and a floor for flushed subnormals. +inf for non-finite input."""
+    subtraction's own rounding and a floor for flushed subnormals. E is first scaled by a power of two that
+    brings its largest entry into [1/2, 1) (exact), so that the squares neither underflow (values ~1e-22) nor
+    overflow. +inf for non-finite input."""
     n, d = v.shape[-2:]
     e = v.astype(jnp.float32) - v_hat
+    amax = jnp.max(jnp.abs(e), axis=(-2, -1), keepdims=True)
+    tiny = float(jnp.finfo(jnp.float32).tiny)
+    _, ex = jnp.frexp(jnp.where(amax >= tiny, amax, 1.0))  # amax = m 2^ex, m in [1/2, 1)
+    e = e * jnp.ldexp(jnp.float32(1.0), -ex)  # exact (a power of two); entries below tiny * 2^-ex may flush
     a = jnp.abs(e)
     if d <= n:
         gram = jnp.einsum("...nc,...nk->...ck", e, e, precision="highest")
@@ -213,9 +219,11 @@ def error_op_norm(v: jax.Array, v_hat: jax.Array) -> jax.Array:
     g = (m + 2) * u / (1 - (m + 2) * u)
     rows = jnp.sum(jnp.abs(gram), axis=-1) + g * (1 + g) * jnp.sum(gram_abs, axis=-1)
     lam = jnp.max(rows, axis=-1) * (1 + (min(n, d) + 4) * u)
-    tiny = float(jnp.finfo(jnp.float32).tiny)
     frob = jnp.sqrt(jnp.sum(a * a, axis=(-2, -1)))
-    bound = jnp.sqrt(lam) * (1 + 4 * u) + u * frob * (1 + 4 * u) + 4 * tiny * math.sqrt(n * d)
+    scaled = jnp.sqrt(lam) * (1 + 4 * u) + u * frob * (1 + 4 * u) + 4 * tiny * math.sqrt(n * d)
+    scale = jnp.ldexp(jnp.float32(1.0), ex[..., 0, 0])
+    # back to the input's units (exact), plus the absolute floor of entries flushed in either scale
+    bound = jnp.where(amax[..., 0, 0] >= tiny, scaled * scale, 0.0) + 4 * tiny * math.sqrt(n * d)
     return jnp.where(jnp.isfinite(bound) & jnp.all(jnp.isfinite(e), axis=(-2, -1)), bound, jnp.inf)
 
 
