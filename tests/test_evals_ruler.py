@@ -3,6 +3,7 @@
 import collections
 import re
 
+import numpy as np
 import pytest
 
 from certattn_jax.evals import data, ruler, stats
@@ -96,3 +97,23 @@ def test_mcnemar_exact_and_perplexity():
     with pytest.raises(ValueError, match="equal lengths"):
         stats.mcnemar_exact([True], [True, False])
     assert stats.perplexity(3 * 2.0, 3) == pytest.approx(7.389056, rel=1e-6)
+
+
+def test_paired_ppl_delta_matches_the_ppl_ratio_and_its_interval_covers_the_truth():
+    rng = np.random.default_rng(7)
+    base = [rng.gamma(2.0, 1.5, size=300) for _ in range(6)]
+    # a true per-token shift of 0.01 nats plus noise: delta = 100 (e^0.01 - 1) = 1.005 %
+    other = [b + 0.01 + rng.normal(0.0, 0.05, size=b.size) for b in base]
+    r = stats.paired_ppl_delta(other, base)
+    ppl_a = stats.perplexity(float(np.concatenate(other).sum()), 1800)
+    ppl_b = stats.perplexity(float(np.concatenate(base).sum()), 1800)
+    assert r["delta_percent"] == pytest.approx(100 * (ppl_a / ppl_b - 1), rel=1e-9)
+    lo, hi = r["ci95_percent"]
+    assert lo < 1.005 < hi and hi - lo < 1.0
+    assert r["tokens"] == 1800 and r["windows"] == 6 and len(r["per_window_delta_percent"]) == 6
+    # a window-level effect (correlated tokens) widens the interval beyond the token-level one
+    shifted = [b + rng.normal(0.0, 0.05) for b in base]
+    r2 = stats.paired_ppl_delta(shifted, base)
+    assert r2["se_window_nats"] > 3 * r2["se_token_nats"]
+    with pytest.raises(ValueError):
+        stats.paired_ppl_delta([], [])

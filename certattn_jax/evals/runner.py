@@ -141,6 +141,8 @@ def run_ablations(session: Session, cfg: EvalConfig) -> dict[str, Any]:
             sweep.append({"tau_cov": tau, "eps": eps,
                           "ppl_delta_percent": {n: row[m.label]["delta_vs_dense_percent"]
                                                 for n, row in r["per_length"].items()},
+                          "ppl_delta_ci95_percent": {n: row[m.label]["paired_vs_dense"]["ci95_percent"]
+                                                     for n, row in r["per_length"].items()},
                           "escalation_rate": 1.0 - a["share_rung0"], "share_certified": a["share_certified"],
                           "mean_k_star": a["mean_k_star"], "violations": a.get("violations"),
                           "head_steps": a["head_steps"],
