@@ -209,3 +209,21 @@ def test_a_missing_cpu_backend_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(decode.jax, "local_devices", no_cpu)
     with pytest.raises(RuntimeError, match="JAX_PLATFORMS=cuda,cpu"):
         decode.require_host_callback_device()
+
+
+def test_the_dense_reduce_control_is_exact_attention_in_another_summation_order(params, ids):
+    """The perplexity noise-floor control: the same dense prefill, then decode steps through the `reduce`
+    attention. Exact either way: its NLLs match dense to float32 rounding, yet its decode loop is a different
+    program (the attention implementation is static)."""
+    s = Session(params, CFG, None, CAP, CHUNK)
+    traced = decode.TRACE_COUNTS["teacher"]
+    dense, _ = s.nll(Mode("dense", "dense", POLICY), ids, PREFIX)
+    after_dense = decode.TRACE_COUNTS["teacher"]
+    control_mode = Mode("dense (reduce)", "dense-reduce", POLICY)
+    assert not control_mode.tiered
+    control, _ = s.nll(control_mode, ids, PREFIX)
+    assert decode.TRACE_COUNTS["teacher"] > after_dense >= traced  # compiled for its own attention
+    np.testing.assert_allclose(control, dense, atol=2e-4)
+    assert not s.collectors.get("dense (reduce)")  # exact: not audited
+    with pytest.raises(ValueError, match="dense cache is exact"):
+        decode.make_cache("dense-reduce", params, CFG, CAP, audit=True)

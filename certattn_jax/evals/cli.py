@@ -29,7 +29,8 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
     e.add_argument("--model", default="smollm2")
     e.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     e.add_argument("--cache", default="dense,naive,certified",
-                   help="comma-separated cache modes among dense, naive, certified (default: all three)")
+                   help="comma-separated cache modes among dense, naive, certified (default: all three), and "
+                        "dense-reduce: the noise-floor control (exact attention, another summation order)")
     e.add_argument("--key-bits", type=int, default=None, choices=[4, 8])
     e.add_argument("--value-bits", type=int, default=None, choices=[2, 4])
     e.add_argument("--eps", type=float, default=None, help="CertPolicy.eps (relative value tolerance)")
@@ -72,9 +73,10 @@ def build(args: argparse.Namespace):
     from certattn_jax.policy import CertPolicy
 
     modes_named = [m.strip() for m in args.cache.split(",") if m.strip()]
-    bad = [m for m in modes_named if m not in cli.CACHE_MODES]
+    allowed = tuple(cli.CACHE_MODES) + ("dense-reduce",)
+    bad = [m for m in modes_named if m not in allowed]
     if bad or not modes_named:
-        raise ValueError(f"--cache takes a comma-separated list of {cli.CACHE_MODES}, got {args.cache!r}")
+        raise ValueError(f"--cache takes a comma-separated list of {allowed}, got {args.cache!r}")
     overrides = {k: v for k, v in (("eps", args.eps), ("key_bits", args.key_bits), ("value_bits", args.value_bits),
                                    ("tau_cov", args.tau_cov)) if v is not None}
     policy = dataclasses.replace(CertPolicy(), **overrides)

@@ -34,7 +34,11 @@ from certattn_jax.step import dense_attention_f32, exact_keys_values, overlay_re
 from models.config import LlamaConfig
 from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden
 
-VARIANTS = ("dense", "naive", "certified", "naive-exact-values", "naive-exact-keys")
+VARIANTS = ("dense", "naive", "certified", "naive-exact-values", "naive-exact-keys", "dense-reduce")
+# Exact caches: "dense-reduce" is the dense cache attending with the other exact float32 implementation
+# (`kv_cache.ATTENTION_IMPLS`, a different summation order). Dense vs dense-reduce is the measurement's noise
+# floor: any change a bf16 model's perplexity shows between two exact attentions is not a cache's error.
+EXACT_VARIANTS = ("dense", "dense-reduce")
 TRACE_COUNTS: dict[str, int] = {"prefill": 0, "teacher": 0, "greedy": 0}
 
 
@@ -133,15 +137,22 @@ def _mixed_attention(q: jax.Array, c, exact_values: bool) -> jax.Array:
     return dense_attention_f32(q.astype(jnp.float32), k, v, c.lengths).astype(q.dtype)
 
 
+def for_decode(variant: str, cache):
+    """The cache the decode steps of `variant` run with, after a prefill with the one `make_cache` built: the
+    dense-reduce control switches to the other attention implementation here (its prefill, exact in every mode,
+    stays the dense one's: the reduce form of a prefill chunk would hold [T, S, d] products)."""
+    return cache.replace(attn_impl="reduce") if variant == "dense-reduce" else cache
+
+
 def make_cache(variant: str, params: Params, config: LlamaConfig, capacity: int, policy: CertPolicy | None = None,
                audit: bool = False, batch: int = 1):
     """A fresh cache of `variant` (see module docstring). audit needs a tiered variant."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown cache variant {variant!r}; choose from {VARIANTS}")
-    if variant == "dense":
+    if variant in EXACT_VARIANTS:
         if audit:
             raise ValueError("the audit compares a tiered cache with exact attention; the dense cache is exact")
-        return init_cache_for(params, config, batch, capacity)
+        return init_cache_for(params, config, batch, capacity)  # dense-reduce: `for_decode` after the prefill
     mode = "certified" if variant == "certified" else "naive"
     inner = TieredModelCache.init(num_layers=config.num_layers, batch=batch, capacity=capacity,
                                   num_kv_heads=config.num_kv_heads, num_q_heads=config.num_heads,

@@ -32,7 +32,7 @@ class Mode:
 
     @property
     def tiered(self) -> bool:
-        return self.variant != "dense"
+        return self.variant not in decode.EXACT_VARIANTS
 
 
 class Session:
@@ -65,7 +65,8 @@ class Session:
         if isinstance(sink, AuditCollector):
             sink.run = f"{mode.label}#{self.runs}"
         decode.set_sink(sink)
-        return decode.prefill(self.params, self.config, cache, ids, self.chunk)
+        cache, logits = decode.prefill(self.params, self.config, cache, ids, self.chunk)
+        return decode.for_decode(mode.variant, cache), logits
 
     def nll(self, mode: Mode, ids: Sequence[int], prefix: int) -> tuple[np.ndarray, np.ndarray]:
         """Prefill ids[:prefix], then teacher-force ids[prefix:-1] through decode steps. Returns the
