@@ -446,13 +446,13 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
 
 def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
                key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
-               blocks_per_split: int | None = None, num_warps: int = 4, num_stages: int = 2,
+               blocks_per_split: int | None = None, num_warps: int | None = None, num_stages: int = 2,
                variant: str = "dot_magic", interpret: bool | None = None,
                score_scale: float | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
-    sqrt(d), as the certified path passes it (`certattn_jax.step`)."""
+    sqrt(d), as the certified path passes it (`certattn_jax.step`). num_warps: default `_DEFAULT_WARPS`."""
     B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                        group_size, key_bits, value_bits)
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
@@ -472,7 +472,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
         q32 = jnp.pad(q32, ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
     out = _tier1_call(q32, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero,
                       n_valid.astype(jnp.int32), group=group_size, key_bits=key_bits, value_bits=value_bits,
-                      per_block=per_block_acc, bps=bps, num_warps=num_warps, num_stages=num_stages,
+                      per_block=per_block_acc, bps=bps, num_stages=num_stages,
+                      num_warps=num_warps or _DEFAULT_WARPS.get(variant, 4),
                       variant=variant, interpret=interpret,
                       scale=float(1.0 / math.sqrt(d) if score_scale is None else score_scale))
     return out if Gp == G else Tier1Partials(*(x[:, :, :G] for x in out))
@@ -532,6 +533,10 @@ INT_KEY_VARIANTS = ("int_keys", "int_kv")  # exact integer key scores: Delta of 
 INT_VALUE_VARIANTS = ("int_kv",)  # exact integer value sums: E_int of section 13 (bounds.int_value_rounding)
 # fewest query-head rows a variant's dots need (int8 MMA tiles: 4 pieces x 4 heads = 16)
 _MIN_G = {"int_keys": 4, "int_kv": 4}
+# Warps per program when the caller names none: the H200 sweep (results/bench_kernels_h200_int_kv_sweep.json)
+# found 2 warps faster than 4 for int_kv at every shape timed (32K and 128K batch 1, 32K batch 8: -4 to -8 %)
+# and 8 warps ~1.8x slower; the other variants were only timed with 4.
+_DEFAULT_WARPS = {"int_kv": 2}
 
 
 def naive_output(p: Tier1Partials) -> jax.Array:
