@@ -213,6 +213,24 @@ def weighted_sum(log_mass_up: jax.Array, errors: jax.Array, valid: jax.Array, br
     return jnp.where(bad | jnp.isnan(total), jnp.inf, total)
 
 
+def block_value_errors(eta: jax.Array, eta_mean: jax.Array, eta_op: jax.Array, l: jax.Array, block_size: int,
+                       ) -> jax.Array:
+    """What each INT block contributes to E_val per unit of its mass, per query head (docs/bounds.md section 4):
+
+        min(eta_n, ||e_bar_n|| + sqrt((1/l_n - 1/B)^+) ||E_n||_2)
+
+    eta [..., nb] the block's largest token error norm, eta_mean [..., nb] the norm of its mean error vector,
+    eta_op [..., nb] the spectral norm of its error matrix E_n [B, d] (all from the writer, upper bounds); l
+    [..., G, nb] the block's computed sum of exp(s_i - max s) (B when the block's scores are equal, 1 when one
+    token holds all its weight). Why: with the block's softmax weights q (sum 1, max 1/l), sum_i q_i e_i = e_bar +
+    E^T (q - 1/B) and ||q - 1/B||_2^2 = sum q_i^2 - 1/B <= 1/l - 1/B. Broadcasts eta* against l."""
+    B = block_size
+    l_low = l * (1.0 - EPS_WEIGHT - gamma(B + 1))  # the exact sum-exp is at least this
+    dev = jnp.sqrt(jnp.maximum(1.0 / jnp.maximum(l_low, TINY) - 1.0 / B, 0.0)) + math.sqrt(4 * U / B)
+    tight = (eta_mean + dev * eta_op) * (1.0 + 8 * U)  # sqrt(4u/B): the cancellation in 1/l - 1/B
+    return jnp.where(tight < eta, tight, jnp.broadcast_to(eta, tight.shape))  # NaN l: the plain eta
+
+
 def int_value_rounding(scale_max: jax.Array, zero_max: jax.Array, block_size: int, value_bits: int, group: int,
                        n_items: int) -> jax.Array:
     """E_int [...]: the float32 rounding of the tier-1 kernel's exact-integer value sums (`int_kv`: per block,

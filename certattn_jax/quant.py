@@ -17,6 +17,8 @@ per-token error ||v - v_hat||_2 at write time (`token_error_norms`).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -164,6 +166,65 @@ def norm_upper(x: jax.Array) -> jax.Array:
     norm = big[..., 0] * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
     finite = jnp.all(jnp.isfinite(x), axis=-1) & jnp.isfinite(norm)
     return jnp.where(finite, jnp.where(big[..., 0] > 0, norm, 0.0), jnp.inf)
+
+
+def round_up_to_bf16(x: jax.Array) -> jax.Array:
+    """x >= 0 (float32) as bfloat16 rounded toward +inf, so an upper bound stays one: bfloat16 is the top half of
+    a float32's bits, and adding 0xFFFF before dropping the low half rounds every non-negative number (subnormal,
+    normal, the largest finite -> +inf) up; +inf and NaN stay as they are. Integer operations only (no float
+    flushing of subnormals, no nextafter, which XLA:CPU did not compile reliably inside a donated decode step)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    bits = jnp.where(bits >> 31 == 1, jnp.uint32(0), bits)  # a negative input (never a norm): 0
+    top = ((bits + jnp.uint32(0xFFFF)) >> 16).astype(jnp.uint16)
+    keep = bits >= jnp.uint32(0x7F800000)  # +inf / NaN: their top half as is
+    top = jnp.where(keep, (bits >> 16).astype(jnp.uint16), top)
+    return jax.lax.bitcast_convert_type(top, jnp.bfloat16)
+
+
+def mean_error_norm(v: jax.Array, v_hat: jax.Array) -> jax.Array:
+    """An upper bound of ||(1/n) sum_i (v_i - v_hat_i)||_2 over the token axis (-2) of v, v_hat [..., n, d]:
+    the float32 mean per channel, inflated by gamma_{n+3} of the mean |error| (the subtractions, the n-term
+    sum and the division) plus 2 TINY (flushed subnormals), then `norm_upper`. +inf for non-finite input."""
+    n = v.shape[-2]
+    e = v.astype(jnp.float32) - v_hat
+    slack = (n + 3) * 2.0 ** -24 / (1 - (n + 3) * 2.0 ** -24)
+    tiny = float(jnp.finfo(jnp.float32).tiny)
+    per_channel = jnp.abs(jnp.mean(e, axis=-2)) + slack * jnp.mean(jnp.abs(e), axis=-2) + 2 * tiny
+    return norm_upper(per_channel)
+
+
+def error_op_norm(v: jax.Array, v_hat: jax.Array) -> jax.Array:
+    """An upper bound of the spectral norm ||E||_2 of the error matrix E = v - v_hat [..., n, d] (one block):
+    sqrt of Gershgorin's bound on the largest eigenvalue of the smaller Gram matrix (E^T E or E E^T), each
+    entry's float32 rounding added (gamma_{m+1} of |E|^T |E|, m the contracted size), plus u ||E||_F for the
+    subtraction's own rounding and a floor for flushed subnormals. E is first scaled by a power of two that
+    brings its largest entry into [1/2, 1) (exact), so that the squares neither underflow (values ~1e-22) nor
+    overflow. +inf for non-finite input."""
+    n, d = v.shape[-2:]
+    e = v.astype(jnp.float32) - v_hat
+    amax = jnp.max(jnp.abs(e), axis=(-2, -1), keepdims=True)
+    tiny = float(jnp.finfo(jnp.float32).tiny)
+    _, ex = jnp.frexp(jnp.where(amax >= tiny, amax, 1.0))  # amax = m 2^ex, m in [1/2, 1)
+    e = e * jnp.ldexp(jnp.float32(1.0), -ex)  # exact (a power of two); entries below tiny * 2^-ex may flush
+    a = jnp.abs(e)
+    if d <= n:
+        gram = jnp.einsum("...nc,...nk->...ck", e, e, precision="highest")
+        gram_abs = jnp.einsum("...nc,...nk->...ck", a, a, precision="highest")
+        m = n
+    else:
+        gram = jnp.einsum("...nc,...mc->...nm", e, e, precision="highest")
+        gram_abs = jnp.einsum("...nc,...mc->...nm", a, a, precision="highest")
+        m = d
+    u = 2.0 ** -24
+    g = (m + 2) * u / (1 - (m + 2) * u)
+    rows = jnp.sum(jnp.abs(gram), axis=-1) + g * (1 + g) * jnp.sum(gram_abs, axis=-1)
+    lam = jnp.max(rows, axis=-1) * (1 + (min(n, d) + 4) * u)
+    frob = jnp.sqrt(jnp.sum(a * a, axis=(-2, -1)))
+    scaled = jnp.sqrt(lam) * (1 + 4 * u) + u * frob * (1 + 4 * u) + 4 * tiny * math.sqrt(n * d)
+    scale = jnp.ldexp(jnp.float32(1.0), ex[..., 0, 0])
+    # back to the input's units (exact), plus the absolute floor of entries flushed in either scale
+    bound = jnp.where(amax[..., 0, 0] >= tiny, scaled * scale, 0.0) + 4 * tiny * math.sqrt(n * d)
+    return jnp.where(jnp.isfinite(bound) & jnp.all(jnp.isfinite(e), axis=(-2, -1)), bound, jnp.inf)
 
 
 def token_error_norms(v: jax.Array, v_hat: jax.Array) -> jax.Array:

@@ -122,6 +122,8 @@ class StepContext(NamedTuple):
     res_valid: jax.Array  # [B] the residual block holds tokens
     block_valid: jax.Array  # [B, nb]
     eta: jax.Array  # [B, H, nb]
+    eta_mean: jax.Array  # [B, H, nb] norm of each block's mean value error (cache.v_mean_err)
+    eta_op: jax.Array  # [B, H, nb] spectral norm of each block's value error matrix (cache.v_err_op)
     value_range: jax.Array  # [B, H] ||r||_2
     key_scale: jax.Array  # [B, H] E_key = TV * key_scale, key_scale = min(||r||_2, 2 max_i ||v_i||_2)
     value_abs: jax.Array  # [B, H, d] bound on |v_tilde_ic|
@@ -186,10 +188,13 @@ def residual_tokens(cache: TieredKVCache) -> tuple[jax.Array, jax.Array, jax.Arr
 
 
 class ValueTerms(NamedTuple):
-    """What the bound needs of the values, from tier-1 annotations and the residual: eta [B, H, nb] (0 for
-    invalid blocks), value_range [B, H] ||r||_2, key_scale [B, H], value_abs [B, H, d], tolerance [B, H]."""
+    """What the bound needs of the values, from tier-1 annotations and the residual: eta, eta_mean, eta_op
+    [B, H, nb] (0 for invalid blocks), value_range [B, H] ||r||_2, key_scale [B, H], value_abs [B, H, d],
+    tolerance [B, H]."""
 
     eta: jax.Array
+    eta_mean: jax.Array
+    eta_op: jax.Array
     value_range: jax.Array
     key_scale: jax.Array
     value_abs: jax.Array
@@ -198,6 +203,8 @@ class ValueTerms(NamedTuple):
 
 def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array, res_v: jax.Array) -> ValueTerms:
     eta = jnp.where(block_valid[:, None, :], cache.v_err, 0.0)
+    eta_mean = jnp.where(block_valid[:, None, :], cache.v_mean_err.astype(jnp.float32), 0.0)
+    eta_op = jnp.where(block_valid[:, None, :], cache.v_err_op.astype(jnp.float32), 0.0)
     has_values = jnp.isfinite(cache.v_min) & jnp.isfinite(cache.v_max)
     v_range = jnp.where(has_values, cache.v_max - cache.v_min, 0.0)
     value_range = bounds.l2(v_range)
@@ -206,8 +213,9 @@ def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array
     value_abs = (value_abs + eta_inf[..., None]) * (1.0 + 2 * bounds.U)
     res_norm = jnp.max(bounds.l2(res_v), axis=-1)
     max_norm = jnp.maximum(jnp.max(jnp.where(block_valid[:, None, :], cache.v_norm, 0.0), axis=-1), res_norm)
-    return ValueTerms(eta=eta, value_range=value_range, key_scale=key_term_scale(value_range, max_norm),
-                      value_abs=value_abs, tolerance=policy.eps * value_range + policy.abs_tol)
+    return ValueTerms(eta=eta, eta_mean=eta_mean, eta_op=eta_op, value_range=value_range,
+                      key_scale=key_term_scale(value_range, max_norm), value_abs=value_abs,
+                      tolerance=policy.eps * value_range + policy.abs_tol)
 
 
 def residual_partials(qt: QueryTerms, cache: TieredKVCache) -> tuple[Partials, jax.Array, jax.Array]:
@@ -241,6 +249,7 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
     return StepContext(q32=qt.q32, q_abs=qt.q_abs, q_scaled=qt.q_scaled, apx=apx, apx_delta=apx_delta,
                        apx_lm=log_mass(apx), log_norm=log_norm, res=res, res_delta=res_delta,
                        res_valid=cache.lengths > cache.flushed, block_valid=block_valid, eta=vt.eta,
+                       eta_mean=vt.eta_mean, eta_op=vt.eta_op,
                        value_range=vt.value_range, key_scale=vt.key_scale, value_abs=vt.value_abs,
                        tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad,
                        value_rounding=int_value_term(cache, block_valid, policy))
@@ -323,7 +332,9 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
     res, res_delta, res_v = residual_partials(qt, cache)
     hot, hot_delta = exact_partials(qt.q_scaled, qt.q_abs, cache.hot_k, cache.hot_v, cache.hot_ids)
     vt = value_terms(cache, policy, block_valid, res_v)
-    r = certify_rung0(apx.m, apx.l, apx.acc, apx_delta, vt.eta, cache.flushed // cache.block_size, cache.hot_ids,
+    errors = bounds.block_value_errors(vt.eta[:, :, None, :], vt.eta_mean[:, :, None, :], vt.eta_op[:, :, None, :],
+                                       apx.l, cache.block_size)
+    r = certify_rung0(apx.m, apx.l, apx.acc, apx_delta, errors, cache.flushed // cache.block_size, cache.hot_ids,
                       hot.m, hot.l, hot.acc, hot_delta, res.m[..., 0], res.l[..., 0], res.acc[..., 0, :],
                       res_delta[..., 0], cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
                       k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin)
@@ -427,7 +438,9 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
     broken = bounds.item_broken(valid, comb.log_masses, deltas, comb.item_ok)
     tv = bounds.tv_bound(lm_up, deltas, valid, broken)
     e_key = bounds.key_error(tv, ctx.key_scale[..., None])
-    e_val = bounds.weighted_sum(lm_up[..., :nb], ctx.eta[:, :, None, :], valid[..., :nb], broken)
+    errors = bounds.block_value_errors(ctx.eta[:, :, None, :], ctx.eta_mean[:, :, None, :],
+                                       ctx.eta_op[:, :, None, :], ctx.apx.l, policy.block_size)
+    e_val = bounds.weighted_sum(lm_up[..., :nb], errors, valid[..., :nb], broken)
     out, cast = bounds.cast_error(comb.out, out_dtype)
     e_num, bound = total_bound(e_key, e_val, ctx.value_abs, n_items, policy.block_size, cast, broken,
                                ctx.value_rounding)

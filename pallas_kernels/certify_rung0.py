@@ -13,7 +13,7 @@ Inputs (b, h omitted; G query heads, nb full blocks, K hot slots):
     apx_m, apx_l      [G, nb]      tier-1 partials of every full block (INT keys / values): max score, sum-exp
     apx_acc           [G, nb, d]   their value sums (per-block layout of `tier1_pass`)
     apx_delta         [G, nb]      Delta_n, the score error bound of each INT block (bounds.key_delta_quantized)
-    eta               [nb]         value reconstruction error of each block (0 for invalid ones)
+    eta               [G, nb]      each block's value error per unit mass (bounds.block_value_errors; 0 invalid)
     n_valid           []           full blocks holding tokens;  r_count []: tokens in the residual block
     hot_ids           [K]          block id held by each hot slot (-1: empty)
     hot_m, hot_l      [G, K]       exact partials of each hot slot (empty: -inf, 0); hot_acc [G, K, d]
@@ -243,7 +243,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     tv = jnp.minimum(jnp.minimum(weighted, uniform), 1.0)
     tv = jnp.where(broken | jnp.isnan(tv), jnp.inf, tv)
     e_key = bounds.key_error(tv, key_scale)
-    eta = eta_ref[...]  # [1, NBp]
+    eta = eta_ref[...]  # [Gp, NBp]
     blocks = items[0]
     use = blocks.valid & (eta > 0)
     terms = bounds._exp_up(jnp.where(use, lm_up_blocks, 0.0) + jnp.log(jnp.where(use, eta, 1.0)))
@@ -301,7 +301,7 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_m
     B, H, G, nb = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
-    if (apx_acc.shape != (B, H, G, nb, d) or hot_acc.shape != (B, H, G, K, d) or eta.shape != (B, H, nb)
+    if (apx_acc.shape != (B, H, G, nb, d) or hot_acc.shape != (B, H, G, K, d) or eta.shape != (B, H, G, nb)
             or hot_m.shape != (B, H, G, K) or res_acc.shape != (B, H, G, d)):
         raise ValueError(f"certify_rung0: inconsistent shapes m {apx_m.shape}, acc {apx_acc.shape}, hot_acc "
                          f"{hot_acc.shape}, hot_m {hot_m.shape}, res_acc {res_acc.shape}, eta {eta.shape}")
@@ -320,22 +320,22 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_m
     def rows(x, value):  # pad the query-head axis (2) with empty items
         return jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, pg)) + ((0, 0),) * (x.ndim - 3), constant_values=value)
 
-    apx_m, apx_l, apx_delta, apx_acc = (rows(apx_m, -jnp.inf), rows(apx_l, 0.0), rows(apx_delta, 0.0),
-                                        rows(apx_acc, 0.0))
+    apx_m, apx_l, apx_delta, apx_acc, eta = (rows(apx_m, -jnp.inf), rows(apx_l, 0.0), rows(apx_delta, 0.0),
+                                             rows(apx_acc, 0.0), rows(eta, 0.0))
     if pn:
         def blocks(x, value, extra=0):
             return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pn)) + ((0, 0),) * extra, constant_values=value)
 
         apx_m, apx_l, apx_delta = blocks(apx_m, -jnp.inf), blocks(apx_l, 0.0), blocks(apx_delta, 0.0)
         apx_acc = blocks(apx_acc, 0.0, extra=1)
-        eta = jnp.pad(eta, ((0, 0), (0, 0), (0, pn)))
+        eta = blocks(eta, 0.0)
     hot_m, hot_l, hot_acc, hot_delta = (rows(hot_m, -jnp.inf), rows(hot_l, 0.0), rows(hot_acc, 0.0),
                                         rows(hot_delta, 0.0))
     res_m, res_l, res_acc, res_delta = (rows(res_m, -jnp.inf), rows(res_l, 0.0), rows(res_acc, 0.0),
                                         rows(res_delta, 0.0))
     params = jnp.stack([jnp.asarray(tau_cov, f32), jnp.asarray(rank_margin, f32)])
     out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
-                apx_delta, eta.astype(f32)[:, :, None, :], apx_acc, hot_ids.astype(jnp.int32), hot_m, hot_l, hot_acc,
+                apx_delta, eta, apx_acc, hot_ids.astype(jnp.int32), hot_m, hot_l, hot_acc,
                 hot_delta, res_m, res_l, res_acc, res_delta, G=G, nb=nb, kp=k_max, block_size=block_size,
                 interpret=interpret, num_warps=num_warps)
     o, ek, ev, br, rk, act = out
@@ -360,7 +360,7 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, h
         kernel,
         grid=(B, H),
         in_specs=[pl.BlockSpec((2,), lambda b, h: (0,)), per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp),
-                  whole(Gp, NBp), whole(1, NBp), whole(Gp, NBp, d), whole(K), whole(Gp, K), whole(Gp, K),
+                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp, d), whole(K), whole(Gp, K), whole(Gp, K),
                   whole(Gp, K, d), whole(Gp, K), whole(Gp), whole(Gp), whole(Gp, d), whole(Gp)],
         out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K)],
         out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]

@@ -341,3 +341,57 @@ def test_a_block_whose_weights_all_underflow_escalates(monkeypatch):
     err = np.linalg.norm(np.asarray(out, np.float64) - reference(q, k.astype(np.float64), v.astype(np.float64),
                                                                  [T]), axis=-1)
     assert np.all(err <= c.error_bound), (err, c.error_bound)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 3.0, 30.0])
+def test_block_value_errors_bound_the_weighted_error_of_a_block(alpha):
+    """docs/bounds.md section 4 (the spread-block form): for one INT4 block and any softmax weights q over its
+    tokens, ||sum_i q_i (v_i - v_hat_i)|| <= bounds.block_value_errors(eta, eta_mean, eta_op, l) with l = sum_i
+    exp(s_i - max s) computed in float32. Adversarial weights: q_i ~ exp(alpha <e_i, u>) favour the tokens whose
+    error points along u, from flat (alpha 0: the mean error alone) to one token (alpha 30: eta). The spectral
+    and mean-error annotations are checked against float64 SVD / mean on the way."""
+    from certattn_jax import bounds, quant
+    from certattn_jax.cache import _quantize_blocks
+
+    rng = np.random.default_rng(17)
+    Bk, d, gs = 64, 64, 32
+    worst = 0.0
+    for trial in range(25):
+        magnitude = [1.0, 1e-25, 1e25, 1e-30][trial % 4]  # the audit's tiny_values family: squares underflow
+        v = (rng.normal(size=(1, 1, 1, Bk, d)) * rng.uniform(0.1, 10.0) + rng.normal() * 3.0) * magnitude
+        v32 = jnp.asarray(v, jnp.float32)
+        t1 = _quantize_blocks(jnp.zeros_like(v32), v32, 8, gs, 4)
+        v_hat = np.asarray(quant.dequantize_values(t1["v_codes"], t1["v_scale"], t1["v_zero"], gs, 4), np.float64)
+        e = (np.asarray(v32, np.float64) - v_hat)[0, 0, 0]  # [Bk, d]
+        u = rng.normal(size=d)
+        u /= np.linalg.norm(u)
+        s = (alpha * (e @ u) / max(np.abs(e).max(), 1e-30) + rng.normal(size=Bk) * 0.01).astype(np.float32)
+        w = np.exp(s.astype(np.float64) - s.max())
+        q = w / w.sum()
+        l32 = jnp.sum(jnp.exp(jnp.asarray(s) - jnp.max(jnp.asarray(s))))  # as the tier-1 pass computes it
+        assert np.linalg.norm(e, 2) <= float(t1["v_err_op"][0, 0, 0])
+        assert np.linalg.norm(e.mean(axis=0)) <= float(t1["v_mean_err"][0, 0, 0])
+        bound = float(bounds.block_value_errors(t1["v_err"][0, 0, 0], t1["v_mean_err"][0, 0, 0],
+                                                t1["v_err_op"][0, 0, 0], l32, Bk))
+        true = float(np.linalg.norm(q @ e))
+        assert true <= bound, (trial, true, bound)
+        assert bound <= float(t1["v_err"][0, 0, 0])  # never looser than the per-token maximum
+        worst = max(worst, true / bound)
+    assert worst > 0.05, worst  # not vacuous
+
+
+def test_bf16_annotations_round_up():
+    """The spread-block annotations are stored in bfloat16 rounded toward +inf: never below the float32 bound
+    (subnormal, normal, near the largest finite value), +inf and NaN kept, at most one bf16 ulp above."""
+    from certattn_jax import quant
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.uniform(0, 10, 5000), 10.0 ** rng.uniform(-45, 38, 5000),
+                        [0.0, 1e-40, 3.0, 3.3e38, np.inf, np.nan]]).astype(np.float32)
+    y = np.asarray(jax.jit(quant.round_up_to_bf16)(jnp.asarray(x)).astype(jnp.float32)).astype(np.float64)
+    x64 = x.astype(np.float64)
+    finite = np.isfinite(x64)
+    assert np.all(y[finite] >= x64[finite])
+    normal = finite & (x64 > 1e-37) & (x64 < 3e38)
+    assert np.all(y[normal] <= x64[normal] * (1 + 2.0 ** -7))
+    assert np.isinf(y[-2]) and np.isnan(y[-1])
