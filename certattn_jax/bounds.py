@@ -103,21 +103,40 @@ def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array,
     (A = max_c |q_c| s_c: the piece split's remainder and the rounding of its four-term sum) plus a
     d (L + off) 2^-124 floor for flushed products (docs/bounds.md section 12).
     """
-    d = q_abs.shape[-1]
-    L = quant.levels(bits)
     s = k_scale.astype(jnp.float32)
     z = k_zero.astype(jnp.float32)
-    mag = ((2 * L if int_pieces else L) * s + jnp.abs(z)) * (1.0 + 2 * U)
-    quant_part = jnp.einsum("...gd,...nd->...gn", q_abs, s, precision="highest") * (0.5 + quant.QUANT_ROUNDING_SLACK)
-    fp_part = jnp.einsum("...gd,...nd->...gn", q_abs, mag, precision="highest") * gamma(d + 6)
+    mag = key_magnitude(s, z, bits, int_pieces)
+    quant_dot = jnp.einsum("...gd,...nd->...gn", q_abs, s, precision="highest")
+    fp_dot = jnp.einsum("...gd,...nd->...gn", q_abs, mag, precision="highest")
+    a_max = jnp.max(q_abs[..., :, None, :] * s[..., None, :, :], axis=-1) if int_pieces else None  # [..., G, nb]
+    return key_delta_from_sums(quant_dot, fp_dot, a_max, jnp.sum(q_abs, axis=-1)[..., None], q_abs.shape[-1], bits,
+                               int_pieces)
+
+
+def key_magnitude(s: jax.Array, z: jax.Array, bits: int, int_pieces: bool) -> jax.Array:
+    """The per-channel magnitude whose q-weighted sum bounds the float part of a quantized key's score
+    (`key_delta_quantized`): (L s_c + |z_c|), or (2 L s_c + |z_c|) for the integer pieces, rounded up."""
+    L = quant.levels(bits)
+    return ((2 * L if int_pieces else L) * s + jnp.abs(z)) * (1.0 + 2 * U)
+
+
+def key_delta_from_sums(quant_dot: jax.Array, fp_dot: jax.Array, a_max: jax.Array | None, q_abs_sum: jax.Array,
+                        d: int, bits: int, int_pieces: bool) -> jax.Array:
+    """`key_delta_quantized` from its sums over the channels (any summation order: the round-up covers it):
+    quant_dot = sum_c |q_c| s_c, fp_dot = sum_c |q_c| key_magnitude_c, a_max = max_c |q_c| s_c (int_pieces only),
+    q_abs_sum = sum_c |q_c| (for the flush term). Shared by the jnp path and the tier-1 kernel, which evaluates
+    it per block in registers."""
+    L = quant.levels(bits)
+    quant_part = quant_dot * (0.5 + quant.QUANT_ROUNDING_SLACK)
+    fp_part = fp_dot * gamma(d + 6)
     if int_pieces:
         off = 2 ** (bits - 1)
-        a_max = jnp.max(q_abs[..., :, None, :] * s[..., None, :, :], axis=-1) * (1.0 + 2 * U)  # [..., G, nb]
-        fp_part = fp_part + a_max * (gamma(d + 6) * 0.032 * d * off + d * off * 2.0 ** -26 * (1.0 + 4 * U))
+        fp_part = fp_part + a_max * (1.0 + 2 * U) * (gamma(d + 6) * 0.032 * d * off
+                                                     + d * off * 2.0 ** -26 * (1.0 + 4 * U))
     delta = round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
     if int_pieces:
         delta = delta + d * (L + off) * 2.0 ** -124
-    return delta + flush_delta(q_abs)[..., None]
+    return delta + (2.0 * q_abs_sum + 2 * d + 8) * TINY  # flush_delta
 
 
 def dequantization_mismatch(value_abs: jax.Array) -> jax.Array:

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from certattn_jax import quant
+from certattn_jax import bounds, quant
 from pallas_kernels import backend
 
 _HI = "highest"
@@ -51,12 +51,13 @@ _TARGET_PROGRAMS = 1024
 
 class Tier1Partials(NamedTuple):
     """m, l [B, H, G, nb]; acc [B, H, G, n_acc, d] relative to acc_m [B, H, G, n_acc] (n_acc = nb per block,
-    S per split)."""
+    S per split); delta [B, H, G, nb] each block's Delta (bounds.key_delta_quantized) when asked for, else None."""
 
     m: jax.Array
     l: jax.Array
     acc: jax.Array
     acc_m: jax.Array
+    delta: jax.Array | None = None
 
 
 def supports(block_size: int, head_dim: int, group_size: int) -> bool:
@@ -128,14 +129,29 @@ def block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_ze
 
 def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
                          key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
-                         blocks_per_split: int | None = None, **_unused) -> Tier1Partials:
-    """Pure-jnp `tier1_pass` (same signature and outputs). Split accumulators are formed from the per-block
-    partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n."""
+                         blocks_per_split: int | None = None, q_abs: jax.Array | None = None,
+                         out_blocks: int | None = None, **_unused) -> Tier1Partials:
+    """Pure-jnp `tier1_pass` (same signature and outputs; query heads never padded). Split accumulators are
+    formed from the per-block partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n. delta (with q_abs):
+    bounds.key_delta_quantized with the integer pieces, 0 for invalid blocks."""
     m, l, pv = block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                         group_size=group_size, key_bits=key_bits, value_bits=value_bits)
-    if per_block_acc:
-        return Tier1Partials(m=m, l=l, acc=pv, acc_m=m)
     B, H, G, nb = m.shape
+    delta = None
+    if q_abs is not None:
+        valid = jnp.arange(nb)[None, :] < jnp.clip(n_valid, 0, nb)[:, None]
+        delta = bounds.key_delta_quantized(q_abs.astype(jnp.float32), k_scale, k_zero, key_bits, int_pieces=True)
+        delta = jnp.where(valid[:, None, None, :], delta, 0.0)
+    extra = (out_blocks or nb) - nb
+
+    def cols(x, value, trailing=0):  # pad the block axis (3) to out_blocks with empty blocks
+        if x is None or not extra:
+            return x
+        return jnp.pad(x, ((0, 0),) * 3 + ((0, extra),) + ((0, 0),) * trailing, constant_values=value)
+
+    if per_block_acc:
+        m_o = cols(m, -jnp.inf)
+        return Tier1Partials(m=m_o, l=cols(l, 0.0), acc=cols(pv, 0.0, 1), acc_m=m_o, delta=cols(delta, 0.0))
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
     S = -(-nb // bps)
     pad = S * bps - nb
@@ -144,7 +160,7 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
     acc_m = jnp.max(m_p, axis=-1)
     w = jnp.where(jnp.isfinite(m_p), jnp.exp(m_p - jnp.where(jnp.isfinite(acc_m), acc_m, 0.0)[..., None]), 0.0)
     acc = jnp.einsum("bhgsn,bhgsnd->bhgsd", w, pv_p, precision=_HI)
-    return Tier1Partials(m=m, l=l, acc=acc, acc_m=acc_m)
+    return Tier1Partials(m=cols(m, -jnp.inf), l=cols(l, 0.0), acc=acc, acc_m=acc_m, delta=cols(delta, 0.0))
 
 
 # ---------------------------------------------------------------------------------------------- kernel
@@ -330,29 +346,47 @@ def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: j
     return t * inv_f[:, None] + base[:, None]
 
 
-def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
-                      *maybe_am_ref, nb: int, bps: int, G: int, d: int, Bk: int, group: int, key_bits: int,
-                      value_bits: int, per_block: bool, scale: float):
+def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: int, Bk: int, group: int,
+                      key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
+                      out_blocks: int | None = None):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
         pv_gc = inv_f_g sum_k 2^-7k sum_i P_i,gk (code_ic - off) + off sum_i w_ig + sum_i p_ig y_ij.
-    No float32 dequantized value exists; no [Bk, d] float tile either (each group is [Bk, group])."""
+    No float32 dequantized value exists; no [Bk, d] float tile either (each group is [Bk, group]).
+    with_delta: an extra input |q| [G, d] (the unscaled query) and an extra output Delta [G, out_blocks], each INT
+    block's score error bound (bounds.key_delta_quantized with the integer pieces), evaluated from the scale and
+    zero the block loads anyway. out_blocks >= nb: the outputs' block columns (columns past nb: empty blocks,
+    written by the last split's program), so that a consumer needing power-of-two sizes reads them unpadded."""
     f32 = jnp.float32
+    if with_delta:
+        qa_ref, *refs = refs
+    kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref, *rest = refs
+    am_ref = None if per_block else rest.pop(0)
+    dl_ref = rest.pop(0) if with_delta else None
     split = pl.program_id(2)
     start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
     inv_sqrt_d = scale
     ng = d // group
     hg = group * value_bits // 8  # packed bytes per group and token
     q = q_ref[...].astype(f32)  # [G, d]
+    if with_delta:
+        qa = qa_ref[...].astype(f32)
+        qa_sum = jnp.sum(qa, axis=1)
 
     def valid_block(n, carry):
-        s = _int_scores(q, ks_ref[n, :].astype(f32), kz_ref[n, :].astype(f32), kc_ref[n, :, :], key_bits,
-                        inv_sqrt_d)  # [Bk, G]
+        ks = ks_ref[n, :].astype(f32)
+        kz = kz_ref[n, :].astype(f32)
+        s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d)  # [Bk, G]
         m = jnp.max(s, axis=0)  # [G]
         p = jnp.exp(s - m[None, :])
         m_ref[:, n] = m
         l_ref[:, n] = jnp.sum(p, axis=0)
+        if with_delta:
+            mag = bounds.key_magnitude(ks, kz, key_bits, int_pieces=True)
+            dl_ref[:, n] = bounds.key_delta_from_sums(
+                jnp.sum(qa * ks[None, :], axis=1), jnp.sum(qa * mag[None, :], axis=1),
+                jnp.max(qa * ks[None, :], axis=1), qa_sum, d, key_bits, int_pieces=True)
         pvs = [_int_value_sum(p, vs_ref[n, :, j].astype(f32), vz_ref[n, :, j].astype(f32),
                               vc_ref[n, :, pl.ds(j * hg, hg)], value_bits) for j in range(ng)]
         if per_block:
@@ -367,13 +401,18 @@ def _tier1_kernel_int(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
 
     def empty_block(n, carry):
         _write_empty_block(m_ref, l_ref, acc_ref, n, G, d, per_block)
+        if with_delta:
+            dl_ref[:, n] = jnp.zeros((G,), f32)
         return carry
 
     init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
     final = jax.lax.fori_loop(start, v_stop, valid_block, init)
     jax.lax.fori_loop(v_stop, stop, empty_block, 0)
+    n_out = out_blocks or nb
+    if n_out > nb:  # the padding columns, by the last split's program
+        last = split == pl.num_programs(2) - 1
+        jax.lax.fori_loop(jnp.where(last, jnp.int32(nb), jnp.int32(n_out)), n_out, empty_block, 0)
     if not per_block:
-        (am_ref,) = maybe_am_ref
         for j in range(ng):
             acc_ref[:, split, pl.ds(j * group, group)] = final[1][j]
         am_ref[:, split] = final[0]
@@ -448,11 +487,17 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
                blocks_per_split: int | None = None, num_warps: int | None = None, num_stages: int = 2,
                variant: str = "dot_magic", interpret: bool | None = None,
-               score_scale: float | None = None) -> Tier1Partials:
+               score_scale: float | None = None, q_abs: jax.Array | None = None, out_blocks: int | None = None,
+               padded_heads: bool = False) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
-    sqrt(d), as the certified path passes it (`certattn_jax.step`). num_warps: default `_DEFAULT_WARPS`."""
+    sqrt(d), as the certified path passes it (`certattn_jax.step`). num_warps: default `_DEFAULT_WARPS`.
+
+    For the fused certify kernel (variant `int_kv` only): q_abs [B, H, G, d] (|q| of the unscaled query) adds
+    the output delta; out_blocks >= nb pads the block axis of m, l, delta (and a per-block acc) with empty
+    blocks; padded_heads returns the query-head axis padded to the kernel's power of two (padding rows: a zero
+    query; their statistics are finite and meaningless)."""
     B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                        group_size, key_bits, value_bits)
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
@@ -466,53 +511,80 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
             if n & (n - 1):
                 raise ValueError(f"the compiled tier-1 kernel needs a power-of-two {name}, got {n}")
     # query heads per KV head, padded to a power of two (SmolLM2: 3 -> 4) and to what the variant's dots need
-    Gp = max(1 << (G - 1).bit_length(), _MIN_G.get(variant, 1))
-    q32 = q.astype(jnp.float32)
-    if Gp != G:
-        q32 = jnp.pad(q32, ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
-    out = _tier1_call(q32, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero,
-                      n_valid.astype(jnp.int32), group=group_size, key_bits=key_bits, value_bits=value_bits,
+    Gp = padded_heads_for(G, variant)
+    if (q_abs is not None or out_blocks is not None) and variant != "int_kv":
+        raise ValueError(f"q_abs / out_blocks are implemented for the int_kv variant only, not {variant!r}")
+    if q_abs is not None and q_abs.shape != q.shape:
+        raise ValueError(f"q_abs must have q's shape {q.shape}, got {q_abs.shape}")
+    if out_blocks is not None and out_blocks < nb:
+        raise ValueError(f"out_blocks {out_blocks} must be at least the number of blocks {nb}")
+    if not interpret and out_blocks is not None and out_blocks & (out_blocks - 1):
+        raise ValueError(f"the compiled tier-1 kernel needs a power-of-two out_blocks, got {out_blocks}")
+
+    def rows(x):  # the query-head axis padded with zero queries
+        x = x.astype(jnp.float32)
+        return x if Gp == G else jnp.pad(x, ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
+
+    out = _tier1_call(rows(q), None if q_abs is None else rows(q_abs), k_codes, k_scale, k_zero, v_codes, v_scale,
+                      v_zero, n_valid.astype(jnp.int32), group=group_size, key_bits=key_bits, value_bits=value_bits,
                       per_block=per_block_acc, bps=bps, num_stages=num_stages,
                       num_warps=num_warps or _DEFAULT_WARPS.get(variant, 4),
                       variant=variant, interpret=interpret,
-                      scale=float(1.0 / math.sqrt(d) if score_scale is None else score_scale))
-    return out if Gp == G else Tier1Partials(*(x[:, :, :G] for x in out))
+                      scale=float(1.0 / math.sqrt(d) if score_scale is None else score_scale),
+                      out_blocks=out_blocks or nb)
+    if Gp == G or padded_heads:
+        return out
+    return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))
+
+
+def padded_heads_for(G: int, variant: str) -> int:
+    """The query-head rows the kernel computes: G padded to a power of two and to what the variant's dots need."""
+    return max(1 << (G - 1).bit_length(), _MIN_G.get(variant, 1))
 
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
-                                             "num_stages", "variant", "interpret", "scale"))
-def _tier1_call(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
-                per_block, bps, num_warps, num_stages, variant, interpret, scale) -> Tier1Partials:
+                                             "num_stages", "variant", "interpret", "scale", "out_blocks"))
+def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
+                per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks) -> Tier1Partials:
     B, H, G, d = q.shape
     nb, Bk = k_codes.shape[2], k_codes.shape[3]
     dk, dv, ng = k_codes.shape[4], v_codes.shape[4], d // group
     S = -(-nb // bps)
+    with_delta = q_abs is not None
+    extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
-                               value_bits=value_bits, per_block=per_block, scale=scale)
+                               value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731
-    n_acc = nb if per_block else S
-    out_shape = [jax.ShapeDtypeStruct((B, H, G, nb), jnp.float32), jax.ShapeDtypeStruct((B, H, G, nb), jnp.float32),
+    nbo = out_blocks
+    n_acc = nbo if per_block else S
+    out_shape = [jax.ShapeDtypeStruct((B, H, G, nbo), jnp.float32), jax.ShapeDtypeStruct((B, H, G, nbo), jnp.float32),
                  jax.ShapeDtypeStruct((B, H, G, n_acc, d), jnp.float32)]
-    out_specs = [whole(G, nb), whole(G, nb), whole(G, n_acc, d)]
+    out_specs = [whole(G, nbo), whole(G, nbo), whole(G, n_acc, d)]
     if not per_block:
         out_shape.append(jax.ShapeDtypeStruct((B, H, G, S), jnp.float32))
         out_specs.append(whole(G, S))
+    if with_delta:
+        out_shape.append(jax.ShapeDtypeStruct((B, H, G, nbo), jnp.float32))
+        out_specs.append(whole(G, nbo))
+    in_specs = [pl.BlockSpec((None,), lambda b, h, s: (b,)), whole(G, d)] + ([whole(G, d)] if with_delta else [])
+    in_specs += [whole(nb, Bk, dk), whole(nb, d), whole(nb, d), whole(nb, Bk, dv), whole(nb, Bk, ng),
+                 whole(nb, Bk, ng)]
+    args = [n_valid, q] + ([q_abs] if with_delta else []) + [k_codes, k_scale, k_zero, v_codes, v_scale, v_zero]
     outs = pl.pallas_call(
         kernel,
         grid=(B, H, S),
-        in_specs=[pl.BlockSpec((None,), lambda b, h, s: (b,)),
-                  whole(G, d), whole(nb, Bk, dk), whole(nb, d), whole(nb, d),
-                  whole(nb, Bk, dv), whole(nb, Bk, ng), whole(nb, Bk, ng)],
+        in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=backend.compiler_params(num_warps, num_stages) if not interpret else None,
         interpret=interpret,
         name="certattn_tier1_pass",
-    )(n_valid, q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero)
+    )(*args)
+    delta = outs[-1] if with_delta else None
     if per_block:
-        m, l, acc = outs
-        return Tier1Partials(m=m, l=l, acc=acc, acc_m=m)
-    return Tier1Partials(*outs)
+        m, l, acc = outs[:3]
+        return Tier1Partials(m=m, l=l, acc=acc, acc_m=m, delta=delta)
+    return Tier1Partials(*outs[:4], delta=delta)
 
 
 # variant name -> kernel: "reduce" (broadcast-multiply-reduce per query head), "dot" (float32 IEEE dots,

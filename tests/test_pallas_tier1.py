@@ -36,6 +36,9 @@ def _inputs(seed, B, H, G, nb, Bk, d, n_valid, key_bits=8):
 
 def _assert_close(got: Tier1Partials, want: Tier1Partials, rtol=3e-5):
     for name in Tier1Partials._fields:
+        if getattr(want, name) is None:
+            assert getattr(got, name) is None, name
+            continue
         g, w = np.asarray(getattr(got, name)), np.asarray(getattr(want, name))
         assert g.shape == w.shape, name
         assert not np.isnan(g).any(), f"{name}: unwritten (NaN-poisoned) or NaN entries"
@@ -100,6 +103,31 @@ def test_other_variants_match_reference(variant, case, per_block):
     args = _inputs(**case)
     kw = dict(group_size=GS, blocks_per_split=2, key_bits=case.get("key_bits", 8), per_block_acc=per_block)
     _assert_close(tier1_pass(*args, variant=variant, **kw), tier1_pass_reference(*args, **kw))
+
+
+@pytest.mark.parametrize("case,per_block", [(TWO, True), (dict(SMALL, G=3, key_bits=8), True), (TWO, False)])
+def test_int_kv_emits_delta_and_padded_blocks(case, per_block):
+    """The certify kernel's inputs straight from the tier-1 pass: Delta of every block (the same bound as
+    bounds.key_delta_quantized, up to the order of its sums: the round-up covers any order, so the two agree
+    to float32 rounding), the block axis padded with empty blocks, and the query-head axis left padded."""
+    args = _inputs(**case)
+    q_abs = jnp.abs(args[0]) * 1.5  # any non-negative array: the kernel must use this one, not |q|
+    nb = case["nb"]
+    kw = dict(group_size=GS, blocks_per_split=2, key_bits=case.get("key_bits", 8), per_block_acc=per_block,
+              q_abs=q_abs, out_blocks=8)
+    got = tier1_pass(*args, variant="int_kv", **kw)
+    want = tier1_pass_reference(*args, **kw)
+    _assert_close(got, want)
+    assert got.m.shape[-1] == 8 and np.isneginf(np.asarray(got.m)[..., nb:]).all()
+    assert (np.asarray(got.delta)[..., nb:] == 0).all()
+    padded = tier1_pass(*args, variant="int_kv", padded_heads=True, **kw)
+    G = case["G"]
+    assert padded.m.shape[2] == 4 and not np.isnan(np.asarray(padded.delta)).any()
+    np.testing.assert_array_equal(np.asarray(padded.delta)[:, :, :G], np.asarray(got.delta))
+    with pytest.raises(ValueError, match="int_kv"):
+        tier1_pass(*args, variant="int_keys", **kw)
+    with pytest.raises(ValueError, match="out_blocks"):
+        tier1_pass(*args, variant="int_kv", **dict(kw, out_blocks=nb - 1))
 
 
 def test_reference_matches_float64_numpy():
