@@ -255,7 +255,7 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
         st0, tol, bad, active0 = fused.stage, fused.tolerance, fused.bad, fused.active
 
         def context() -> StepContext:  # called inside the branches of the rare rungs: computed only there
-            return build_context(q, cache0, policy, apx=fused.apx)
+            return build_context(q, cache0, policy, apx=fused.tier1())
 
         def selection(ctx: StepContext) -> Selection:
             return select_and_promote(ctx, cache0, policy)

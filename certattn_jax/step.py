@@ -298,13 +298,21 @@ def total_bound(e_key: jax.Array, e_val: jax.Array, value_abs: jax.Array, n_item
 
 class FusedRung0(NamedTuple):
     """Rung 0 through the fused kernel: the stage, the promoted hot slots active [B, H, K], the tier-1
-    partials (for a higher rung's context), tolerance [B, H, G] and bad [B, H, G]."""
+    partials (for a higher rung's context: possibly padded, `FusedRung0.tier1` gives them unpadded), tolerance
+    [B, H, G] and bad [B, H, G]."""
 
     stage: StageResult
     active: jax.Array
     apx: Partials
     tolerance: jax.Array
     bad: jax.Array
+
+    def tier1(self) -> Partials:
+        """The tier-1 partials [B, H, G, nb] without the kernel's padding (call it where it is needed: inside the
+        rare rungs' branches, so that the fast path never copies them)."""
+        B, H, G = self.tolerance.shape
+        nb = self.stage.masses.shape[-1]
+        return Partials(m=self.apx.m[:, :, :G, :nb], l=self.apx.l[:, :, :G, :nb], acc=self.apx.acc[:, :, :G, :nb])
 
 
 def fused_supported(cache: TieredKVCache) -> bool:
@@ -314,30 +322,84 @@ def fused_supported(cache: TieredKVCache) -> bool:
     return certify_rung0.supports(cache.head_dim, cache.k_max)
 
 
+def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
+    """Pad axis 2 (query heads) of x with zeros to `rows`."""
+    extra = rows - x.shape[2]
+    return x if not extra else jnp.pad(x, ((0, 0), (0, 0), (0, extra)) + ((0, 0),) * (x.ndim - 3))
+
+
+def slot_partials(q_scaled: jax.Array, q_abs: jax.Array, cache: TieredKVCache, res_tok: jax.Array, slots: int,
+                  ) -> tuple[Partials, jax.Array]:
+    """Exact partials of the hot slots and of the residual block in one computation: `slots` (>= K + 1) items
+    [B, H, G, slots] (acc [..., d]): slots [0, K) the hot set (empty slot: m = -inf, l = 0), slot K the residual
+    block (its first r_count tokens, res_tok [B, Bk]), the rest empty; and their Delta [B, H, G, slots]. The same
+    arithmetic as `exact_partials` and `residual_partials`, which compute these items separately."""
+    B, H, K, Bk, d = cache.hot_k.shape
+    pad = slots - K - 1
+    keys = [cache.hot_k, cache.res_k[:, :, None].astype(cache.hot_k.dtype)]
+    values = [cache.hot_v, cache.res_v[:, :, None].astype(cache.hot_v.dtype)]
+    ok = [jnp.broadcast_to((cache.hot_ids >= 0)[..., None], (B, H, K, Bk)),
+          jnp.broadcast_to(res_tok[:, None, None, :], (B, H, 1, Bk))]
+    if pad:
+        keys.append(jnp.zeros((B, H, pad, Bk, d), cache.hot_k.dtype))
+        values.append(jnp.zeros((B, H, pad, Bk, d), cache.hot_v.dtype))
+        ok.append(jnp.zeros((B, H, pad, Bk), bool))
+    tok = jnp.concatenate(ok, axis=2)  # [B, H, slots, Bk]
+    k32 = jnp.where(tok[..., None], jnp.concatenate(keys, axis=2).astype(jnp.float32), 0.0)
+    v32 = jnp.where(tok[..., None], jnp.concatenate(values, axis=2).astype(jnp.float32), 0.0)
+    s = jnp.einsum("bhgd,bhstd->bhgst", q_scaled, k32, precision=_HI)
+    s = jnp.where(tok[:, :, None], s, -jnp.inf)
+    return partials(s, v32), bounds.key_delta_exact(q_abs, jnp.max(jnp.abs(k32), axis=-2))
+
+
 def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> FusedRung0:
     """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass, the
     exact partials of every hot slot and of the residual (XLA, all slots at once), then
     `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output
     cast here. The same stage as `evaluate_stage(build_context(...), [select_and_promote(...).hot])`, up to
-    the order of float32 sums."""
-    from pallas_kernels.certify_rung0 import certify_rung0  # pallas_kernels imports certattn_jax
+    the order of float32 sums.
+
+    When the tier-1 kernel runs (variant int_kv), it also writes each block's Delta and leaves its outputs
+    padded the way the certify kernel reads them (query heads and blocks to powers of two), and the slot
+    partials are computed on the padded query: no XLA pad or slice stands between the two kernels (each would
+    be one more launch per layer and step; docs/performance.md)."""
+    from pallas_kernels import certify_rung0 as ck  # pallas_kernels imports certattn_jax
+    from pallas_kernels import tier1_pass as kernel
 
     B, Hq, d = q.shape
     H, nb, K = cache.num_kv_heads, cache.num_blocks, cache.k_max
     G = Hq // H
     qt = query_terms(q, cache)
     block_valid = block_validity(cache)
-    apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
-    apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
-    res, res_delta, res_v = residual_partials(qt, cache)
-    hot, hot_delta = exact_partials(qt.q_scaled, qt.q_abs, cache.hot_k, cache.hot_v, cache.hot_ids)
+    n_valid = cache.flushed // cache.block_size
+    lean = tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT == "int_kv"
+    if lean:
+        t1 = kernel.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes,
+                               cache.v_scale, cache.v_zero, n_valid, group_size=cache.group_size,
+                               key_bits=cache.key_bits, value_bits=cache.value_bits, per_block_acc=True,
+                               score_scale=1.0, variant=kernel.CERTIFIED_VARIANT, q_abs=qt.q_abs,
+                               out_blocks=ck.padded_blocks(nb), padded_heads=True)
+        apx, apx_delta = Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta
+        rows = t1.m.shape[2]
+        q_s, q_abs = _pad_rows(qt.q_scaled, rows), _pad_rows(qt.q_abs, rows)
+    else:
+        apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
+        apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
+        q_s, q_abs = qt.q_scaled, qt.q_abs
+    res_tok, _, res_v = residual_tokens(cache)
+    slots, slot_delta = slot_partials(q_s, q_abs, cache, res_tok, ck.padded_slots(K))
     vt = value_terms(cache, policy, block_valid, res_v)
-    errors = bounds.block_value_errors(vt.eta[:, :, None, :], vt.eta_mean[:, :, None, :], vt.eta_op[:, :, None, :],
-                                       apx.l, cache.block_size)
-    r = certify_rung0(apx.m, apx.l, apx.acc, apx_delta, errors, cache.flushed // cache.block_size, cache.hot_ids,
-                      hot.m, hot.l, hot.acc, hot_delta, res.m[..., 0], res.l[..., 0], res.acc[..., 0, :],
-                      res_delta[..., 0], cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
-                      k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin)
+    extra = apx.m.shape[-1] - nb
+
+    def blocks(x):  # [B, H, nb] -> [B, H, 1, columns of apx]
+        return jnp.pad(x, ((0, 0), (0, 0), (0, extra)))[:, :, None, :]
+
+    errors = bounds.block_value_errors(blocks(vt.eta), blocks(vt.eta_mean), blocks(vt.eta_op), apx.l,
+                                       cache.block_size)
+    r = ck.certify_rung0(apx.m, apx.l, apx.acc, apx_delta, errors, n_valid, cache.hot_ids, slots.m, slots.l,
+                         slots.acc, slot_delta, cache.lengths - cache.flushed, vt.key_scale,
+                         block_size=cache.block_size, k_max=policy.k_max, tau_cov=policy.tau_cov,
+                         rank_margin=policy.rank_margin, heads=G if lean else None, num_blocks=nb)
     out, cast = bounds.cast_error(r.out, q.dtype)
     e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, nb + K + 1, cache.block_size, cast, r.broken,
                                int_value_term(cache, block_valid, policy))

@@ -16,9 +16,9 @@ Inputs (b, h omitted; G query heads, nb full blocks, K hot slots):
     eta               [G, nb]      each block's value error per unit mass (bounds.block_value_errors; 0 invalid)
     n_valid           []           full blocks holding tokens;  r_count []: tokens in the residual block
     hot_ids           [K]          block id held by each hot slot (-1: empty)
-    hot_m, hot_l      [G, K]       exact partials of each hot slot (empty: -inf, 0); hot_acc [G, K, d]
-    hot_delta         [G, K]       Delta of each slot's exact scores (bounds.key_delta_exact)
-    res_m, res_l, res_delta [G]; res_acc [G, d]   the same for the residual block (exact)
+    slot_m, slot_l    [G, P]       exact partials of each hot slot (empty: -inf, 0) and, in slot K, of the
+                                   residual block; slot_acc [G, P, d]; P >= K + 1 a power of two
+    slot_delta        [G, P]       Delta of each slot's exact scores (bounds.key_delta_exact)
     key_scale         []           E_key = TV * key_scale (step.key_term_scale)
 
 What it computes is, operation for operation, the jnp path's rung 0 (`step.build_context`'s log-masses and
@@ -112,8 +112,9 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
 
 
 def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, hid_ref, hm_ref, hl_ref, hacc_ref,
-            hdl_ref, rm_ref, rl_ref, racc_ref, rdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref, active_ref,
+            hdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref, active_ref,
             *, G: int, nb: int, K: int, kp: int, ch: int, block_size: int):
+    # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block
     Gp, NBp = m_ref.shape
     n_valid = jnp.clip(nv_ref[()], 0, nb)
     r_count = rc_ref[()]
@@ -129,7 +130,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     m = m_ref[...]
     l = l_ref[...]
     apx_lm = _log_mass(m, l)  # [Gp, NBp]
-    res_m, res_l, res_acc, res_delta = rm_ref[...], rl_ref[...], racc_ref[...], rdl_ref[...]
+    res_m, res_l, res_acc, res_delta = hm_ref[:, K], hl_ref[:, K], hacc_ref[:, K, :], hdl_ref[:, K]
     res_lm = _log_mass(res_m, res_l)  # [Gp]
     top = jnp.maximum(jnp.max(apx_lm, axis=1), res_lm)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
@@ -293,18 +294,37 @@ def _pow2(n: int, at_least: int = 1) -> int:
     return max(1 << (max(n, 1) - 1).bit_length(), at_least)
 
 
-def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_m, hot_l, hot_acc, hot_delta, res_m,
-                  res_l, res_acc, res_delta, r_count, key_scale, *, block_size: int, k_max: int, tau_cov: float,
-                  rank_margin: float, interpret: bool | None = None, num_warps: int | None = None) -> Rung0:
+def padded_blocks(nb: int) -> int:
+    """The block columns the kernel reads: nb padded to a power of two of at least 16."""
+    return _pow2(nb, 16)
+
+
+def padded_slots(k_slots: int) -> int:
+    """The slot columns the kernel reads: the K hot slots and the residual, padded to a power of two."""
+    return _pow2(k_slots + 1)
+
+
+def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_m, slot_l, slot_acc, slot_delta,
+                  r_count, key_scale, *, block_size: int, k_max: int, tau_cov: float, rank_margin: float,
+                  heads: int | None = None, num_blocks: int | None = None, interpret: bool | None = None,
+                  num_warps: int | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
-    Query heads are padded to a power of two, blocks to a power of two of at least 16 (padding: empty items)."""
-    B, H, G, nb = apx_m.shape
+
+    The exact items come as slots: slot_m, slot_l, slot_delta [B, H, G, P], slot_acc [B, H, G, P, d] with P >=
+    K + 1: slots [0, K) are the hot set's (hot_ids [B, H, K]), slot K the residual block, any others ignored.
+    With heads=None, the inputs have G = heads query-head rows and nb blocks, and are padded here (query heads
+    to a power of two, blocks to `padded_blocks(nb)`, slots to `padded_slots(K)`; padding: empty items). With
+    heads (and num_blocks) given, they arrive padded already (the lean path of `step.rung0_fused`: the tier-1
+    pass writes them so, with zero-query rows): G a power of two >= heads, the block axis `padded_blocks`, the
+    slot axis a power of two; rows >= heads and blocks >= num_blocks never count."""
+    B, H, Gx, nbx = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
-    if (apx_acc.shape != (B, H, G, nb, d) or hot_acc.shape != (B, H, G, K, d) or eta.shape != (B, H, G, nb)
-            or hot_m.shape != (B, H, G, K) or res_acc.shape != (B, H, G, d)):
-        raise ValueError(f"certify_rung0: inconsistent shapes m {apx_m.shape}, acc {apx_acc.shape}, hot_acc "
-                         f"{hot_acc.shape}, hot_m {hot_m.shape}, res_acc {res_acc.shape}, eta {eta.shape}")
+    P = slot_m.shape[-1]
+    if (apx_acc.shape != (B, H, Gx, nbx, d) or slot_acc.shape != (B, H, Gx, P, d) or eta.shape != (B, H, Gx, nbx)
+            or slot_m.shape != (B, H, Gx, P) or apx_delta.shape != apx_m.shape or P < K + 1):
+        raise ValueError(f"certify_rung0: inconsistent shapes m {apx_m.shape}, acc {apx_acc.shape}, slot_acc "
+                         f"{slot_acc.shape}, slot_m {slot_m.shape}, eta {eta.shape}, hot_ids {hot_ids.shape}")
     if not 0 < k_max <= K:
         raise ValueError(f"k_max {k_max} must be in [1, {K}] (the hot slots)")
     interpret = backend.interpret() if interpret is None else interpret
@@ -313,42 +333,45 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, hot_m
         for name, n in (("head_dim", d), ("hot slots", K)):
             if n & (n - 1):
                 raise ValueError(f"the compiled rung-0 kernel needs a power-of-two {name}, got {n}")
-    Gp, NBp = _pow2(G), _pow2(nb, 16)
-    pg, pn = Gp - G, NBp - nb
     f32 = jnp.float32
+    if heads is None:
+        G, nb = Gx, nbx
+        Gp, NBp, Pp = _pow2(G), padded_blocks(nb), padded_slots(K)
+    else:
+        G, nb = heads, num_blocks if num_blocks is not None else nbx
+        Gp, NBp, Pp = Gx, nbx, P
+        if Gp < G or Gp & (Gp - 1) or NBp != padded_blocks(nb) or P & (P - 1):
+            raise ValueError(f"certify_rung0: padded inputs expected ({Gx} rows for {G} heads, {nbx} block "
+                             f"columns for {nb} blocks, {P} slots)")
+    pg, pn, ps = Gp - Gx, NBp - nbx, Pp - P
 
-    def rows(x, value):  # pad the query-head axis (2) with empty items
-        return jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, pg)) + ((0, 0),) * (x.ndim - 3), constant_values=value)
+    def pad(x, value, axis3, trailing=0):  # query-head rows (axis 2) and axis 3 (blocks or slots)
+        x = x.astype(f32)
+        if not (pg or axis3):
+            return x
+        return jnp.pad(x, ((0, 0), (0, 0), (0, pg), (0, axis3)) + ((0, 0),) * trailing, constant_values=value)
 
-    apx_m, apx_l, apx_delta, apx_acc, eta = (rows(apx_m, -jnp.inf), rows(apx_l, 0.0), rows(apx_delta, 0.0),
-                                             rows(apx_acc, 0.0), rows(eta, 0.0))
-    if pn:
-        def blocks(x, value, extra=0):
-            return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pn)) + ((0, 0),) * extra, constant_values=value)
-
-        apx_m, apx_l, apx_delta = blocks(apx_m, -jnp.inf), blocks(apx_l, 0.0), blocks(apx_delta, 0.0)
-        apx_acc = blocks(apx_acc, 0.0, extra=1)
-        eta = blocks(eta, 0.0)
-    hot_m, hot_l, hot_acc, hot_delta = (rows(hot_m, -jnp.inf), rows(hot_l, 0.0), rows(hot_acc, 0.0),
-                                        rows(hot_delta, 0.0))
-    res_m, res_l, res_acc, res_delta = (rows(res_m, -jnp.inf), rows(res_l, 0.0), rows(res_acc, 0.0),
-                                        rows(res_delta, 0.0))
+    apx_m, apx_l, apx_delta, eta = (pad(apx_m, -jnp.inf, pn), pad(apx_l, 0.0, pn), pad(apx_delta, 0.0, pn),
+                                    pad(eta, 0.0, pn))
+    apx_acc = pad(apx_acc, 0.0, pn, 1)
+    slot_m, slot_l, slot_delta = pad(slot_m, -jnp.inf, ps), pad(slot_l, 0.0, ps), pad(slot_delta, 0.0, ps)
+    slot_acc = pad(slot_acc, 0.0, ps, 1)
     params = jnp.stack([jnp.asarray(tau_cov, f32), jnp.asarray(rank_margin, f32)])
     out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
-                apx_delta, eta, apx_acc, hot_ids.astype(jnp.int32), hot_m, hot_l, hot_acc,
-                hot_delta, res_m, res_l, res_acc, res_delta, G=G, nb=nb, kp=k_max, block_size=block_size,
-                interpret=interpret, num_warps=num_warps)
+                apx_delta, eta, apx_acc, hot_ids.astype(jnp.int32), slot_m, slot_l, slot_acc, slot_delta, G=G, nb=nb,
+                kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps)
     o, ek, ev, br, rk, act = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0)
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps"))
-def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, hot_m, hot_l, hot_acc, hot_delta,
-          res_m, res_l, res_acc, res_delta, *, G, nb, kp, block_size, interpret, num_warps):
+def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, slot_m, slot_l, slot_acc, slot_delta,
+          *, G, nb, kp, block_size, interpret, num_warps):
     B, H, Gp, NBp = m.shape
     d = acc.shape[-1]
     K = hot_ids.shape[-1]
+    P = slot_m.shape[-1]
     kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), block_size=block_size)
 
     def whole(*shape):
@@ -360,8 +383,8 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, h
         kernel,
         grid=(B, H),
         in_specs=[pl.BlockSpec((2,), lambda b, h: (0,)), per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp),
-                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp, d), whole(K), whole(Gp, K), whole(Gp, K),
-                  whole(Gp, K, d), whole(Gp, K), whole(Gp), whole(Gp), whole(Gp, d), whole(Gp)],
+                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp, d), whole(K), whole(Gp, P), whole(Gp, P),
+                  whole(Gp, P, d), whole(Gp, P)],
         out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K)],
         out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]
         + [jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)] * 2
@@ -369,5 +392,4 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, h
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
-    )(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, hot_m, hot_l, hot_acc, hot_delta, res_m,
-      res_l, res_acc, res_delta)
+    )(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, slot_m, slot_l, slot_acc, slot_delta)
