@@ -76,6 +76,16 @@ def sum_error(n_inner: int, n_outer: int) -> float:
     return gamma(n_inner) + gamma(n_outer) * (1 + gamma(n_inner))
 
 
+def merge_sum_error(n_inner: int, n_outer: int, chain: int = 0) -> float:
+    """`sum_error` of a merge whose inner partials reach the outer sum through an online-softmax accumulator of
+    `chain` items (the tier-1 pass's split layout: acc <- acc * alpha + beta * pv, one product and one sum per
+    item after a term joins, then the rescaling products of the later items): each term carries at most
+    2 chain more roundings, and (1 + gamma_a)(1 + gamma_b)(1 + gamma_c) - 1 <= gamma_{a + b + c}."""
+    if not chain:
+        return sum_error(n_inner, n_outer)
+    return gamma(n_inner + 2 * chain + n_outer)
+
+
 def flush_floor(n_terms: int, value_abs: jax.Array) -> jax.Array:
     """Absolute error from results below the smallest normal float (underflow to 0, or flushed subnormals on
     XLA:CPU) in a normalized weighted sum of n_terms values: each weight and each product loses < TINY, and
@@ -251,7 +261,7 @@ def block_value_errors(eta: jax.Array, eta_mean: jax.Array, eta_op: jax.Array, l
 
 
 def int_value_rounding(scale_max: jax.Array, zero_max: jax.Array, block_size: int, value_bits: int, group: int,
-                       n_items: int) -> jax.Array:
+                       n_items: int, chain: int = 0) -> jax.Array:
     """E_int [...]: the float32 rounding of the tier-1 kernel's exact-integer value sums (`int_kv`: per block,
     the weights w_i = p_i t_i split into int8 pieces, an int32 dot with the shifted codes; docs/bounds.md section
     13), as an l2 bound over the output's channels. It comes on top of E_num's own sum terms (which stay, so the
@@ -261,11 +271,13 @@ def int_value_rounding(scale_max: jax.Array, zero_max: jax.Array, block_size: in
     token the pass reads. Per channel of group j, with B = block_size, off = 2^(bits-1):
         (a off t_max,j + b y_max,j)(1 + 2 sigma + 2 eps_w) + 2 n (4 B off 2^-126),
         a = 5u + B 2^-26 + gamma_3 (1 + 0.0315 B) + gamma_{B-1},   b = gamma_B + 2u,
-    sigma the two-level sum error over n items (the merge), eps_w a merge weight's error."""
+    sigma the two-level sum error over n items (the merge), eps_w a merge weight's error. chain > 0: the blocks'
+    sums reach the merge through online-softmax split accumulators of `chain` blocks (`merge_sum_error`): each
+    weight is then a product of up to chain + 1 exps (eps_w times chain + 1)."""
     B, off = block_size, 2 ** (value_bits - 1)
     a = (5 * U + B * 2.0 ** -26 + gamma(3) * (1 + 0.0315 * B) + gamma(B - 1)) * (1 + 1e-5)
     b = (gamma(B) + 2 * U) * (1 + 1e-5)
-    merge = (1 + 2 * sum_error(B + 1, n_items + 1) + 2 * EPS_WEIGHT) * (1 + 1e-5)
+    merge = (1 + 2 * merge_sum_error(B + 1, n_items + 1, chain) + 2 * (1 + chain) * EPS_WEIGHT) * (1 + 1e-5)
     floor = 2.0 * n_items * 4 * B * off * 2.0 ** -126
     per_group = (a * off * scale_max + b * zero_max) * merge + floor
     return l2(per_group) * math.sqrt(group) * (1.0 + 4 * U)

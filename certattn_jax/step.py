@@ -255,19 +255,23 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
                        value_rounding=int_value_term(cache, block_valid, policy))
 
 
-def numeric_term(value_abs: jax.Array, n_items: int, block_size: int) -> jax.Array:
+def numeric_term(value_abs: jax.Array, n_items: int, block_size: int, chain: int = 0) -> jax.Array:
     """E_num before the output cast [B, H] (docs/bounds.md section 5): the softmax average's float32 error over
-    n_items items of block_size tokens, the underflow floor and the value-reconstruction mismatch."""
+    n_items items of block_size tokens, the underflow floor and the value-reconstruction mismatch. chain > 0: the
+    numerator's INT blocks were merged through online-softmax split accumulators of `chain` blocks (the fused
+    rung 0's split layout, docs/bounds.md section 14)."""
     n_tokens = n_items * block_size
-    # two-level sums (block_size-term blocks, then n_items partials), each term a product
-    sum_rel = bounds.sum_error(block_size + 1, n_items + 1)
-    # weights e^{s - m_n} e^{m_n - big}: two exps, two rounded subtractions whose |arguments| add to big - s
-    factor = bounds.softmax_average_error(n_tokens, sum_rel, n_exps=2, arg_roundings=1)
+    # two-level sums (block_size-term blocks, then n_items partials), each term a product; with a chain, up to
+    # 2 chain more roundings per term
+    sum_rel = bounds.merge_sum_error(block_size + 1, n_items + 1, chain)
+    # weights e^{s - m_n} e^{m_n - big}: two exps, two rounded subtractions whose |arguments| add to big - s; with a
+    # chain, e^{s - m_n} e^{m_n - m'} ... e^{acc_m - big}: up to chain + 2 exps whose arguments still add to s - big
+    factor = bounds.softmax_average_error(n_tokens, sum_rel, n_exps=2 + chain, arg_roundings=1)
     return (bounds.numeric_error(value_abs, factor) + bounds.flush_floor(n_tokens, value_abs)
             + bounds.dequantization_mismatch(value_abs))
 
 
-def int_value_term(cache: TieredKVCache, block_valid: jax.Array, policy: CertPolicy) -> jax.Array:
+def int_value_term(cache: TieredKVCache, block_valid: jax.Array, policy: CertPolicy, chain: int = 0) -> jax.Array:
     """E_int [B, H] (bounds.int_value_rounding) when the tier-1 partials come from a kernel variant that sums
     values in exact integer arithmetic, else 0. The item count is the largest any stage merges (rung 2: the
     blocks, the hot slots, the widened selection, the exact-value blocks and the residual)."""
@@ -281,15 +285,15 @@ def int_value_term(cache: TieredKVCache, block_valid: jax.Array, policy: CertPol
     zero_max = jnp.max(jnp.where(valid, jnp.abs(cache.v_zero.astype(jnp.float32)), 0.0), axis=(2, 3))
     n_items = cache.num_blocks + 4 * cache.k_max + policy.v_max + 2
     return bounds.int_value_rounding(scale_max, zero_max, cache.block_size, cache.value_bits, cache.group_size,
-                                     n_items)
+                                     n_items, chain)
 
 
 def total_bound(e_key: jax.Array, e_val: jax.Array, value_abs: jax.Array, n_items: int, block_size: int,
-                cast: jax.Array, broken: jax.Array, value_rounding: jax.Array | None = None,
+                cast: jax.Array, broken: jax.Array, value_rounding: jax.Array | None = None, chain: int = 0,
                 ) -> tuple[jax.Array, jax.Array]:
     """(E_num [B, H, G] with the output cast and E_int (value_rounding [B, H], if any), +inf where broken; the
-    bound E_key + E_val + E_num rounded up)."""
-    e_num = numeric_term(value_abs, n_items, block_size)
+    bound E_key + E_val + E_num rounded up). chain: see `numeric_term`."""
+    e_num = numeric_term(value_abs, n_items, block_size, chain)
     if value_rounding is not None:
         e_num = e_num + value_rounding
     e_num = jnp.where(broken, jnp.inf, e_num[..., None] + cast)
@@ -303,13 +307,16 @@ class FusedRung0(NamedTuple):
 
     stage: StageResult
     active: jax.Array
-    apx: Partials
+    apx: Partials | None
     tolerance: jax.Array
     bad: jax.Array
 
-    def tier1(self) -> Partials:
+    def tier1(self) -> Partials | None:
         """The tier-1 partials [B, H, G, nb] without the kernel's padding (call it where it is needed: inside the
-        rare rungs' branches, so that the fast path never copies them)."""
+        rare rungs' branches, so that the fast path never copies them); None when the fused rung 0 ran the split
+        layout (no per-block value sums exist: a higher rung's context recomputes them)."""
+        if self.apx is None:
+            return None
         B, H, G = self.tolerance.shape
         nb = self.stage.masses.shape[-1]
         return Partials(m=self.apx.m[:, :, :G, :nb], l=self.apx.l[:, :, :G, :nb], acc=self.apx.acc[:, :, :G, :nb])
@@ -352,7 +359,7 @@ def slot_partials(q_scaled: jax.Array, q_abs: jax.Array, cache: TieredKVCache, r
     return partials(s, v32), bounds.key_delta_exact(q_abs, jnp.max(jnp.abs(k32), axis=-2))
 
 
-def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> FusedRung0:
+def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: bool = True) -> FusedRung0:
     """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass, the
     exact partials of every hot slot and of the residual (XLA, all slots at once), then
     `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output
@@ -362,7 +369,10 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
     When the tier-1 kernel runs (variant int_kv), it also writes each block's Delta and leaves its outputs
     padded the way the certify kernel reads them (query heads and blocks to powers of two), and the slot
     partials are computed on the padded query: no XLA pad or slice stands between the two kernels (each would
-    be one more launch per layer and step; docs/performance.md)."""
+    be one more launch per layer and step; docs/performance.md). With `split` (the default when the tier-1
+    kernel runs), the tier-1 pass keeps per-split value accumulators with the hot set's blocks left out, so the
+    certify kernel reads S + K value vectors per query head instead of nb (at 32K: 128 + 8 instead of 512); the
+    numerator's extra roundings are in E_num (`numeric_term`'s chain, docs/bounds.md section 14)."""
     from pallas_kernels import certify_rung0 as ck  # pallas_kernels imports certattn_jax
     from pallas_kernels import tier1_pass as kernel
 
@@ -373,13 +383,22 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
     block_valid = block_validity(cache)
     n_valid = cache.flushed // cache.block_size
     lean = tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT == "int_kv"
+    split_kw, chain = {}, 0
     if lean:
+        if split:
+            bps = kernel.default_blocks_per_split(B, H, nb)
+            n_splits = -(-nb // bps)
+            split_kw = dict(per_block_acc=False, blocks_per_split=bps, hot_ids=cache.hot_ids,
+                            out_splits=1 << (n_splits - 1).bit_length())
+            chain = bps
         t1 = kernel.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes,
-                               cache.v_scale, cache.v_zero, n_valid, group_size=cache.group_size,
-                               key_bits=cache.key_bits, value_bits=cache.value_bits, per_block_acc=True,
+                               cache.v_scale, cache.v_zero, n_valid, **({"per_block_acc": True} | split_kw),
+                               group_size=cache.group_size, key_bits=cache.key_bits, value_bits=cache.value_bits,
                                score_scale=1.0, variant=kernel.CERTIFIED_VARIANT, q_abs=qt.q_abs,
                                out_blocks=ck.padded_blocks(nb), padded_heads=True)
         apx, apx_delta = Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta
+        if split:
+            split_kw = dict(split_max=t1.acc_m, hot_acc=t1.hot_acc)
         rows = t1.m.shape[2]
         q_s, q_abs = _pad_rows(qt.q_scaled, rows), _pad_rows(qt.q_abs, rows)
     else:
@@ -399,15 +418,18 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy) -> Fused
     r = ck.certify_rung0(apx.m, apx.l, apx.acc, apx_delta, errors, n_valid, cache.hot_ids, slots.m, slots.l,
                          slots.acc, slot_delta, cache.lengths - cache.flushed, vt.key_scale,
                          block_size=cache.block_size, k_max=policy.k_max, tau_cov=policy.tau_cov,
-                         rank_margin=policy.rank_margin, heads=G if lean else None, num_blocks=nb)
+                         rank_margin=policy.rank_margin, heads=G if lean else None, num_blocks=nb, **split_kw)
     out, cast = bounds.cast_error(r.out, q.dtype)
-    e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, nb + K + 1, cache.block_size, cast, r.broken,
-                               int_value_term(cache, block_valid, policy))
+    # items merged: the blocks (or, with the split layout, the splits and the hot set's INT sums), the hot slots
+    # and the residual
+    n_items = nb + K + 1 if not chain else max(nb, t1.acc.shape[3] + K) + K + 1
+    e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, n_items, cache.block_size, cast, r.broken,
+                               int_value_term(cache, block_valid, policy, chain), chain)
     k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
     stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
                         ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=k_star,
                         masses=jnp.zeros((B, H, G, nb), jnp.float32))
-    return FusedRung0(stage=stage, active=r.active, apx=apx,
+    return FusedRung0(stage=stage, active=r.active, apx=None if chain else apx,
                       tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad)
 
 

@@ -111,10 +111,15 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
     return _Item(lm=lm, err=err, ok=ok, valid=valid, delta=delta)
 
 
-def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, hid_ref, hm_ref, hl_ref, hacc_ref,
-            hdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref, active_ref,
-            *, G: int, nb: int, K: int, kp: int, ch: int, block_size: int):
-    # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block
+def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, *refs, G: int, nb: int, K: int,
+            kp: int, ch: int, block_size: int, split: bool = False):
+    # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
+    # split: acc_ref [Gp, Sp, d] holds the tier-1 pass's split accumulators (hot blocks left out) with their maxima
+    # am_ref [Gp, Sp], and xa_ref [Gp, K, d] the hot blocks' INT value sums; else acc_ref [Gp, NBp, d] per block.
+    if split:
+        am_ref, xa_ref, *refs = refs
+    (hid_ref, hm_ref, hl_ref, hacc_ref, hdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref,
+     active_ref) = refs
     Gp, NBp = m_ref.shape
     n_valid = jnp.clip(nv_ref[()], 0, nb)
     r_count = rc_ref[()]
@@ -195,13 +200,32 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
         denom = denom + y * weight(x)
         num = num + weight(x)[:, None] * jnp.where(h["active"], h["acc"], 0.0)
 
-    def chunk(c, acc):  # the INT blocks' value sums, ch blocks at a time (only chunks holding valid blocks)
-        sl = pl.ds(c * ch, ch)
-        ids = c * ch + jax.lax.broadcasted_iota(jnp.int32, (1, ch), 1)
-        mc = jnp.where(promoted(ids), _NEG_INF, m_ref[:, sl])
-        return acc + jnp.sum(weight(mc)[:, :, None] * acc_ref[:, sl, :], axis=1)
+    if split:
+        # the split accumulators hold every valid block that is not in the hot set; a hot block that is not
+        # promoted adds its INT value sum (once: the first slot holding its id)
+        Sp = am_ref.shape[1]
+        cs = min(Sp, 16)
 
-    num = jax.lax.fori_loop(0, (n_valid + ch - 1) // ch, chunk, num)
+        def split_chunk(c, acc):
+            sl = pl.ds(c * cs, cs)
+            return acc + jnp.sum(weight(am_ref[:, sl])[:, :, None] * acc_ref[:, sl, :], axis=1)
+
+        num = jax.lax.fori_loop(0, Sp // cs, split_chunk, num)
+        for s_, h in enumerate(hot):
+            first = h["id"] >= 0
+            for h2 in hot[:s_]:
+                first = first & (h2["id"] != h["id"])
+            use = first & ~h["active"] & (h["id"] < n_valid)
+            m_blk = jnp.max(jnp.where(nidx == jnp.maximum(h["id"], 0), m, _NEG_INF), axis=1)  # [Gp]
+            num = num + jnp.where(use, weight(m_blk)[:, None] * xa_ref[:, s_, :], 0.0)
+    else:
+        def chunk(c, acc):  # the INT blocks' value sums, ch blocks at a time (only chunks holding valid blocks)
+            sl = pl.ds(c * ch, ch)
+            ids = c * ch + jax.lax.broadcasted_iota(jnp.int32, (1, ch), 1)
+            mc = jnp.where(promoted(ids), _NEG_INF, m_ref[:, sl])
+            return acc + jnp.sum(weight(mc)[:, :, None] * acc_ref[:, sl, :], axis=1)
+
+        num = jax.lax.fori_loop(0, (n_valid + ch - 1) // ch, chunk, num)
     safe = jnp.where(denom > 0, denom, 1.0)
     out = num / safe[:, None]
     log_denom = jnp.log(safe)
@@ -306,7 +330,8 @@ def padded_slots(k_slots: int) -> int:
 
 def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_m, slot_l, slot_acc, slot_delta,
                   r_count, key_scale, *, block_size: int, k_max: int, tau_cov: float, rank_margin: float,
-                  heads: int | None = None, num_blocks: int | None = None, interpret: bool | None = None,
+                  heads: int | None = None, num_blocks: int | None = None, split_max: jax.Array | None = None,
+                  hot_acc: jax.Array | None = None, interpret: bool | None = None,
                   num_warps: int | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
 
@@ -316,13 +341,26 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     to a power of two, blocks to `padded_blocks(nb)`, slots to `padded_slots(K)`; padding: empty items). With
     heads (and num_blocks) given, they arrive padded already (the lean path of `step.rung0_fused`: the tier-1
     pass writes them so, with zero-query rows): G a power of two >= heads, the block axis `padded_blocks`, the
-    slot axis a power of two; rows >= heads and blocks >= num_blocks never count."""
+    slot axis a power of two; rows >= heads and blocks >= num_blocks never count.
+
+    Split layout (split_max given, padded inputs only): apx_acc [B, H, G, Sp, d] are the tier-1 pass's split
+    accumulators with the hot set's blocks left out (`tier1_pass(hot_ids=...)`), split_max [B, H, G, Sp] their
+    maxima (Sp a power of two; padding splits empty: -inf), hot_acc [B, H, G, K, d] the hot blocks' INT value
+    sums. The kernel then reads Sp + K value vectors per query head instead of nb (docs/kernels.md)."""
     B, H, Gx, nbx = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
     P = slot_m.shape[-1]
-    if (apx_acc.shape != (B, H, Gx, nbx, d) or slot_acc.shape != (B, H, Gx, P, d) or eta.shape != (B, H, Gx, nbx)
-            or slot_m.shape != (B, H, Gx, P) or apx_delta.shape != apx_m.shape or P < K + 1):
+    split = split_max is not None
+    if split:
+        Sp = split_max.shape[-1]
+        if (heads is None or split_max.shape != (B, H, Gx, Sp) or apx_acc.shape != (B, H, Gx, Sp, d)
+                or hot_acc is None or hot_acc.shape != (B, H, Gx, K, d) or Sp & (Sp - 1)):
+            raise ValueError(f"certify_rung0: split layout needs padded inputs: acc {apx_acc.shape}, split_max "
+                             f"{split_max.shape}, hot_acc {None if hot_acc is None else hot_acc.shape}")
+    if ((not split and apx_acc.shape != (B, H, Gx, nbx, d)) or slot_acc.shape != (B, H, Gx, P, d)
+            or eta.shape != (B, H, Gx, nbx) or slot_m.shape != (B, H, Gx, P) or apx_delta.shape != apx_m.shape
+            or P < K + 1):
         raise ValueError(f"certify_rung0: inconsistent shapes m {apx_m.shape}, acc {apx_acc.shape}, slot_acc "
                          f"{slot_acc.shape}, slot_m {slot_m.shape}, eta {eta.shape}, hot_ids {hot_ids.shape}")
     if not 0 < k_max <= K:
@@ -357,22 +395,25 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     slot_m, slot_l, slot_delta = pad(slot_m, -jnp.inf, ps), pad(slot_l, 0.0, ps), pad(slot_delta, 0.0, ps)
     slot_acc = pad(slot_acc, 0.0, ps, 1)
     params = jnp.stack([jnp.asarray(tau_cov, f32), jnp.asarray(rank_margin, f32)])
+    split_args = (split_max.astype(f32), hot_acc.astype(f32)) if split else ()
     out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
-                apx_delta, eta, apx_acc, hot_ids.astype(jnp.int32), slot_m, slot_l, slot_acc, slot_delta, G=G, nb=nb,
-                kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps)
+                apx_delta, eta, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l, slot_acc, slot_delta,
+                G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps)
     o, ek, ev, br, rk, act = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0)
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps"))
-def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, slot_m, slot_l, slot_acc, slot_delta,
-          *, G, nb, kp, block_size, interpret, num_warps):
+def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, nb, kp, block_size, interpret,
+          num_warps):
+    split = len(rest) == 7
+    split_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:2], rest[2:]) if split else ((), rest)
     B, H, Gp, NBp = m.shape
     d = acc.shape[-1]
     K = hot_ids.shape[-1]
     P = slot_m.shape[-1]
-    kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), block_size=block_size)
+    kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), block_size=block_size, split=split)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))
@@ -383,8 +424,9 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, s
         kernel,
         grid=(B, H),
         in_specs=[pl.BlockSpec((2,), lambda b, h: (0,)), per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp),
-                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp, d), whole(K), whole(Gp, P), whole(Gp, P),
-                  whole(Gp, P, d), whole(Gp, P)],
+                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, *acc.shape[3:])]
+        + ([whole(Gp, split_args[0].shape[-1]), whole(Gp, K, d)] if split else [])
+        + [whole(K), whole(Gp, P), whole(Gp, P), whole(Gp, P, d), whole(Gp, P)],
         out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K)],
         out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]
         + [jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)] * 2
@@ -392,4 +434,5 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, s
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
-    )(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, hot_ids, slot_m, slot_l, slot_acc, slot_delta)
+    )(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *split_args, hot_ids, slot_m, slot_l, slot_acc,
+      slot_delta)

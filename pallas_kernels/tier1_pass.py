@@ -51,13 +51,16 @@ _TARGET_PROGRAMS = 1024
 
 class Tier1Partials(NamedTuple):
     """m, l [B, H, G, nb]; acc [B, H, G, n_acc, d] relative to acc_m [B, H, G, n_acc] (n_acc = nb per block,
-    S per split); delta [B, H, G, nb] each block's Delta (bounds.key_delta_quantized) when asked for, else None."""
+    S per split); delta [B, H, G, nb] each block's Delta (bounds.key_delta_quantized) when asked for, else None;
+    hot_acc [B, H, G, K, d] the value sums of the hot set's blocks (left out of the split accumulators) when
+    hot_ids are given, else None."""
 
     m: jax.Array
     l: jax.Array
     acc: jax.Array
     acc_m: jax.Array
     delta: jax.Array | None = None
+    hot_acc: jax.Array | None = None
 
 
 def supports(block_size: int, head_dim: int, group_size: int) -> bool:
@@ -130,7 +133,8 @@ def block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_ze
 def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
                          key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
                          blocks_per_split: int | None = None, q_abs: jax.Array | None = None,
-                         out_blocks: int | None = None, **_unused) -> Tier1Partials:
+                         out_blocks: int | None = None, hot_ids: jax.Array | None = None,
+                         out_splits: int | None = None, **_unused) -> Tier1Partials:
     """Pure-jnp `tier1_pass` (same signature and outputs; query heads never padded). Split accumulators are
     formed from the per-block partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n. delta (with q_abs):
     bounds.key_delta_quantized with the integer pieces, 0 for invalid blocks."""
@@ -155,12 +159,25 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
     S = -(-nb // bps)
     pad = S * bps - nb
-    m_p = jnp.pad(m, ((0, 0),) * 3 + ((0, pad),), constant_values=-jnp.inf).reshape(B, H, G, S, bps)
+    m_in = m
+    hot_acc = None
+    if hot_ids is not None:  # the hot set's blocks leave the splits; their value sums go to their slots
+        valid = jnp.arange(nb)[None, :] < jnp.clip(n_valid, 0, nb)[:, None]  # [B, nb]
+        is_hot = jnp.any(hot_ids[..., :, None] == jnp.arange(nb), axis=-2)  # [B, H, nb]
+        m_in = jnp.where(is_hot[:, :, None, :], -jnp.inf, m)
+        ok = (hot_ids >= 0) & (hot_ids < jnp.sum(valid, axis=-1)[:, None, None])  # [B, H, K]
+        taken = jnp.take_along_axis(pv, jnp.maximum(hot_ids, 0)[:, :, None, :, None], axis=3)
+        hot_acc = jnp.where(ok[:, :, None, :, None], taken, 0.0)
+    m_p = jnp.pad(m_in, ((0, 0),) * 3 + ((0, pad),), constant_values=-jnp.inf).reshape(B, H, G, S, bps)
     pv_p = jnp.pad(pv, ((0, 0),) * 3 + ((0, pad), (0, 0))).reshape(B, H, G, S, bps, -1)
     acc_m = jnp.max(m_p, axis=-1)
     w = jnp.where(jnp.isfinite(m_p), jnp.exp(m_p - jnp.where(jnp.isfinite(acc_m), acc_m, 0.0)[..., None]), 0.0)
     acc = jnp.einsum("bhgsn,bhgsnd->bhgsd", w, pv_p, precision=_HI)
-    return Tier1Partials(m=cols(m, -jnp.inf), l=cols(l, 0.0), acc=acc, acc_m=acc_m, delta=cols(delta, 0.0))
+    if out_splits and out_splits > S:
+        acc = jnp.pad(acc, ((0, 0),) * 3 + ((0, out_splits - S), (0, 0)))
+        acc_m = jnp.pad(acc_m, ((0, 0),) * 3 + ((0, out_splits - S),), constant_values=-jnp.inf)
+    return Tier1Partials(m=cols(m, -jnp.inf), l=cols(l, 0.0), acc=acc, acc_m=acc_m, delta=cols(delta, 0.0),
+                         hot_acc=hot_acc)
 
 
 # ---------------------------------------------------------------------------------------------- kernel
@@ -348,7 +365,7 @@ def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: j
 
 def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: int, Bk: int, group: int,
                       key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
-                      out_blocks: int | None = None):
+                      out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -357,13 +374,21 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     with_delta: an extra input |q| [G, d] (the unscaled query) and an extra output Delta [G, out_blocks], each INT
     block's score error bound (bounds.key_delta_quantized with the integer pieces), evaluated from the scale and
     zero the block loads anyway. out_blocks >= nb: the outputs' block columns (columns past nb: empty blocks,
-    written by the last split's program), so that a consumer needing power-of-two sizes reads them unpadded."""
+    written by the last split's program), so that a consumer needing power-of-two sizes reads them unpadded.
+    n_hot > 0 (split layout): an extra input hot_ids [n_hot] and an extra output x_acc [G, n_hot, d]: the blocks
+    the hot set holds stay out of the split accumulators, and each one's value sum pv goes to its slot of x_acc
+    instead (0 for a slot whose id is empty or not a valid block, written by split 0's program). out_splits >= S
+    (split layout): the split axis of acc / acc_m padded with empty splits (acc 0, acc_m -inf) by the last
+    program."""
     f32 = jnp.float32
     if with_delta:
         qa_ref, *refs = refs
+    if n_hot:
+        hid_ref, *refs = refs
     kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref, *rest = refs
     am_ref = None if per_block else rest.pop(0)
     dl_ref = rest.pop(0) if with_delta else None
+    xa_ref = rest.pop(0) if n_hot else None
     split = pl.program_id(2)
     start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
     inv_sqrt_d = scale
@@ -397,13 +422,31 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         m_new = jnp.maximum(m_run, m)
         alpha = jnp.exp(m_run - m_new)[:, None]
         beta = jnp.exp(m - m_new)[:, None]
-        return m_new, tuple(acc * alpha + beta * pv for acc, pv in zip(accs, pvs, strict=True))
+        new = tuple(acc * alpha + beta * pv for acc, pv in zip(accs, pvs, strict=True))
+        if not n_hot:
+            return m_new, new
+        is_hot = jnp.max(jnp.where(hid_ref[...] == n, jnp.int32(1), jnp.int32(0))) > 0
+        for k in range(n_hot):
+            @pl.when(hid_ref[k] == n)
+            def _store(k=k):
+                for j in range(ng):
+                    xa_ref[:, k, pl.ds(j * group, group)] = pvs[j]
+        # a hot block leaves the split's accumulator as it was (the unselected branch may hold NaN: -inf - -inf)
+        return (jnp.where(is_hot, m_run, m_new),
+                tuple(jnp.where(is_hot, acc, a) for acc, a in zip(accs, new, strict=True)))
 
     def empty_block(n, carry):
         _write_empty_block(m_ref, l_ref, acc_ref, n, G, d, per_block)
         if with_delta:
             dl_ref[:, n] = jnp.zeros((G,), f32)
         return carry
+
+    if n_hot:  # slots no split program writes: empty ids and ids of blocks that are not valid
+        n_valid = jnp.clip(nvalid_ref[()], 0, nb)
+        for k in range(n_hot):
+            @pl.when((split == 0) & ((hid_ref[k] < 0) | (hid_ref[k] >= n_valid)))
+            def _empty(k=k):
+                xa_ref[:, k, :] = jnp.zeros((G, d), f32)
 
     init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
     final = jax.lax.fori_loop(start, v_stop, valid_block, init)
@@ -416,6 +459,15 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         for j in range(ng):
             acc_ref[:, split, pl.ds(j * group, group)] = final[1][j]
         am_ref[:, split] = final[0]
+        n_split = pl.num_programs(2)
+        if out_splits and out_splits > -(-nb // bps):
+            def empty_split(i, carry):
+                acc_ref[:, i, :] = jnp.zeros((G, d), f32)
+                am_ref[:, i] = jnp.full((G,), -jnp.inf, f32)
+                return carry
+
+            jax.lax.fori_loop(jnp.where(split == n_split - 1, n_split, jnp.int32(out_splits)), out_splits,
+                              empty_split, 0)
 
 
 def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
@@ -488,7 +540,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                blocks_per_split: int | None = None, num_warps: int | None = None, num_stages: int = 2,
                variant: str = "dot_magic", interpret: bool | None = None,
                score_scale: float | None = None, q_abs: jax.Array | None = None, out_blocks: int | None = None,
-               padded_heads: bool = False) -> Tier1Partials:
+               padded_heads: bool = False, hot_ids: jax.Array | None = None,
+               out_splits: int | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -497,7 +550,9 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     For the fused certify kernel (variant `int_kv` only): q_abs [B, H, G, d] (|q| of the unscaled query) adds
     the output delta; out_blocks >= nb pads the block axis of m, l, delta (and a per-block acc) with empty
     blocks; padded_heads returns the query-head axis padded to the kernel's power of two (padding rows: a zero
-    query; their statistics are finite and meaningless)."""
+    query; their statistics are finite and meaningless); hot_ids [B, H, K] (split layout): the blocks the hot
+    set holds stay out of the split accumulators and their value sums come back in hot_acc, slot by slot;
+    out_splits >= S (split layout) pads the split axis of acc / acc_m with empty splits."""
     B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                        group_size, key_bits, value_bits)
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
@@ -512,8 +567,15 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                 raise ValueError(f"the compiled tier-1 kernel needs a power-of-two {name}, got {n}")
     # query heads per KV head, padded to a power of two (SmolLM2: 3 -> 4) and to what the variant's dots need
     Gp = padded_heads_for(G, variant)
-    if (q_abs is not None or out_blocks is not None) and variant != "int_kv":
-        raise ValueError(f"q_abs / out_blocks are implemented for the int_kv variant only, not {variant!r}")
+    if out_splits is not None and (per_block_acc or out_splits < -(-nb // bps)):
+        raise ValueError(f"out_splits {out_splits} needs the split layout and at least {-(-nb // bps)} splits")
+    if (q_abs is not None or out_blocks is not None or hot_ids is not None or out_splits is not None) \
+            and variant != "int_kv":
+        raise ValueError(f"q_abs / out_blocks / hot_ids / out_splits are implemented for the int_kv variant only, "
+                         f"not {variant!r}")
+    if hot_ids is not None and (per_block_acc or hot_ids.ndim != 3 or hot_ids.shape[:2] != (B, H)):
+        raise ValueError(f"hot_ids must be [B, H, K] = ({B}, {H}, K) with the split layout, got {hot_ids.shape}"
+                         f"{' and per_block_acc' if per_block_acc else ''}")
     if q_abs is not None and q_abs.shape != q.shape:
         raise ValueError(f"q_abs must have q's shape {q.shape}, got {q_abs.shape}")
     if out_blocks is not None and out_blocks < nb:
@@ -531,10 +593,11 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                       num_warps=num_warps or _DEFAULT_WARPS.get(variant, 4),
                       variant=variant, interpret=interpret,
                       scale=float(1.0 / math.sqrt(d) if score_scale is None else score_scale),
-                      out_blocks=out_blocks or nb)
+                      out_blocks=out_blocks or nb, hot_ids=None if hot_ids is None else hot_ids.astype(jnp.int32),
+                      out_splits=out_splits)
     if Gp == G or padded_heads:
         return out
-    return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))
+    return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (the hot_acc too: axis 2 is G)
 
 
 def padded_heads_for(G: int, variant: str) -> int:
@@ -543,33 +606,41 @@ def padded_heads_for(G: int, variant: str) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
-                                             "num_stages", "variant", "interpret", "scale", "out_blocks"))
+                                             "num_stages", "variant", "interpret", "scale", "out_blocks", "out_splits"))
 def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
-                per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks) -> Tier1Partials:
+                per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks, hot_ids=None,
+                out_splits=None) -> Tier1Partials:
     B, H, G, d = q.shape
     nb, Bk = k_codes.shape[2], k_codes.shape[3]
     dk, dv, ng = k_codes.shape[4], v_codes.shape[4], d // group
     S = -(-nb // bps)
     with_delta = q_abs is not None
-    extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks)
+    n_hot = 0 if hot_ids is None else hot_ids.shape[-1]
+    extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks, n_hot=n_hot,
+                                                out_splits=out_splits)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
                                value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731
     nbo = out_blocks
-    n_acc = nbo if per_block else S
+    n_acc = nbo if per_block else (out_splits or S)
     out_shape = [jax.ShapeDtypeStruct((B, H, G, nbo), jnp.float32), jax.ShapeDtypeStruct((B, H, G, nbo), jnp.float32),
                  jax.ShapeDtypeStruct((B, H, G, n_acc, d), jnp.float32)]
     out_specs = [whole(G, nbo), whole(G, nbo), whole(G, n_acc, d)]
     if not per_block:
-        out_shape.append(jax.ShapeDtypeStruct((B, H, G, S), jnp.float32))
-        out_specs.append(whole(G, S))
+        out_shape.append(jax.ShapeDtypeStruct((B, H, G, n_acc), jnp.float32))
+        out_specs.append(whole(G, n_acc))
     if with_delta:
         out_shape.append(jax.ShapeDtypeStruct((B, H, G, nbo), jnp.float32))
         out_specs.append(whole(G, nbo))
+    if n_hot:
+        out_shape.append(jax.ShapeDtypeStruct((B, H, G, n_hot, d), jnp.float32))
+        out_specs.append(whole(G, n_hot, d))
     in_specs = [pl.BlockSpec((None,), lambda b, h, s: (b,)), whole(G, d)] + ([whole(G, d)] if with_delta else [])
+    in_specs += [whole(n_hot)] if n_hot else []
     in_specs += [whole(nb, Bk, dk), whole(nb, d), whole(nb, d), whole(nb, Bk, dv), whole(nb, Bk, ng),
                  whole(nb, Bk, ng)]
-    args = [n_valid, q] + ([q_abs] if with_delta else []) + [k_codes, k_scale, k_zero, v_codes, v_scale, v_zero]
+    args = [n_valid, q] + ([q_abs] if with_delta else []) + ([hot_ids] if n_hot else [])
+    args += [k_codes, k_scale, k_zero, v_codes, v_scale, v_zero]
     outs = pl.pallas_call(
         kernel,
         grid=(B, H, S),
@@ -580,11 +651,13 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
         interpret=interpret,
         name="certattn_tier1_pass",
     )(*args)
-    delta = outs[-1] if with_delta else None
+    outs = list(outs)
+    hot_acc = outs.pop() if n_hot else None
+    delta = outs.pop() if with_delta else None
     if per_block:
         m, l, acc = outs[:3]
         return Tier1Partials(m=m, l=l, acc=acc, acc_m=m, delta=delta)
-    return Tier1Partials(*outs[:4], delta=delta)
+    return Tier1Partials(*outs[:4], delta=delta, hot_acc=hot_acc)
 
 
 # variant name -> kernel: "reduce" (broadcast-multiply-reduce per query head), "dot" (float32 IEEE dots,

@@ -130,6 +130,38 @@ def test_int_kv_emits_delta_and_padded_blocks(case, per_block):
         tier1_pass(*args, variant="int_kv", **dict(kw, out_blocks=nb - 1))
 
 
+def test_int_kv_leaves_the_hot_blocks_out_of_the_splits():
+    """hot_ids: the blocks the hot set holds are left out of the split accumulators and their value sums come
+    back per slot (0 for an empty slot or a block that is not valid for the sequence); the splits plus the hot
+    sums give the same attention output as the plain pass (nothing lost, nothing counted twice)."""
+    case = dict(TWO, n_valid=[4, 2])
+    args = _inputs(**case)
+    hot = jnp.asarray([[[0, 3, -1], [2, -1, 1]], [[1, 3, 0], [-1, -1, -1]]], jnp.int32)  # seq 1: block 3 invalid
+    kw = dict(group_size=GS, blocks_per_split=2, hot_ids=hot, q_abs=jnp.abs(args[0]), out_blocks=8, out_splits=4)
+    got = tier1_pass(*args, variant="int_kv", **kw)
+    _assert_close(got, tier1_pass_reference(*args, **kw))
+    assert got.acc.shape[3] == 4 and np.isneginf(np.asarray(got.acc_m)[:, :, :, 3]).all()  # 3 splits, 1 padding
+    assert got.hot_acc.shape == (2, 2, 4, 3, 128)
+    hacc = np.asarray(got.hot_acc)
+    assert (hacc[0, 0, :, 2] == 0).all() and (hacc[1, 0, :, 1] == 0).all() and (hacc[1, 1] == 0).all()
+    plain = tier1_pass(*args, variant="int_kv", group_size=GS, blocks_per_split=2)
+    m = np.asarray(got.m)[..., :4]
+    big = np.max(m, axis=-1, keepdims=True)
+    w_s = np.where(np.isfinite(np.asarray(got.acc_m)), np.exp(np.asarray(got.acc_m) - big), 0.0)
+    num = np.einsum("bhgs,bhgsd->bhgd", w_s, np.asarray(got.acc))
+    ids, nv = np.asarray(hot), np.asarray(args[-1])
+    for b in range(2):
+        for h in range(2):
+            for k in range(3):
+                n = ids[b, h, k]
+                if 0 <= n < nv[b]:
+                    num[b, h] += np.exp(m[b, h, :, n] - big[b, h, :, 0])[:, None] * hacc[b, h, :, k]
+    den = np.sum(np.where(np.isfinite(m), np.exp(m - big), 0.0) * np.asarray(got.l)[..., :4], axis=-1)
+    np.testing.assert_allclose(num / den[..., None], np.asarray(naive_output(plain)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="split layout"):
+        tier1_pass(*args, variant="int_kv", **dict(kw, per_block_acc=True))
+
+
 def test_reference_matches_float64_numpy():
     """tier1_pass_reference (float32 jnp) against an independent float64 computation of the block partials
     and of the finished (naive) attention output."""
