@@ -326,7 +326,16 @@ def test_a_block_whose_weights_all_underflow_escalates(monkeypatch):
         p = real(*args)
         return p._replace(l=p.l.at[..., 1].set(0.0), acc=p.acc.at[..., 1, :].set(0.0))
 
+    from pallas_kernels import tier1_pass as kernel
+
+    real_kernel = kernel.tier1_pass
+
+    def lossy_kernel(*args, **kwargs):  # the fused rung 0 calls the kernel itself (split layout: l alone is lost)
+        p = real_kernel(*args, **kwargs)
+        return p._replace(l=p.l.at[..., 1].set(0.0))
+
     monkeypatch.setattr(step, "tier1_partials", lossy)
+    monkeypatch.setattr(kernel, "tier1_pass", lossy_kernel)
     policy = CertPolicy(block_size=16, group_size=16, k_max=1, eps=0.05, tau_cov=1e-6)  # K* = 0: no promotion
     rng = np.random.default_rng(12)
     B, T, H, d = 1, 100, 1, 32
