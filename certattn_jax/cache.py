@@ -10,6 +10,9 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
     v_mean_err [B, H, nb] bf16                ||(1/Bk) sum_{i in n} (v_i - v_hat_i)||_2, rounded up, and
     v_err_op [B, H, nb] bf16                  ||E_n||_2 (spectral norm of the block's error matrix), an upper
                                               bound: E_val of a block whose attention is spread (bounds.md §4)
+    v_err_max, v_norm_max [B, H] f32          running maxima of v_err and v_norm over the blocks flushed so far
+    v_scale_max, v_zero_max [B, H, d/gs] f32  running maxima of |v_scale| and |v_zero| per value group (E_int's
+                                              inputs): a step reads these instead of reducing tier 1 again
     v_min, v_max [B, H, d] f32                running per-channel range of the values written so far
     nonfinite [B, H] bool                     a NaN/Inf was written to this head (it can no longer be certified)
     res_k, res_v [B, H, Bk, d]                the newest, partial block, exact (per-channel scales need a full one)
@@ -58,6 +61,10 @@ class TieredKVCache:
     v_norm: jax.Array
     v_mean_err: jax.Array
     v_err_op: jax.Array
+    v_err_max: jax.Array
+    v_norm_max: jax.Array
+    v_scale_max: jax.Array
+    v_zero_max: jax.Array
     v_min: jax.Array
     v_max: jax.Array
     nonfinite: jax.Array
@@ -108,6 +115,8 @@ class TieredKVCache:
             v_scale=alloc.zeros((B, H, nb, Bk, d // g), sdt), v_zero=alloc.zeros((B, H, nb, Bk, d // g), sdt),
             v_err=alloc.zeros((B, H, nb), jnp.float32), v_norm=alloc.zeros((B, H, nb), jnp.float32),
             v_mean_err=alloc.zeros((B, H, nb), jnp.bfloat16), v_err_op=alloc.zeros((B, H, nb), jnp.bfloat16),
+            v_err_max=alloc.zeros((B, H), jnp.float32), v_norm_max=alloc.zeros((B, H), jnp.float32),
+            v_scale_max=alloc.zeros((B, H, d // g), jnp.float32), v_zero_max=alloc.zeros((B, H, d // g), jnp.float32),
             v_min=alloc.full((B, H, d), jnp.inf, jnp.float32), v_max=alloc.full((B, H, d), -jnp.inf, jnp.float32),
             nonfinite=alloc.zeros((B, H), bool),
             res_k=alloc.zeros((B, H, Bk, d), dtype), res_v=alloc.zeros((B, H, Bk, d), dtype),
@@ -306,6 +315,7 @@ class TieredKVCache:
 
         put_all = jax.vmap(put) if self.stacked else put
         c = self.replace(**{name: put_all(getattr(self, name), x) for name, x in t1.items()})
+        c = c.replace(**_running_maxima(c, t1, ids < nb))
         host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb, self.layer)
         return c.replace(host_k=host_k, host_v=host_v)
 
@@ -439,6 +449,7 @@ def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: C
         return jnp.where(full.reshape(B, 1, nb, *(1,) * (x.ndim - 3)), x, jnp.zeros((), x.dtype))
 
     c = c.replace(**{name: keep(x) for name, x in t1.items()})
+    c = c.replace(**_running_maxima(c, t1, full))
     # the partial last block -> residual (exact), its invalid tail zeroed
     pick = jnp.minimum(n_full, nb - 1)[:, None, None, None, None]
     r_valid = (jnp.arange(Bk)[None, :] < (lengths - flushed)[:, None])[:, None, :, None]  # [B, 1, Bk, 1]
@@ -474,6 +485,24 @@ def _quantize_blocks(blocks_k: jax.Array, blocks_v: jax.Array, key_bits: int, gr
             # bf16 rounded up (upper bounds stay upper bounds) keeps tier 1 within 44% of dense bf16
             "v_mean_err": quant.round_up_to_bf16(quant.mean_error_norm(blocks_v, v_hat)),
             "v_err_op": quant.round_up_to_bf16(quant.error_op_norm(blocks_v, v_hat))}
+
+
+def _running_maxima(c: TieredKVCache, t1: dict[str, jax.Array], stored: jax.Array) -> dict[str, jax.Array]:
+    """The running maxima (v_err_max, v_norm_max, v_scale_max, v_zero_max) of cache c after storing the blocks of
+    t1 ([..., B, H, n, ...], `_quantize_blocks`) where stored [B, n]. A maximum over a superset of the valid
+    blocks only loosens the bounds that read it (they are upper bounds), so nothing is ever subtracted."""
+    ok = stored[:, None, :]  # [B, 1, n]: broadcasts over a leading layer axis and the heads
+
+    def per_block(x):  # [..., B, H, n] -> [..., B, H], blocks not stored as 0
+        return jnp.max(jnp.where(ok, jnp.abs(x.astype(jnp.float32)), 0.0), axis=-1)
+
+    def per_group(x):  # [..., B, H, n, Bk, ng] -> [..., B, H, ng]
+        return jnp.max(jnp.where(ok[..., None, None], jnp.abs(x.astype(jnp.float32)), 0.0), axis=(-3, -2))
+
+    return {"v_err_max": jnp.maximum(c.v_err_max, per_block(t1["v_err"])),
+            "v_norm_max": jnp.maximum(c.v_norm_max, per_block(t1["v_norm"])),
+            "v_scale_max": jnp.maximum(c.v_scale_max, per_group(t1["v_scale"])),
+            "v_zero_max": jnp.maximum(c.v_zero_max, per_group(t1["v_zero"]))}
 
 
 def _write_host_blocks(host_k, host_v, blocks_k, blocks_v, ids, nb, layer=None):

@@ -208,11 +208,11 @@ def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array
     has_values = jnp.isfinite(cache.v_min) & jnp.isfinite(cache.v_max)
     v_range = jnp.where(has_values, cache.v_max - cache.v_min, 0.0)
     value_range = bounds.l2(v_range)
-    eta_inf = jnp.max(eta, axis=-1)
+    eta_inf = cache.v_err_max  # the running maximum (>= the max over the valid blocks: an upper bound)
     value_abs = jnp.where(has_values, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0)
     value_abs = (value_abs + eta_inf[..., None]) * (1.0 + 2 * bounds.U)
     res_norm = jnp.max(bounds.l2(res_v), axis=-1)
-    max_norm = jnp.maximum(jnp.max(jnp.where(block_valid[:, None, :], cache.v_norm, 0.0), axis=-1), res_norm)
+    max_norm = jnp.maximum(cache.v_norm_max, res_norm)
     return ValueTerms(eta=eta, eta_mean=eta_mean, eta_op=eta_op, value_range=value_range,
                       key_scale=key_term_scale(value_range, max_norm), value_abs=value_abs,
                       tolerance=policy.eps * value_range + policy.abs_tol)
@@ -280,9 +280,8 @@ def int_value_term(cache: TieredKVCache, block_valid: jax.Array, policy: CertPol
     B, H = cache.batch, cache.num_kv_heads
     if not (tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT in kernel.INT_VALUE_VARIANTS):
         return jnp.zeros((B, H), jnp.float32)
-    valid = block_valid[:, None, :, None, None]
-    scale_max = jnp.max(jnp.where(valid, jnp.abs(cache.v_scale.astype(jnp.float32)), 0.0), axis=(2, 3))
-    zero_max = jnp.max(jnp.where(valid, jnp.abs(cache.v_zero.astype(jnp.float32)), 0.0), axis=(2, 3))
+    # the running maxima over every flushed block (cache.v_scale_max / v_zero_max: no per-step read of tier 1)
+    scale_max, zero_max = cache.v_scale_max, cache.v_zero_max
     n_items = cache.num_blocks + 4 * cache.k_max + policy.v_max + 2
     return bounds.int_value_rounding(scale_max, zero_max, cache.block_size, cache.value_bits, cache.group_size,
                                      n_items, chain)

@@ -87,6 +87,15 @@ def test_tier2_keeps_the_originals_and_append_paths_agree(T):
         np.testing.assert_array_equal(np.asarray(ev)[:, :, :T], np.asarray(v).transpose(0, 2, 1, 3))
     np.testing.assert_array_equal(np.asarray(whole.k_codes), np.asarray(step.k_codes))
     np.testing.assert_array_equal(np.asarray(whole.v_codes), np.asarray(step.v_codes))
+    # the running maxima (what a step reads instead of reducing tier 1) equal the maxima over the full blocks,
+    # on both paths (one batched conversion, flushes one block at a time)
+    n_full = T // 16
+    for c in (whole, step):
+        for name, field, axes in (("v_err_max", "v_err", (2,)), ("v_norm_max", "v_norm", (2,)),
+                                  ("v_scale_max", "v_scale", (2, 3)), ("v_zero_max", "v_zero", (2, 3))):
+            blocks = np.abs(np.asarray(getattr(c, field), np.float32)[:, :, :n_full])
+            want = blocks.max(axis=axes) if n_full else np.zeros(getattr(c, name).shape, np.float32)
+            np.testing.assert_array_equal(np.asarray(getattr(c, name)), want, err_msg=name)
 
 
 def test_certified_output_is_within_bound_and_better_than_naive():
