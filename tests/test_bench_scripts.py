@@ -53,3 +53,14 @@ def test_probe_conditionals_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert [r["form"] for r in result["forms"]] == ["plain", "cond_false", "cond_true", "switch", "where"]
     assert all("extra_us_vs_plain" in r for r in result["forms"]) and "xla_flags" in result
+
+
+def test_probe_eval_compile_smoke(tmp_path):
+    out = tmp_path / "probe_eval_compile.json"
+    cmd = [sys.executable, str(ROOT / "scripts/probe_eval_compile.py"), "--model", "tiny", "--capacity", "64",
+           "--steps", "2", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                   timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["schedule"] for r in rows] == ["looped", "two-pass"]
+    assert all(r["compile_s"] > 0 and r["launches_per_step"] > 0 for r in rows)

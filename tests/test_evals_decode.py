@@ -227,3 +227,24 @@ def test_the_dense_reduce_control_is_exact_attention_in_another_summation_order(
     assert not s.collectors.get("dense (reduce)")  # exact: not audited
     with pytest.raises(ValueError, match="dense cache is exact"):
         decode.make_cache("dense-reduce", params, CFG, CAP, audit=True)
+
+
+def test_the_eval_runs_the_certified_fast_pass_in_a_loop_over_layers(params, monkeypatch):
+    """The eval's cache wrapper passes the inner cache's layer schedule on: the certified fast pass of its
+    teacher-forced loop is the looped one (compiled once), not unrolled over every layer (which compiled ~5x
+    longer: results/probe_eval_compile_cpu.json)."""
+    cache = decode.make_cache("certified", params, CFG, 96, POLICY)
+    assert cache.decode_fast_path().schedule == cache.inner.schedule == "looped"
+    unrolled_fast = []
+    real = llama._layers_unrolled
+
+    def spy(params_, config, x, c, *rest):
+        if isinstance(c, decode.EvalCache) and c.inner.fast:
+            unrolled_fast.append(c)
+        return real(params_, config, x, c, *rest)
+
+    monkeypatch.setattr(llama, "_layers_unrolled", spy)
+    traces = decode.TRACE_COUNTS["teacher"]
+    toks = jnp.zeros((1, 3), jnp.int32)
+    decode.teacher_forced(params, CFG, cache, toks, toks)  # capacity 96: a shape no other test traces
+    assert decode.TRACE_COUNTS["teacher"] == traces + 1 and not unrolled_fast

@@ -76,6 +76,13 @@ class EvalCache:
     def layers(self):
         return self.inner.layers
 
+    @property
+    def schedule(self) -> str:
+        """The inner cache's layer schedule: `models.llama.forward_hidden` reads it to run the fast pass in a loop
+        over layers (without it the eval's fast pass was unrolled over every layer: the ~100 s certified compile
+        on the H200, against ~14 s for `generate`'s loop; docs/performance.md)."""
+        return self.inner.schedule
+
     def attend(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array,
                new_lengths: jax.Array) -> tuple[jax.Array, EvalCache]:
         if q.shape[1] != 1 or self.variant == "tiered":
