@@ -65,3 +65,25 @@ def empty_like_heads(batch: int, heads: int) -> Certificate:
     b = jnp.zeros((batch, heads), bool)
     return Certificate(error_bound=z, e_key=z, e_val=z, e_num=z, tolerance=z, k_star=i, rung=i, ranking_ok=b,
                        certified=b)
+
+
+# The packed form: one float32 array [..., len(PACKED_FIELDS)] holding a Certificate's leaves (the integer and
+# boolean leaves are small integers, exact in float32). A model cache records each layer's certificate with
+# one write of this array instead of one write per leaf (docs/performance.md: each write is a kernel launch).
+PACKED_FIELDS = tuple(f.name for f in Certificate.__dataclass_fields__.values())
+_INT_FIELDS = ("k_star", "rung")
+_BOOL_FIELDS = ("ranking_ok", "certified")
+
+
+def pack(cert: Certificate) -> jax.Array:
+    """[..., 9] float32 from a Certificate with leaves [...] (exact: rung and k_star < 2^24, booleans 0/1)."""
+    return jnp.stack([getattr(cert, f).astype(jnp.float32) for f in PACKED_FIELDS], axis=-1)
+
+
+def unpack(packed: jax.Array) -> Certificate:
+    """The Certificate (leaves [...]) of `pack`'s [..., 9] float32 array."""
+    leaves = {}
+    for i, f in enumerate(PACKED_FIELDS):
+        x = packed[..., i]
+        leaves[f] = x.astype(jnp.int32) if f in _INT_FIELDS else (x > 0.5) if f in _BOOL_FIELDS else x
+    return Certificate(**leaves)

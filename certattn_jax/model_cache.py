@@ -42,7 +42,7 @@ from certattn_jax.attention import (
     naive_attention,
 )
 from certattn_jax.cache import TieredKVCache
-from certattn_jax.certificate import Certificate, empty_like_heads
+from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
 from certattn_jax.policy import CertPolicy
@@ -64,7 +64,8 @@ class TieredModelCache:
 
     store:            the stacked TieredKVCache (tier 2 [L, B, H, nb, Bk, d] in pinned host memory)
     lengths:          [B] valid tokens (the model's; every layer holds the same)
-    last_certificate: Certificate with [L, B, Hq] leaves, the last decode step's
+    cert_packed:      [L, B, Hq, 9] float32, the last decode step's certificates (`certificate.pack`: one write
+                      per layer); `last_certificate` is the Certificate with [L, B, Hq] leaves
     escalate:         [B] bool, set during a decode step's fast pass (`decode_fast_path`) when some head of that
                       sequence needs a rung above 1 (the step must then be answered by the whole ladder)
     policy:           CertPolicy (tolerances are leaves: changing them does not recompile)
@@ -87,7 +88,7 @@ class TieredModelCache:
 
     store: TieredKVCache
     lengths: jax.Array
-    last_certificate: Certificate  # leaves [L, B, Hq]
+    cert_packed: jax.Array  # [L, B, Hq, 9] float32 (certificate.pack)
     escalate: jax.Array
     policy: CertPolicy  # tolerances are leaves: changing them does not recompile the decode loop
     mode: str = struct.field(pytree_node=False, default="certified")
@@ -115,8 +116,8 @@ class TieredModelCache:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown layer schedule {schedule!r}; choose from {SCHEDULES}")
         L, B = store.k_codes.shape[0], store.batch
-        cert = jax.tree.map(lambda x: jnp.zeros((L,) + x.shape, x.dtype), empty_like_heads(B, num_q_heads))
-        return commit_arrays(cls(store=store, lengths=lengths, last_certificate=cert,
+        cert = jnp.broadcast_to(pack(empty_like_heads(B, num_q_heads)), (L, B, num_q_heads, len(PACKED_FIELDS)))
+        return commit_arrays(cls(store=store, lengths=lengths, cert_packed=jnp.asarray(cert),
                                  escalate=jnp.zeros((B,), bool), policy=policy, mode=mode, schedule=schedule))
 
     @classmethod
@@ -197,7 +198,7 @@ class TieredModelCache:
         check_capacity(self.lengths, new_lengths, self.capacity)
         base = self.layer_view(layer)
         T = q.shape[1]
-        cert, escalate = self.last_certificate, self.escalate
+        cert, escalate = self.cert_packed, self.escalate
         if T == 1:
             c = base.write_token(k, v)
             if self.mode == "certified":
@@ -206,7 +207,7 @@ class TieredModelCache:
                     escalate = escalate | esc
                 else:
                     out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)
-                cert = jax.tree.map(lambda buf, x: buf.at[layer].set(x), cert, step_cert)
+                cert = cert.at[layer].set(pack(step_cert))
             else:
                 out = naive_attention(q[:, 0], c, self.policy)
             out = out[:, None]
@@ -216,7 +217,7 @@ class TieredModelCache:
             q_pos = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
             out = masked_attention(q, k_all, v_all, q_pos, new_lengths)
         new = self.with_layer(layer, c, base)
-        return out, new.replace(last_certificate=cert, escalate=escalate)
+        return out, new.replace(cert_packed=cert, escalate=escalate)
 
     def with_lengths(self, new_lengths: jax.Array) -> TieredModelCache:
         """After the last layer: flush every layer's full residual block at once (one batched quantization under
@@ -224,6 +225,11 @@ class TieredModelCache:
         full = jnp.any(self.store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens
         store = jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, self.store)
         return self.replace(store=store, lengths=new_lengths.astype(jnp.int32))
+
+    @property
+    def last_certificate(self) -> Certificate:
+        """The last decode step's certificates, leaves [L, B, Hq]."""
+        return unpack(self.cert_packed)
 
     def step_record(self) -> Certificate | dict:
         return self.last_certificate if self.mode == "certified" else {}
@@ -324,7 +330,7 @@ def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelC
     schedule and query heads of `like` (e.g. an empty cache built for the same run)."""
     if dense.capacity != like.capacity:
         raise ValueError(f"staging capacity {dense.capacity} differs from the tiered cache's {like.capacity}")
-    num_q_heads = like.last_certificate.rung.shape[-1]
+    num_q_heads = like.cert_packed.shape[-2]
     return _convert(dense, like.policy, num_q_heads=num_q_heads, mode=like.mode, schedule=like.schedule)
 
 

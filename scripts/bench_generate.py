@@ -148,7 +148,8 @@ def _model_config(name: str):
 
 
 def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int,
-            prefill_only: bool = False, k_max: int | None = None, tier1: str | None = None) -> dict:
+            prefill_only: bool = False, k_max: int | None = None, tier1: str | None = None,
+            rung0: str | None = None, dump_hlo: str | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -165,6 +166,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
         policy = dataclasses.replace(policy, k_max=k_max)
     if tier1 is not None:
         policy = dataclasses.replace(policy, tier1=tier1)
+    if rung0 is not None:
+        policy = dataclasses.replace(policy, rung0=rung0)
     params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
     mode, _, schedule = cache.partition("_")
@@ -183,6 +186,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     prefill_s = min([warm.prefill_seconds] + _prefill_times(gen, params, cfg, ids, prompt + new_tokens, factory,
                                                               policy, prefill_chunk, repeats=2))
     launches = count_launches(decode.as_text())
+    if dump_hlo:
+        Path(dump_hlo).mkdir(parents=True, exist_ok=True)
+        Path(dump_hlo, f"{model}_{cache}_{prompt}_{policy.tier1}_{policy.rung0}.hlo").write_text(decode.as_text())
     stats = jax.devices()[0].memory_stats() or {}
     rungs = None
     if warm.step_records is not None and hasattr(warm.step_records, "rung"):
@@ -196,7 +202,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
-            "k_max": policy.k_max, "tier1": policy.tier1, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            "k_max": policy.k_max, "tier1": policy.tier1, "rung0": policy.rung0,
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def main(argv=None) -> int:
@@ -217,12 +224,15 @@ def main(argv=None) -> int:
                     help="time to first token only (3 prefills: cold, then the best of two warm); no decode")
     ap.add_argument("--k-max", type=int, default=None, help="the policy's k_max (default CertPolicy's)")
     ap.add_argument("--tier1", choices=("jnp", "pallas"), default=None, help="the policy's tier-1 implementation")
+    ap.add_argument("--rung0", choices=("jnp", "fused"), default=None, help="the policy's rung-0 implementation")
+    ap.add_argument("--dump-hlo", default=None, help="write each row's compiled decode loop to DIR")
     args = ap.parse_args(argv)
     new_tokens = args.new_tokens or (8 if args.tiny else 64)
     chunk = args.prefill_chunk or (32 if args.tiny else 1024)
     if args.row:
         model, cache, prompt = args.row
-        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only, args.k_max, args.tier1)
+        row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only, args.k_max, args.tier1,
+                      args.rung0, args.dump_hlo)
         print("ROW " + json.dumps(row), flush=True)
         return 0
     if args.merge:
@@ -242,6 +252,8 @@ def main(argv=None) -> int:
                 cmd += ["--prefill-only"] if args.prefill_only else []
                 cmd += ["--k-max", str(args.k_max)] if args.k_max is not None else []
                 cmd += ["--tier1", args.tier1] if args.tier1 is not None else []
+                cmd += ["--rung0", args.rung0] if args.rung0 is not None else []
+                cmd += ["--dump-hlo", args.dump_hlo] if args.dump_hlo else []
                 t0 = time.perf_counter()
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)

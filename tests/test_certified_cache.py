@@ -330,3 +330,23 @@ def test_a_flushed_block_enters_the_hot_set_without_a_tier2_read(monkeypatch):
     kt = np.asarray(k).transpose(0, 2, 1, 3)
     np.testing.assert_array_equal(np.asarray(cache.hot_k)[:, :, 1], kt[:, :, 16:32])
     assert np.asarray(cache.hot_used)[:, :, 1].tolist() == [[32, 32]] * 2
+
+
+def test_certificates_pack_into_one_array_exactly():
+    """A model cache records a layer's certificate with one write of the packed form: every leaf comes back
+    exactly (an infinite bound, rung 4, a large K*, both booleans)."""
+    from certattn_jax.certificate import Certificate, pack, unpack
+
+    f = jnp.asarray([[0.5, jnp.inf], [1e-30, 3.0]], jnp.float32)
+    cert = Certificate(error_bound=f, e_key=f * 2, e_val=f / 3, e_num=f + 1, tolerance=f * 0 + 0.25,
+                       k_star=jnp.asarray([[0, 7], [8191, 2]], jnp.int32),
+                       rung=jnp.asarray([[0, 4], [1, 3]], jnp.int32),
+                       ranking_ok=jnp.asarray([[True, False], [False, True]]),
+                       certified=jnp.asarray([[False, True], [True, False]]))
+    packed = pack(cert)
+    assert packed.shape == (2, 2, 9) and packed.dtype == jnp.float32
+    back = unpack(packed)
+    for name in Certificate.__dataclass_fields__:
+        got, want = np.asarray(getattr(back, name)), np.asarray(getattr(cert, name))
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
