@@ -64,3 +64,29 @@ def test_probe_eval_compile_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["schedule"] for r in rows] == ["looped", "two-pass"]
     assert all(r["compile_s"] > 0 and r["launches_per_step"] > 0 for r in rows)
+
+
+def test_big_writes_lists_copies_and_skips_in_place_updates():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from big_writes import big_writes
+
+    hlo = """HloModule m
+
+%body (p: (s32[], f32[4,1024])) -> (s32[], f32[4,1024]) {
+  %p = (s32[], f32[4,1024]) parameter(0)
+  %copy.1 = f32[4,1024]{1,0} copy(f32[4,1024]{1,0} %x), metadata={op_name="jit(f)/copy"}
+  %fusion.2 = f32[4,1024]{1,0} fusion(f32[4,1024]{1,0} %x), kind=kLoop, calls=%c, metadata={op_name="jit(f)/scatter"}
+  %custom-call.3 = f32[4,1024]{1,0} custom-call(f32[4,1024]{1,0} %x), custom_call_target="k"
+}
+
+%cond (p: (s32[], f32[4,1024])) -> pred[] {
+  %p = (s32[], f32[4,1024]) parameter(0)
+}
+
+ENTRY %main (a: f32[4,1024]) -> f32[4,1024] {
+  %w = (s32[], f32[4,1024]) while((s32[], f32[4,1024]) %t), condition=%cond, body=%body
+}
+"""
+    rows = big_writes(hlo, 1000)
+    assert [(r["op"], r["bytes"], r["in_place_update"]) for r in rows] == [("copy", 16384, False),
+                                                                            ("fusion", 16384, True)]
