@@ -173,9 +173,14 @@ def flush_delta(q_abs: jax.Array) -> jax.Array:
 def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
     """Delta for exact keys (float32 rounding only): [..., G, n] from |q| [..., G, d] and
     max_i |k_ic| over each item [..., n, d]."""
-    d = q_abs.shape[-1]
     dot = jnp.einsum("...gd,...nd->...gn", q_abs, k_abs_max, precision="highest")
-    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U) + flush_delta(q_abs)[..., None]
+    return key_delta_exact_from_sum(dot, jnp.sum(q_abs, axis=-1)[..., None], q_abs.shape[-1])
+
+
+def key_delta_exact_from_sum(dot: jax.Array, q_abs_sum: jax.Array, d: int) -> jax.Array:
+    """`key_delta_exact` from dot = sum_c |q_c| max_i |k_ic| (any summation order: rounded up here) and
+    q_abs_sum = sum_c |q_c|; shared with the tier-1 kernel's slot programs."""
+    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U) + (2.0 * q_abs_sum + 2 * d + 8) * TINY
 
 
 def _exp_up(arg: jax.Array) -> jax.Array:

@@ -334,28 +334,25 @@ def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
     return x if not extra else jnp.pad(x, ((0, 0), (0, 0), (0, extra)) + ((0, 0),) * (x.ndim - 3))
 
 
-def slot_partials(q_scaled: jax.Array, q_abs: jax.Array, cache: TieredKVCache, res_tok: jax.Array, slots: int,
+def slot_partials(q_scaled: jax.Array, q_abs: jax.Array, cache: TieredKVCache, slots: int,
                   ) -> tuple[Partials, jax.Array]:
     """Exact partials of the hot slots and of the residual block in one computation: `slots` (>= K + 1) items
     [B, H, G, slots] (acc [..., d]): slots [0, K) the hot set (empty slot: m = -inf, l = 0), slot K the residual
-    block (its first r_count tokens, res_tok [B, Bk]), the rest empty; and their Delta [B, H, G, slots]. The same
-    arithmetic as `exact_partials` and `residual_partials`, which compute these items separately."""
-    B, H, K, Bk, d = cache.hot_k.shape
-    pad = slots - K - 1
-    keys = [cache.hot_k, cache.res_k[:, :, None].astype(cache.hot_k.dtype)]
-    values = [cache.hot_v, cache.res_v[:, :, None].astype(cache.hot_v.dtype)]
-    ok = [jnp.broadcast_to((cache.hot_ids >= 0)[..., None], (B, H, K, Bk)),
-          jnp.broadcast_to(res_tok[:, None, None, :], (B, H, 1, Bk))]
-    if pad:
-        keys.append(jnp.zeros((B, H, pad, Bk, d), cache.hot_k.dtype))
-        values.append(jnp.zeros((B, H, pad, Bk, d), cache.hot_v.dtype))
-        ok.append(jnp.zeros((B, H, pad, Bk), bool))
-    tok = jnp.concatenate(ok, axis=2)  # [B, H, slots, Bk]
-    k32 = jnp.where(tok[..., None], jnp.concatenate(keys, axis=2).astype(jnp.float32), 0.0)
-    v32 = jnp.where(tok[..., None], jnp.concatenate(values, axis=2).astype(jnp.float32), 0.0)
-    s = jnp.einsum("bhgd,bhstd->bhgst", q_scaled, k32, precision=_HI)
-    s = jnp.where(tok[:, :, None], s, -jnp.inf)
-    return partials(s, v32), bounds.key_delta_exact(q_abs, jnp.max(jnp.abs(k32), axis=-2))
+    block, the rest empty; and their Delta [B, H, G, slots]. The same arithmetic as `exact_partials` and
+    `residual_partials`, which compute these items separately (`pallas_kernels.tier1_pass.slot_partials_reference`;
+    the tier-1 kernel computes the same in extra programs when the fused rung 0 runs it)."""
+    from pallas_kernels import tier1_pass as kernel
+
+    m, l, acc, delta = kernel.slot_partials_reference(q_scaled, q_abs, slot_inputs(cache, slots))
+    return Partials(m=m, l=l, acc=acc), delta
+
+
+def slot_inputs(cache: TieredKVCache, slots: int):
+    """The cache's exact items as `pallas_kernels.tier1_pass.Slots` (hot set, residual, r_count)."""
+    from pallas_kernels import tier1_pass as kernel
+
+    return kernel.Slots(hot_k=cache.hot_k, hot_v=cache.hot_v, hot_ids=cache.hot_ids, res_k=cache.res_k,
+                        res_v=cache.res_v, r_count=cache.lengths - cache.flushed, n_slots=slots)
 
 
 def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: bool = True) -> FusedRung0:
@@ -384,11 +381,11 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
     lean = tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT == "int_kv"
     split_kw, chain = {}, 0
     if lean:
-        if split:
+        if split:  # (the tier-1 launch also computes the hot slots' and the residual's exact partials)
             bps = kernel.default_blocks_per_split(B, H, nb)
             n_splits = -(-nb // bps)
             split_kw = dict(per_block_acc=False, blocks_per_split=bps, hot_ids=cache.hot_ids,
-                            out_splits=1 << (n_splits - 1).bit_length())
+                            out_splits=1 << (n_splits - 1).bit_length(), slots=slot_inputs(cache, ck.padded_slots(K)))
             chain = bps
         t1 = kernel.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes,
                                cache.v_scale, cache.v_zero, n_valid, **({"per_block_acc": True} | split_kw),
@@ -398,14 +395,16 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
         apx, apx_delta = Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta
         if split:
             split_kw = dict(split_max=t1.acc_m, hot_acc=t1.hot_acc)
-        rows = t1.m.shape[2]
-        q_s, q_abs = _pad_rows(qt.q_scaled, rows), _pad_rows(qt.q_abs, rows)
+            slots, slot_delta = Partials(m=t1.slot_m, l=t1.slot_l, acc=t1.slot_acc), t1.slot_delta
+        else:
+            rows = t1.m.shape[2]
+            slots, slot_delta = slot_partials(_pad_rows(qt.q_scaled, rows), _pad_rows(qt.q_abs, rows), cache,
+                                              ck.padded_slots(K))
     else:
         apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
         apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
-        q_s, q_abs = qt.q_scaled, qt.q_abs
-    res_tok, _, res_v = residual_tokens(cache)
-    slots, slot_delta = slot_partials(q_s, q_abs, cache, res_tok, ck.padded_slots(K))
+        slots, slot_delta = slot_partials(qt.q_scaled, qt.q_abs, cache, ck.padded_slots(K))
+    _, _, res_v = residual_tokens(cache)
     vt = value_terms(cache, policy, block_valid, res_v)
     extra = apx.m.shape[-1] - nb
 

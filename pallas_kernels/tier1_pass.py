@@ -53,7 +53,8 @@ class Tier1Partials(NamedTuple):
     """m, l [B, H, G, nb]; acc [B, H, G, n_acc, d] relative to acc_m [B, H, G, n_acc] (n_acc = nb per block,
     S per split); delta [B, H, G, nb] each block's Delta (bounds.key_delta_quantized) when asked for, else None;
     hot_acc [B, H, G, K, d] the value sums of the hot set's blocks (left out of the split accumulators) when
-    hot_ids are given, else None."""
+    hot_ids are given, else None; slot_m, slot_l, slot_delta [B, H, G, P], slot_acc [B, H, G, P, d] the exact
+    partials of the hot slots and the residual (slot K) when `slots` are given (`slot_partials_reference`)."""
 
     m: jax.Array
     l: jax.Array
@@ -61,6 +62,10 @@ class Tier1Partials(NamedTuple):
     acc_m: jax.Array
     delta: jax.Array | None = None
     hot_acc: jax.Array | None = None
+    slot_m: jax.Array | None = None
+    slot_l: jax.Array | None = None
+    slot_acc: jax.Array | None = None
+    slot_delta: jax.Array | None = None
 
 
 def supports(block_size: int, head_dim: int, group_size: int) -> bool:
@@ -134,7 +139,8 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
                          key_bits: int = 8, value_bits: int = 4, per_block_acc: bool = False,
                          blocks_per_split: int | None = None, q_abs: jax.Array | None = None,
                          out_blocks: int | None = None, hot_ids: jax.Array | None = None,
-                         out_splits: int | None = None, **_unused) -> Tier1Partials:
+                         out_splits: int | None = None, slots: Slots | None = None,
+                         score_scale: float | None = None, **_unused) -> Tier1Partials:
     """Pure-jnp `tier1_pass` (same signature and outputs; query heads never padded). Split accumulators are
     formed from the per-block partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n. delta (with q_abs):
     bounds.key_delta_quantized with the integer pieces, 0 for invalid blocks."""
@@ -176,8 +182,57 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
     if out_splits and out_splits > S:
         acc = jnp.pad(acc, ((0, 0),) * 3 + ((0, out_splits - S), (0, 0)))
         acc_m = jnp.pad(acc_m, ((0, 0),) * 3 + ((0, out_splits - S),), constant_values=-jnp.inf)
+    slot_out = [None] * 4
+    if slots is not None:  # (score_scale applies to the slots here; the block partials always use 1/sqrt(d))
+        scale = 1.0 / math.sqrt(q.shape[-1]) if score_scale is None else score_scale
+        slot_out = slot_partials_reference(q.astype(jnp.float32) * scale, q_abs.astype(jnp.float32), slots)
     return Tier1Partials(m=cols(m, -jnp.inf), l=cols(l, 0.0), acc=acc, acc_m=acc_m, delta=cols(delta, 0.0),
-                         hot_acc=hot_acc)
+                         hot_acc=hot_acc, slot_m=slot_out[0], slot_l=slot_out[1], slot_acc=slot_out[2],
+                         slot_delta=slot_out[3])
+
+
+class Slots(NamedTuple):
+    """The exact items a certified step attends besides the INT blocks: the hot set's blocks hot_k, hot_v
+    [B, H, K, Bk, d] (hot_ids [B, H, K], -1 = empty) and the residual block res_k, res_v [B, H, Bk, d] whose first
+    r_count [B] tokens are valid; computed as n_slots >= K + 1 items (slot K the residual, the rest empty)."""
+
+    hot_k: jax.Array
+    hot_v: jax.Array
+    hot_ids: jax.Array
+    res_k: jax.Array
+    res_v: jax.Array
+    r_count: jax.Array
+    n_slots: int
+
+
+def slot_partials_reference(q_scaled: jax.Array, q_abs: jax.Array, slots: Slots,
+                            ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(m, l [B, H, G, P], acc [B, H, G, P, d], Delta [B, H, G, P]) of the slots' exact keys and values for the
+    pre-scaled query q_scaled and |q| q_abs [B, H, G, d]: m the max score, l the sum of exp(s - m), acc the
+    exp-weighted value sum (empty slots m = -inf, l = 0, acc = 0), Delta = bounds.key_delta_exact over each slot's
+    valid tokens. Float32, `precision=highest` (the jnp path; the kernel's slot programs compute the same)."""
+    B, H, K, Bk, d = slots.hot_k.shape
+    pad = slots.n_slots - K - 1
+    if pad < 0:
+        raise ValueError(f"n_slots {slots.n_slots} must be at least the hot slots + 1 = {K + 1}")
+    keys = [slots.hot_k, slots.res_k[:, :, None].astype(slots.hot_k.dtype)]
+    values = [slots.hot_v, slots.res_v[:, :, None].astype(slots.hot_v.dtype)]
+    res_tok = jnp.arange(Bk)[None, :] < slots.r_count[:, None]  # [B, Bk]
+    ok = [jnp.broadcast_to((slots.hot_ids >= 0)[..., None], (B, H, K, Bk)),
+          jnp.broadcast_to(res_tok[:, None, None, :], (B, H, 1, Bk))]
+    if pad:
+        keys.append(jnp.zeros((B, H, pad, Bk, d), slots.hot_k.dtype))
+        values.append(jnp.zeros((B, H, pad, Bk, d), slots.hot_v.dtype))
+        ok.append(jnp.zeros((B, H, pad, Bk), bool))
+    tok = jnp.concatenate(ok, axis=2)  # [B, H, P, Bk]
+    k32 = jnp.where(tok[..., None], jnp.concatenate(keys, axis=2).astype(jnp.float32), 0.0)
+    v32 = jnp.where(tok[..., None], jnp.concatenate(values, axis=2).astype(jnp.float32), 0.0)
+    s = jnp.einsum("bhgd,bhstd->bhgst", q_scaled, k32, precision=_HI)
+    s = jnp.where(tok[:, :, None], s, -jnp.inf)
+    m = jnp.max(s, axis=-1)
+    w = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
+    acc = jnp.einsum("bhgst,bhstd->bhgsd", w, v32, precision=_HI)
+    return m, jnp.sum(w, axis=-1), acc, bounds.key_delta_exact(q_abs, jnp.max(jnp.abs(k32), axis=-2))
 
 
 # ---------------------------------------------------------------------------------------------- kernel
@@ -365,7 +420,8 @@ def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: j
 
 def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: int, Bk: int, group: int,
                       key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
-                      out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None):
+                      out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None,
+                      n_slots: int = 0):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -379,16 +435,25 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     the hot set holds stay out of the split accumulators, and each one's value sum pv goes to its slot of x_acc
     instead (0 for a slot whose id is empty or not a valid block, written by split 0's program). out_splits >= S
     (split layout): the split axis of acc / acc_m padded with empty splits (acc 0, acc_m -inf) by the last
-    program."""
+    split's program.
+    n_slots > 0 (with n_hot and with_delta): n_slots more programs along the split axis compute the exact partials
+    of the hot slots (inputs hot_k, hot_v [n_hot, Bk, d]) and of the residual block (res_k, res_v [Bk, d], its
+    first r_count tokens) into slot outputs m, l, Delta [G, n_slots] and acc [G, n_slots, d] (slot n_hot: the
+    residual; slots past it: empty), the math of `slot_partials_reference` (float32 IEEE dots)."""
     f32 = jnp.float32
     if with_delta:
         qa_ref, *refs = refs
     if n_hot:
         hid_ref, *refs = refs
+    if n_slots:
+        hk_ref, hv_ref, rk_ref, rv_ref, rc_ref, *refs = refs
     kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref, *rest = refs
     am_ref = None if per_block else rest.pop(0)
     dl_ref = rest.pop(0) if with_delta else None
     xa_ref = rest.pop(0) if n_hot else None
+    if n_slots:
+        sm_ref, sl_ref, sacc_ref, sdl_ref = rest[:4]
+    n_split = -(-nb // bps)
     split = pl.program_id(2)
     start, stop, v_stop = _split_range(nvalid_ref, nb, bps)
     inv_sqrt_d = scale
@@ -441,33 +506,57 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
             dl_ref[:, n] = jnp.zeros((G,), f32)
         return carry
 
-    if n_hot:  # slots no split program writes: empty ids and ids of blocks that are not valid
-        n_valid = jnp.clip(nvalid_ref[()], 0, nb)
-        for k in range(n_hot):
-            @pl.when((split == 0) & ((hid_ref[k] < 0) | (hid_ref[k] >= n_valid)))
-            def _empty(k=k):
-                xa_ref[:, k, :] = jnp.zeros((G, d), f32)
+    def split_work():
+        if n_hot:  # slots no split program writes: empty ids and ids of blocks that are not valid
+            n_valid = jnp.clip(nvalid_ref[()], 0, nb)
+            for k in range(n_hot):
+                @pl.when((split == 0) & ((hid_ref[k] < 0) | (hid_ref[k] >= n_valid)))
+                def _empty(k=k):
+                    xa_ref[:, k, :] = jnp.zeros((G, d), f32)
 
-    init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32), tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
-    final = jax.lax.fori_loop(start, v_stop, valid_block, init)
-    jax.lax.fori_loop(v_stop, stop, empty_block, 0)
-    n_out = out_blocks or nb
-    if n_out > nb:  # the padding columns, by the last split's program
-        last = split == pl.num_programs(2) - 1
-        jax.lax.fori_loop(jnp.where(last, jnp.int32(nb), jnp.int32(n_out)), n_out, empty_block, 0)
-    if not per_block:
-        for j in range(ng):
-            acc_ref[:, split, pl.ds(j * group, group)] = final[1][j]
-        am_ref[:, split] = final[0]
-        n_split = pl.num_programs(2)
-        if out_splits and out_splits > -(-nb // bps):
-            def empty_split(i, carry):
-                acc_ref[:, i, :] = jnp.zeros((G, d), f32)
-                am_ref[:, i] = jnp.full((G,), -jnp.inf, f32)
-                return carry
+        init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32),
+                                    tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
+        final = jax.lax.fori_loop(start, v_stop, valid_block, init)
+        jax.lax.fori_loop(v_stop, stop, empty_block, 0)
+        last = split == n_split - 1
+        n_out = out_blocks or nb
+        if n_out > nb:  # the padding columns, by the last split's program
+            jax.lax.fori_loop(jnp.where(last, jnp.int32(nb), jnp.int32(n_out)), n_out, empty_block, 0)
+        if not per_block:
+            for j in range(ng):
+                acc_ref[:, split, pl.ds(j * group, group)] = final[1][j]
+            am_ref[:, split] = final[0]
+            if out_splits and out_splits > n_split:
+                def empty_split(i, carry):
+                    acc_ref[:, i, :] = jnp.zeros((G, d), f32)
+                    am_ref[:, i] = jnp.full((G,), -jnp.inf, f32)
+                    return carry
 
-            jax.lax.fori_loop(jnp.where(split == n_split - 1, n_split, jnp.int32(out_splits)), out_splits,
-                              empty_split, 0)
+                jax.lax.fori_loop(jnp.where(last, jnp.int32(n_split), jnp.int32(out_splits)), out_splits,
+                                  empty_split, 0)
+
+    def slot_work():
+        slot = split - n_split
+        hot = jnp.minimum(slot, n_hot - 1)
+        is_res = slot == n_hot
+        t = jax.lax.broadcasted_iota(jnp.int32, (Bk, 1), 0)
+        tok = jnp.where(is_res, t < rc_ref[()], (t >= 0) & (slot < n_hot) & (hid_ref[hot] >= 0))  # [Bk, 1]
+        k32 = jnp.where(tok, jnp.where(is_res, rk_ref[...].astype(f32), hk_ref[hot, :, :].astype(f32)), 0.0)
+        v32 = jnp.where(tok, jnp.where(is_res, rv_ref[...].astype(f32), hv_ref[hot, :, :].astype(f32)), 0.0)
+        s = jnp.where(tok, _scaled(_dot(k32, q, 1), inv_sqrt_d), -jnp.inf)  # [Bk, G] exact scores
+        m = jnp.max(s, axis=0)
+        p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)[None, :])
+        sm_ref[:, slot] = m
+        sl_ref[:, slot] = jnp.sum(p, axis=0)
+        sacc_ref[:, slot, :] = _dot(p, v32, 0, a_contract=0)  # [G, d]
+        kmax = jnp.max(jnp.abs(k32), axis=0)  # [d]
+        sdl_ref[:, slot] = bounds.key_delta_exact_from_sum(jnp.sum(qa * kmax[None, :], axis=1), qa_sum, d)
+
+    if n_slots:
+        pl.when(split < n_split)(split_work)
+        pl.when(split >= n_split)(slot_work)
+    else:
+        split_work()
 
 
 def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref,
@@ -541,7 +630,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                variant: str = "dot_magic", interpret: bool | None = None,
                score_scale: float | None = None, q_abs: jax.Array | None = None, out_blocks: int | None = None,
                padded_heads: bool = False, hot_ids: jax.Array | None = None,
-               out_splits: int | None = None) -> Tier1Partials:
+               out_splits: int | None = None, slots: Slots | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -552,7 +641,9 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     blocks; padded_heads returns the query-head axis padded to the kernel's power of two (padding rows: a zero
     query; their statistics are finite and meaningless); hot_ids [B, H, K] (split layout): the blocks the hot
     set holds stay out of the split accumulators and their value sums come back in hot_acc, slot by slot;
-    out_splits >= S (split layout) pads the split axis of acc / acc_m with empty splits."""
+    out_splits >= S (split layout) pads the split axis of acc / acc_m with empty splits; slots (with hot_ids
+    equal to slots.hot_ids, and q_abs): the exact partials of the hot slots and the residual, computed by extra
+    programs of the same launch (slot_m, slot_l, slot_acc, slot_delta; `slot_partials_reference`)."""
     B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                        group_size, key_bits, value_bits)
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
@@ -567,6 +658,10 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                 raise ValueError(f"the compiled tier-1 kernel needs a power-of-two {name}, got {n}")
     # query heads per KV head, padded to a power of two (SmolLM2: 3 -> 4) and to what the variant's dots need
     Gp = padded_heads_for(G, variant)
+    if slots is not None and (hot_ids is None or q_abs is None or per_block_acc):
+        raise ValueError("slots need hot_ids, q_abs and the split layout")
+    if slots is not None and not interpret and slots.n_slots & (slots.n_slots - 1):
+        raise ValueError(f"the compiled tier-1 kernel needs a power-of-two n_slots, got {slots.n_slots}")
     if out_splits is not None and (per_block_acc or out_splits < -(-nb // bps)):
         raise ValueError(f"out_splits {out_splits} needs the split layout and at least {-(-nb // bps)} splits")
     if (q_abs is not None or out_blocks is not None or hot_ids is not None or out_splits is not None) \
@@ -594,10 +689,12 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                       variant=variant, interpret=interpret,
                       scale=float(1.0 / math.sqrt(d) if score_scale is None else score_scale),
                       out_blocks=out_blocks or nb, hot_ids=None if hot_ids is None else hot_ids.astype(jnp.int32),
-                      out_splits=out_splits)
+                      out_splits=out_splits, slots=None if slots is None else slots._replace(
+                          hot_ids=None, r_count=slots.r_count.astype(jnp.int32), n_slots=None),
+                      n_slots=0 if slots is None else slots.n_slots)
     if Gp == G or padded_heads:
         return out
-    return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (the hot_acc too: axis 2 is G)
+    return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (every field: axis 2 is G)
 
 
 def padded_heads_for(G: int, variant: str) -> int:
@@ -606,10 +703,11 @@ def padded_heads_for(G: int, variant: str) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
-                                             "num_stages", "variant", "interpret", "scale", "out_blocks", "out_splits"))
+                                             "num_stages", "variant", "interpret", "scale", "out_blocks", "out_splits",
+                                             "n_slots"))
 def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
                 per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks, hot_ids=None,
-                out_splits=None) -> Tier1Partials:
+                out_splits=None, slots=None, n_slots=0) -> Tier1Partials:
     B, H, G, d = q.shape
     nb, Bk = k_codes.shape[2], k_codes.shape[3]
     dk, dv, ng = k_codes.shape[4], v_codes.shape[4], d // group
@@ -617,7 +715,7 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
     with_delta = q_abs is not None
     n_hot = 0 if hot_ids is None else hot_ids.shape[-1]
     extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks, n_hot=n_hot,
-                                                out_splits=out_splits)
+                                                out_splits=out_splits, n_slots=n_slots)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
                                value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731
@@ -635,15 +733,25 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
     if n_hot:
         out_shape.append(jax.ShapeDtypeStruct((B, H, G, n_hot, d), jnp.float32))
         out_specs.append(whole(G, n_hot, d))
+    if n_slots:
+        out_shape += [jax.ShapeDtypeStruct((B, H, G, n_slots), jnp.float32)] * 2
+        out_shape += [jax.ShapeDtypeStruct((B, H, G, n_slots, d), jnp.float32),
+                      jax.ShapeDtypeStruct((B, H, G, n_slots), jnp.float32)]
+        out_specs += [whole(G, n_slots), whole(G, n_slots), whole(G, n_slots, d), whole(G, n_slots)]
     in_specs = [pl.BlockSpec((None,), lambda b, h, s: (b,)), whole(G, d)] + ([whole(G, d)] if with_delta else [])
     in_specs += [whole(n_hot)] if n_hot else []
+    if n_slots:
+        in_specs += [whole(n_hot, Bk, d), whole(n_hot, Bk, d), whole(Bk, d), whole(Bk, d),
+                     pl.BlockSpec((None,), lambda b, h, s: (b,))]
     in_specs += [whole(nb, Bk, dk), whole(nb, d), whole(nb, d), whole(nb, Bk, dv), whole(nb, Bk, ng),
                  whole(nb, Bk, ng)]
     args = [n_valid, q] + ([q_abs] if with_delta else []) + ([hot_ids] if n_hot else [])
+    if n_slots:
+        args += [slots.hot_k, slots.hot_v, slots.res_k, slots.res_v, slots.r_count]
     args += [k_codes, k_scale, k_zero, v_codes, v_scale, v_zero]
     outs = pl.pallas_call(
         kernel,
-        grid=(B, H, S),
+        grid=(B, H, S + n_slots),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
@@ -652,12 +760,16 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
         name="certattn_tier1_pass",
     )(*args)
     outs = list(outs)
+    slot_out = [None] * 4
+    if n_slots:
+        slot_out, outs = outs[-4:], outs[:-4]
     hot_acc = outs.pop() if n_hot else None
     delta = outs.pop() if with_delta else None
     if per_block:
         m, l, acc = outs[:3]
         return Tier1Partials(m=m, l=l, acc=acc, acc_m=m, delta=delta)
-    return Tier1Partials(*outs[:4], delta=delta, hot_acc=hot_acc)
+    return Tier1Partials(*outs[:4], delta=delta, hot_acc=hot_acc, slot_m=slot_out[0], slot_l=slot_out[1],
+                         slot_acc=slot_out[2], slot_delta=slot_out[3])
 
 
 # variant name -> kernel: "reduce" (broadcast-multiply-reduce per query head), "dot" (float32 IEEE dots,

@@ -162,6 +162,57 @@ def test_int_kv_leaves_the_hot_blocks_out_of_the_splits():
         tier1_pass(*args, variant="int_kv", **dict(kw, per_block_acc=True))
 
 
+def test_int_kv_slot_programs_compute_the_exact_items():
+    """The extra programs of the tier-1 launch: exact partials of the hot slots (one empty) and of the residual
+    block (its first r_count tokens: 0, some, all), the padding slots empty; against `slot_partials_reference`
+    and against float64; every slot output written (interpret mode poisons them with NaN)."""
+    from pallas_kernels.tier1_pass import Slots, slot_partials_reference
+
+    case = dict(TWO, n_valid=[4, 1])
+    args = _inputs(**case)
+    rng = np.random.default_rng(7)
+    B, H, G, d, Bk, K = 2, 2, 4, 128, 16, 3
+    hot_k = jnp.asarray(rng.normal(size=(B, H, K, Bk, d)), jnp.bfloat16)
+    hot_v = jnp.asarray(rng.normal(size=(B, H, K, Bk, d)) + 2.0, jnp.bfloat16)
+    res_k = jnp.asarray(rng.normal(size=(B, H, Bk, d)) * 3.0, jnp.bfloat16)
+    res_v = jnp.asarray(rng.normal(size=(B, H, Bk, d)), jnp.bfloat16)
+    hot = jnp.asarray([[[0, 2, -1], [1, -1, 3]], [[0, -1, -1], [-1, 0, -1]]], jnp.int32)
+    for r_count in ([0, 5], [16, 1]):
+        slots = Slots(hot_k=hot_k, hot_v=hot_v, hot_ids=hot, res_k=res_k, res_v=res_v,
+                      r_count=jnp.asarray(r_count, jnp.int32), n_slots=8)
+        q_abs = jnp.abs(args[0])
+        kw = dict(group_size=GS, blocks_per_split=2, hot_ids=hot, q_abs=q_abs, out_blocks=8, out_splits=4,
+                  slots=slots)
+        got = tier1_pass(*args, variant="int_kv", **kw)
+        _assert_close(got, tier1_pass_reference(*args, **kw))
+        # float64: the slots' softmax statistics from scratch
+        q64 = np.asarray(args[0], np.float64) / math.sqrt(d)
+        for b in range(B):
+            for h in range(H):
+                for slot in range(8):
+                    if slot < K:
+                        keys = np.asarray(hot_k[b, h, slot], np.float64) if hot[b, h, slot] >= 0 else None
+                        vals = np.asarray(hot_v[b, h, slot], np.float64)
+                    elif slot == K and r_count[b] > 0:
+                        keys = np.asarray(res_k[b, h], np.float64)[:r_count[b]]
+                        vals = np.asarray(res_v[b, h], np.float64)[:r_count[b]]
+                    else:
+                        keys = None
+                    m, lsum, acc = (np.asarray(x)[b, h, :, slot] for x in (got.slot_m, got.slot_l, got.slot_acc))
+                    if keys is None:
+                        assert np.isneginf(m).all() and (lsum == 0).all() and (acc == 0).all()
+                        continue
+                    sc = q64[b, h] @ keys.T  # [G, t]
+                    w = np.exp(sc - sc.max(-1, keepdims=True))
+                    np.testing.assert_allclose(m, sc.max(-1), rtol=1e-5, atol=1e-5)
+                    np.testing.assert_allclose(lsum, w.sum(-1), rtol=1e-5)
+                    np.testing.assert_allclose(acc, w @ vals, rtol=1e-4, atol=1e-4)
+    ref = slot_partials_reference(args[0] / math.sqrt(d), q_abs, slots)
+    assert ref[0].shape == (B, H, G, 8) and ref[2].shape == (B, H, G, 8, d)
+    with pytest.raises(ValueError, match="slots need"):
+        tier1_pass(*args, variant="int_kv", group_size=GS, slots=slots)
+
+
 def test_reference_matches_float64_numpy():
     """tier1_pass_reference (float32 jnp) against an independent float64 computation of the block partials
     and of the finished (naive) attention output."""
