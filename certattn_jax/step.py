@@ -252,7 +252,7 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
                        eta_mean=vt.eta_mean, eta_op=vt.eta_op,
                        value_range=vt.value_range, key_scale=vt.key_scale, value_abs=vt.value_abs,
                        tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad,
-                       value_rounding=int_value_term(cache, block_valid, policy))
+                       value_rounding=int_value_term(cache, policy))
 
 
 def numeric_term(value_abs: jax.Array, n_items: int, block_size: int, chain: int = 0) -> jax.Array:
@@ -271,7 +271,7 @@ def numeric_term(value_abs: jax.Array, n_items: int, block_size: int, chain: int
             + bounds.dequantization_mismatch(value_abs))
 
 
-def int_value_term(cache: TieredKVCache, block_valid: jax.Array, policy: CertPolicy, chain: int = 0) -> jax.Array:
+def int_value_term(cache: TieredKVCache, policy: CertPolicy, chain: int = 0) -> jax.Array:
     """E_int [B, H] (bounds.int_value_rounding) when the tier-1 partials come from a kernel variant that sums
     values in exact integer arithmetic, else 0. The item count is the largest any stage merges (rung 2: the
     blocks, the hot slots, the widened selection, the exact-value blocks and the residual)."""
@@ -355,79 +355,94 @@ def slot_inputs(cache: TieredKVCache, slots: int):
                         res_v=cache.res_v, r_count=cache.lengths - cache.flushed, n_slots=slots)
 
 
-def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: bool = True) -> FusedRung0:
-    """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass, the
-    exact partials of every hot slot and of the residual (XLA, all slots at once), then
-    `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output
-    cast here. The same stage as `evaluate_stage(build_context(...), [select_and_promote(...).hot])`, up to
-    the order of float32 sums.
+class FusedItems(NamedTuple):
+    """What the certify kernel reads: the INT blocks' partials apx (m, l [B, H, Gp, NBp]; acc per block or per
+    split) and Delta, the exact slots (hot set + residual, [B, H, Gp, P]) and their Delta, the split layout's
+    extra arguments (split_max, hot_acc; empty otherwise), the online-softmax chain (blocks per split, 0 for
+    the per-block layout) and the number of query-head rows the arrays already have padded (None: unpadded)."""
 
-    When the tier-1 kernel runs (variant int_kv), it also writes each block's Delta and leaves its outputs
-    padded the way the certify kernel reads them (query heads and blocks to powers of two), and the slot
-    partials are computed on the padded query: no XLA pad or slice stands between the two kernels (each would
-    be one more launch per layer and step; docs/performance.md). With `split` (the default when the tier-1
-    kernel runs), the tier-1 pass keeps per-split value accumulators with the hot set's blocks left out, so the
-    certify kernel reads S + K value vectors per query head instead of nb (at 32K: 128 + 8 instead of 512); the
-    numerator's extra roundings are in E_num (`numeric_term`'s chain, docs/bounds.md section 14)."""
+    apx: Partials
+    apx_delta: jax.Array
+    slots: Partials
+    slot_delta: jax.Array
+    split_args: dict
+    chain: int
+    padded_rows: int | None
+
+
+def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split: bool) -> FusedItems:
+    """The certify kernel's inputs. When the tier-1 kernel runs (`int_kv`), one launch gives them all, padded as
+    the certify kernel reads them: each block's Delta, the query heads and blocks padded to powers of two, and
+    (split layout) the split accumulators without the hot set's blocks, those blocks' INT sums and, in extra
+    programs, the exact partials of the hot slots and the residual. Otherwise XLA computes them (unpadded)."""
     from pallas_kernels import certify_rung0 as ck  # pallas_kernels imports certattn_jax
     from pallas_kernels import tier1_pass as kernel
+
+    B, H, nb, K = cache.batch, cache.num_kv_heads, cache.num_blocks, cache.k_max
+    n_slots = ck.padded_slots(K)
+    if not (tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT == "int_kv"):
+        apx = tier1_partials(qt.q_scaled, cache, block_validity(cache), policy.tier1)
+        slots, slot_delta = slot_partials(qt.q_scaled, qt.q_abs, cache, n_slots)
+        return FusedItems(apx, key_deltas(qt.q_abs, cache, policy.tier1), slots, slot_delta, {}, 0, None)
+    layout = {"per_block_acc": True}
+    chain = 0
+    if split:
+        chain = kernel.default_blocks_per_split(B, H, nb)
+        n_splits = -(-nb // chain)
+        layout = dict(per_block_acc=False, blocks_per_split=chain, hot_ids=cache.hot_ids,
+                      out_splits=1 << (n_splits - 1).bit_length(), slots=slot_inputs(cache, n_slots))
+    t1 = kernel.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale,
+                           cache.v_zero, cache.flushed // cache.block_size, **layout, group_size=cache.group_size,
+                           key_bits=cache.key_bits, value_bits=cache.value_bits, score_scale=1.0,
+                           variant=kernel.CERTIFIED_VARIANT, q_abs=qt.q_abs, out_blocks=ck.padded_blocks(nb),
+                           padded_heads=True)
+    rows = t1.m.shape[2]
+    if split:
+        slots, slot_delta = Partials(m=t1.slot_m, l=t1.slot_l, acc=t1.slot_acc), t1.slot_delta
+    else:
+        slots, slot_delta = slot_partials(_pad_rows(qt.q_scaled, rows), _pad_rows(qt.q_abs, rows), cache, n_slots)
+    split_args = {"split_max": t1.acc_m, "hot_acc": t1.hot_acc} if split else {}
+    return FusedItems(Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta, slots, slot_delta, split_args, chain, rows)
+
+
+def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: bool = True) -> FusedRung0:
+    """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass (which,
+    through `int_kv`, also computes every item the certify kernel needs: `fused_items`), then
+    `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output cast
+    here. The same stage as `evaluate_stage(build_context(...), [select_and_promote(...).hot])`, up to the order
+    of float32 sums (and, with `split`, E_num's chain term: docs/bounds.md section 14). With `split` (the
+    default) the certify kernel reads S + K value vectors per query head instead of nb (32K: 136 vs 512)."""
+    from pallas_kernels import certify_rung0 as ck  # pallas_kernels imports certattn_jax
 
     B, Hq, d = q.shape
     H, nb, K = cache.num_kv_heads, cache.num_blocks, cache.k_max
     G = Hq // H
     qt = query_terms(q, cache)
-    block_valid = block_validity(cache)
-    n_valid = cache.flushed // cache.block_size
-    lean = tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT == "int_kv"
-    split_kw, chain = {}, 0
-    if lean:
-        if split:  # (the tier-1 launch also computes the hot slots' and the residual's exact partials)
-            bps = kernel.default_blocks_per_split(B, H, nb)
-            n_splits = -(-nb // bps)
-            split_kw = dict(per_block_acc=False, blocks_per_split=bps, hot_ids=cache.hot_ids,
-                            out_splits=1 << (n_splits - 1).bit_length(), slots=slot_inputs(cache, ck.padded_slots(K)))
-            chain = bps
-        t1 = kernel.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes,
-                               cache.v_scale, cache.v_zero, n_valid, **({"per_block_acc": True} | split_kw),
-                               group_size=cache.group_size, key_bits=cache.key_bits, value_bits=cache.value_bits,
-                               score_scale=1.0, variant=kernel.CERTIFIED_VARIANT, q_abs=qt.q_abs,
-                               out_blocks=ck.padded_blocks(nb), padded_heads=True)
-        apx, apx_delta = Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta
-        if split:
-            split_kw = dict(split_max=t1.acc_m, hot_acc=t1.hot_acc)
-            slots, slot_delta = Partials(m=t1.slot_m, l=t1.slot_l, acc=t1.slot_acc), t1.slot_delta
-        else:
-            rows = t1.m.shape[2]
-            slots, slot_delta = slot_partials(_pad_rows(qt.q_scaled, rows), _pad_rows(qt.q_abs, rows), cache,
-                                              ck.padded_slots(K))
-    else:
-        apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
-        apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
-        slots, slot_delta = slot_partials(qt.q_scaled, qt.q_abs, cache, ck.padded_slots(K))
+    it = fused_items(qt, cache, policy, split)
     _, _, res_v = residual_tokens(cache)
-    vt = value_terms(cache, policy, block_valid, res_v)
-    extra = apx.m.shape[-1] - nb
+    vt = value_terms(cache, policy, block_validity(cache), res_v)
+    extra = it.apx.m.shape[-1] - nb
 
-    def blocks(x):  # [B, H, nb] -> [B, H, 1, columns of apx]
+    def blocks(x):  # [B, H, nb] -> [B, H, 1, block columns of apx]
         return jnp.pad(x, ((0, 0), (0, 0), (0, extra)))[:, :, None, :]
 
-    errors = bounds.block_value_errors(blocks(vt.eta), blocks(vt.eta_mean), blocks(vt.eta_op), apx.l,
+    errors = bounds.block_value_errors(blocks(vt.eta), blocks(vt.eta_mean), blocks(vt.eta_op), it.apx.l,
                                        cache.block_size)
-    r = ck.certify_rung0(apx.m, apx.l, apx.acc, apx_delta, errors, n_valid, cache.hot_ids, slots.m, slots.l,
-                         slots.acc, slot_delta, cache.lengths - cache.flushed, vt.key_scale,
-                         block_size=cache.block_size, k_max=policy.k_max, tau_cov=policy.tau_cov,
-                         rank_margin=policy.rank_margin, heads=G if lean else None, num_blocks=nb, **split_kw)
+    r = ck.certify_rung0(it.apx.m, it.apx.l, it.apx.acc, it.apx_delta, errors, cache.flushed // cache.block_size,
+                         cache.hot_ids, it.slots.m, it.slots.l, it.slots.acc, it.slot_delta,
+                         cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
+                         k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin,
+                         heads=None if it.padded_rows is None else G, num_blocks=nb, **it.split_args)
     out, cast = bounds.cast_error(r.out, q.dtype)
-    # items merged: the blocks (or, with the split layout, the splits and the hot set's INT sums), the hot slots
-    # and the residual
-    n_items = nb + K + 1 if not chain else max(nb, t1.acc.shape[3] + K) + K + 1
+    # items merged: the blocks (split layout: the splits and the hot set's INT sums), the hot slots, the residual
+    n_items = nb + K + 1 if not it.chain else max(nb, it.apx.acc.shape[3] + K) + K + 1
     e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, n_items, cache.block_size, cast, r.broken,
-                               int_value_term(cache, block_valid, policy, chain), chain)
+                               int_value_term(cache, policy, it.chain), it.chain)
     k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
     stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
                         ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=k_star,
                         masses=jnp.zeros((B, H, G, nb), jnp.float32))
-    return FusedRung0(stage=stage, active=r.active, apx=None if chain else apx,
+    return FusedRung0(stage=stage, active=r.active, apx=None if it.chain else it.apx,
                       tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad)
 
 
