@@ -90,3 +90,7 @@ ENTRY %main (a: f32[4,1024]) -> f32[4,1024] {
     rows = big_writes(hlo, 1000)
     assert [(r["op"], r["bytes"], r["in_place_update"]) for r in rows] == [("copy", 16384, False),
                                                                             ("fusion", 16384, True)]
+    from launches_by_scope import launches_by_scope
+
+    by_scope = launches_by_scope(hlo)  # the custom call is a launch too; grouped by op name
+    assert by_scope == {"step": {"scatter": 1, "copy:copy": 1, "custom-call": 1}, "branch": {}}

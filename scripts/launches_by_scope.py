@@ -1,0 +1,88 @@
+"""Where a compiled decode loop's kernel launches come from, grouped by the `jax.named_scope` / op name that
+produced them (tier1_context, select_and_promote, rung0_certified, rung0_fused, rung1_widen, ...).
+
+Reads an HLO text dump (`bench_generate.py --dump-hlo DIR`, `profile_cert_step.py --dump-hlo DIR`) and counts,
+per step of the outermost while loop, the launching instructions (as `bench_generate.count_launches` does:
+nested loops times their trip counts, conditional branches apart), keyed by the first of `--scopes` found in
+each instruction's op_name (else its last op_name component).
+
+    python scripts/launches_by_scope.py DIR/smollm2_certified_1024_pallas_fused.hlo
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_generate import _NO_LAUNCH, _computations, _opcode  # noqa: E402
+
+SCOPES = ("rung0_fused", "tier1_context", "select_and_promote", "rung0_certified", "rung1_widen",
+          "rung2_exact_values", "rung3_exact_heads", "rung4_exact_layer", "certattn_tier1_pass",
+          "certattn_certify_rung0", "scatter", "dynamic_slice", "dynamic_update_slice", "switch", "cond")
+
+
+def launches_by_scope(hlo: str, scopes: tuple[str, ...] = SCOPES) -> dict[str, dict[str, int]]:
+    """{"step": {scope: launches per step}, "branch": {...}} for the outermost while loop's body."""
+    comps, entry = _computations(hlo)
+    whiles = [i for i in comps.get(entry, []) if _opcode(i) == "while"]
+    if not whiles:
+        raise ValueError("no while loop in the entry computation")
+    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
+    counts = {"step": collections.Counter(), "branch": collections.Counter()}
+
+    def key(instr: str, op: str) -> str:
+        m = re.search(r'op_name="([^"]*)"', instr)
+        name = m.group(1) if m else ""
+        for s in scopes:
+            if s in name:
+                return s
+        return f"{op}:{name.rsplit('/', 1)[-1]}" if name else op
+
+    def walk(comp: str, mult: int, where: str, seen: frozenset) -> None:
+        if comp in seen or comp not in comps:
+            return
+        seen = seen | {comp}
+        for instr in comps[comp]:
+            op = _opcode(instr)
+            if op in _NO_LAUNCH:
+                continue
+            if op == "while":
+                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
+                for attr in ("condition", "body"):
+                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
+                    if m:
+                        walk(m.group(1), mult * (int(trips.group(1)) if trips else 1), where, seen)
+                continue
+            if op == "call":
+                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
+                if m:
+                    walk(m.group(1), mult, where, seen)
+                continue
+            counts[where][key(instr, op)] += mult
+            if op == "conditional":
+                for group in re.findall(r"branch_computations=\{([^}]*)\}", instr):
+                    for n in group.split(","):
+                        walk(n.strip().lstrip("%"), mult, "branch", seen)
+
+    walk(body, 1, "step", frozenset())
+    return {w: dict(c.most_common()) for w, c in counts.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("hlo")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    result = launches_by_scope(Path(args.hlo).read_text())
+    out = {w: {"total": sum(c.values()), "top": dict(list(c.items())[:args.top])} for w, c in result.items()}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
