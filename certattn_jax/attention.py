@@ -110,10 +110,10 @@ def _naive_through_kernel(q: jax.Array, cache: TieredKVCache) -> jax.Array:
 
     B, Hq, d = q.shape
     qt = step.query_terms(q, cache)
-    parts = tier1_pass.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes,
-                                  cache.v_scale, cache.v_zero, cache.flushed // cache.block_size,
+    arrays, layer = cache.tier1_arrays(in_place=NAIVE_VARIANT == "int_kv")  # (stacked reads: int_kv only)
+    parts = tier1_pass.tier1_pass(qt.q_scaled, *arrays, cache.flushed // cache.block_size,
                                   group_size=cache.group_size, key_bits=cache.key_bits,
-                                  value_bits=cache.value_bits, score_scale=1.0, variant=NAIVE_VARIANT)
+                                  value_bits=cache.value_bits, score_scale=1.0, variant=NAIVE_VARIANT, layer=layer)
     res, _, _ = step.residual_partials(qt, cache)
     out, _ = split_combine.combine(parts, [(res.m, res.l, res.acc)])
     return out.reshape(B, Hq, d).astype(q.dtype)

@@ -15,6 +15,8 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
                                               inputs): a step reads these instead of reducing tier 1 again
     v_min, v_max [B, H, d] f32                running per-channel range of the values written so far
     nonfinite [B, H] bool                     a NaN/Inf was written to this head (it can no longer be certified)
+    tier1_stack  (layer views of a model cache only) the model's stacked [L, ...] k_codes, k_scale, k_zero,
+                 v_codes, v_scale, v_zero: the tier-1 kernel reads layer `layer` of them in place (`tier1_arrays`)
     res_k, res_v [B, H, Bk, d]                the newest, partial block, exact (per-channel scales need a full one)
     hot_k, hot_v [B, H, K, Bk, d], hot_ids [B, H, K]   device-resident exact copies of K = k_max blocks
     hot_used [B, H, K] int32                  when each slot was last promoted (the sequence length then; -1
@@ -79,6 +81,7 @@ class TieredKVCache:
     lengths: jax.Array
     flushed: jax.Array
     layer: jax.Array | None = None
+    tier1_stack: tuple[jax.Array, ...] | None = None
     block_size: int = struct.field(pytree_node=False, default=64)
     group_size: int = struct.field(pytree_node=False, default=32)
     key_bits: int = struct.field(pytree_node=False, default=8)
@@ -179,6 +182,13 @@ class TieredKVCache:
         return _from_head_major(k, v, _check_head_major(k.shape[1:], lengths, policy), policy)
 
     # ------------------------------------------------------------------ shape facts
+    def tier1_arrays(self, in_place: bool = True) -> tuple[tuple[jax.Array, ...], jax.Array | None]:
+        """(k_codes, k_scale, k_zero, v_codes, v_scale, v_zero), layer: a layer view's stacked arrays and its layer
+        (for a kernel that reads the layer in place: in_place), else this cache's own arrays and None."""
+        if in_place and self.tier1_stack is not None and self.layer is not None:
+            return self.tier1_stack, self.layer
+        return (self.k_codes, self.k_scale, self.k_zero, self.v_codes, self.v_scale, self.v_zero), None
+
     @property
     def batch(self) -> int:
         return self.k_codes.shape[-5]

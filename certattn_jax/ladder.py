@@ -249,9 +249,12 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     H = cache.num_kv_heads
     G = Hq // H
     cache0 = cache  # the step's input: the selection reads its hot set (rung 1 refreshes the hot set)
+    # the stacked tier-1 arrays a layer view carries are read by the tier-1 pass only (through cache0); the cache
+    # that goes through the rungs' conditionals and back to the model does without them
+    cache = cache.replace(tier1_stack=None)
     if policy.rung0 == "fused" and fused_supported(cache):  # one kernel; a higher rung builds its own context
         with jax.named_scope("rung0_fused"):
-            fused = rung0_fused(q, cache, policy)
+            fused = rung0_fused(q, cache0, policy)
         st0, tol, bad, active0 = fused.stage, fused.tolerance, fused.bad, fused.active
 
         def context() -> StepContext:  # called inside the branches of the rare rungs: computed only there
@@ -261,7 +264,7 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
             return select_and_promote(ctx, cache0, policy)
     else:
         with jax.named_scope("tier1_context"):
-            ctx0 = build_context(q, cache, policy)
+            ctx0 = build_context(q, cache0, policy)
         with jax.named_scope("select_and_promote"):
             sel0 = select_and_promote(ctx0, cache, policy)
         with jax.named_scope("rung0_certified"):

@@ -55,7 +55,9 @@ DEFAULT_SCHEDULE = SCHEDULES[0]
 
 # the per-layer fields of a TieredKVCache that live on the device (a layer view slices them; tier 2 is never sliced)
 _DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
-                       if f.metadata.get("pytree_node", True) and f.name not in ("host_k", "host_v", "layer"))
+                       if f.metadata.get("pytree_node", True)
+                       and f.name not in ("host_k", "host_v", "layer", "tier1_stack"))
+_TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 
 
 @struct.dataclass
@@ -181,7 +183,10 @@ class TieredModelCache:
         transfers slice the layer themselves). A full TieredKVCache: read it, attend with it, write it back with
         `with_layer`."""
         s = self.store
-        return s.replace(**{f: getattr(s, f)[layer] for f in _DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32))
+        # tier1_stack: the stacked tier-1 arrays, for the Pallas tier-1 pass to read this layer in place (a slice
+        # feeding a kernel launch is a copy of the layer's tier 1; jnp consumers fuse the slices below instead)
+        return s.replace(**{f: getattr(s, f)[layer] for f in _DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32),
+                         tier1_stack=tuple(getattr(s, f) for f in _TIER1_FIELDS))
 
     def with_layer(self, layer: int | jax.Array, view: TieredKVCache,
                    base: TieredKVCache | None = None) -> TieredModelCache:

@@ -391,11 +391,11 @@ def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split:
         n_splits = -(-nb // chain)
         layout = dict(per_block_acc=False, blocks_per_split=chain, hot_ids=cache.hot_ids,
                       out_splits=1 << (n_splits - 1).bit_length(), slots=slot_inputs(cache, n_slots))
-    t1 = kernel.tier1_pass(qt.q_scaled, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale,
-                           cache.v_zero, cache.flushed // cache.block_size, **layout, group_size=cache.group_size,
-                           key_bits=cache.key_bits, value_bits=cache.value_bits, score_scale=1.0,
-                           variant=kernel.CERTIFIED_VARIANT, q_abs=qt.q_abs, out_blocks=ck.padded_blocks(nb),
-                           padded_heads=True)
+    arrays, layer = cache.tier1_arrays()  # a model's layer: its stacked arrays, read in place by the kernel
+    t1 = kernel.tier1_pass(qt.q_scaled, *arrays, cache.flushed // cache.block_size, **layout,
+                           group_size=cache.group_size, key_bits=cache.key_bits, value_bits=cache.value_bits,
+                           score_scale=1.0, variant=kernel.CERTIFIED_VARIANT, q_abs=qt.q_abs,
+                           out_blocks=ck.padded_blocks(nb), padded_heads=True, layer=layer)
     rows = t1.m.shape[2]
     if split:
         slots, slot_delta = Partials(m=t1.slot_m, l=t1.slot_l, acc=t1.slot_acc), t1.slot_delta
@@ -469,10 +469,10 @@ def tier1_partials(q_s: jax.Array, cache: TieredKVCache, block_valid: jax.Array,
     from pallas_kernels import tier1_pass as kernel  # imported here: pallas_kernels imports certattn_jax
 
     if tier1_kernel_runs(cache, impl):
-        t1 = kernel.tier1_pass(q_s, cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale,
-                               cache.v_zero, cache.flushed // cache.block_size, group_size=cache.group_size,
+        arrays, layer = cache.tier1_arrays(in_place=kernel.CERTIFIED_VARIANT == "int_kv")
+        t1 = kernel.tier1_pass(q_s, *arrays, cache.flushed // cache.block_size, group_size=cache.group_size,
                                key_bits=cache.key_bits, value_bits=cache.value_bits, per_block_acc=True,
-                               score_scale=1.0, variant=kernel.CERTIFIED_VARIANT)
+                               score_scale=1.0, variant=kernel.CERTIFIED_VARIANT, layer=layer)
         return Partials(m=t1.m, l=t1.l, acc=t1.acc)
     k_hat = quant.dequantize_keys(cache.k_codes, cache.k_scale, cache.k_zero, cache.key_bits)
     s_apx = jnp.einsum("bhgd,bhntd->bhgnt", q_s, k_hat, precision=_HI)

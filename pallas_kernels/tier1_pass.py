@@ -140,10 +140,15 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
                          blocks_per_split: int | None = None, q_abs: jax.Array | None = None,
                          out_blocks: int | None = None, hot_ids: jax.Array | None = None,
                          out_splits: int | None = None, slots: Slots | None = None,
-                         score_scale: float | None = None, **_unused) -> Tier1Partials:
+                         score_scale: float | None = None, layer: jax.Array | None = None,
+                         **_unused) -> Tier1Partials:
     """Pure-jnp `tier1_pass` (same signature and outputs; query heads never padded). Split accumulators are
     formed from the per-block partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n. delta (with q_abs):
-    bounds.key_delta_quantized with the integer pieces, 0 for invalid blocks."""
+    bounds.key_delta_quantized with the integer pieces, 0 for invalid blocks. layer: the tier-1 arrays are stacked
+    [L, ...]; that layer's are read."""
+    if layer is not None:
+        k_codes, k_scale, k_zero, v_codes, v_scale, v_zero = (x[layer] for x in (k_codes, k_scale, k_zero, v_codes,
+                                                                                 v_scale, v_zero))
     m, l, pv = block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                         group_size=group_size, key_bits=key_bits, value_bits=value_bits)
     B, H, G, nb = m.shape
@@ -418,10 +423,20 @@ def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: j
     return t * inv_f[:, None] + base[:, None]
 
 
+class _LayerRef:
+    """A stacked [L, ...] ref read as one layer's [...] (index tuples get the layer prepended)."""
+
+    def __init__(self, ref, layer):
+        self.ref, self.layer = ref, layer
+
+    def __getitem__(self, idx):
+        return self.ref[(self.layer,) + (idx if isinstance(idx, tuple) else (idx,))]
+
+
 def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: int, Bk: int, group: int,
                       key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
                       out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None,
-                      n_slots: int = 0):
+                      n_slots: int = 0, stacked: bool = False):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -439,8 +454,13 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     n_slots > 0 (with n_hot and with_delta): n_slots more programs along the split axis compute the exact partials
     of the hot slots (inputs hot_k, hot_v [n_hot, Bk, d]) and of the residual block (res_k, res_v [Bk, d], its
     first r_count tokens) into slot outputs m, l, Delta [G, n_slots] and acc [G, n_slots, d] (slot n_hot: the
-    residual; slots past it: empty), the math of `slot_partials_reference` (float32 IEEE dots)."""
+    residual; slots past it: empty), the math of `slot_partials_reference` (float32 IEEE dots).
+    stacked: the six tier-1 inputs are a model's stacked arrays [L, ...] (their blocks cover every layer) and an
+    extra input after q holds the layer to read: the kernel reads that layer in place, so no per-layer slice of
+    tier 1 has to be materialised for the launch."""
     f32 = jnp.float32
+    if stacked:
+        layer_ref, *refs = refs
     if with_delta:
         qa_ref, *refs = refs
     if n_hot:
@@ -448,6 +468,10 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     if n_slots:
         hk_ref, hv_ref, rk_ref, rv_ref, rc_ref, *refs = refs
     kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref, m_ref, l_ref, acc_ref, *rest = refs
+    if stacked:
+        layer = layer_ref[0]
+        kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref = (_LayerRef(r, layer) for r in
+                                                          (kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref))
     am_ref = None if per_block else rest.pop(0)
     dl_ref = rest.pop(0) if with_delta else None
     xa_ref = rest.pop(0) if n_hot else None
@@ -630,7 +654,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                variant: str = "dot_magic", interpret: bool | None = None,
                score_scale: float | None = None, q_abs: jax.Array | None = None, out_blocks: int | None = None,
                padded_heads: bool = False, hot_ids: jax.Array | None = None,
-               out_splits: int | None = None, slots: Slots | None = None) -> Tier1Partials:
+               out_splits: int | None = None, slots: Slots | None = None,
+               layer: jax.Array | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -643,9 +668,24 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     set holds stay out of the split accumulators and their value sums come back in hot_acc, slot by slot;
     out_splits >= S (split layout) pads the split axis of acc / acc_m with empty splits; slots (with hot_ids
     equal to slots.hot_ids, and q_abs): the exact partials of the hot slots and the residual, computed by extra
-    programs of the same launch (slot_m, slot_l, slot_acc, slot_delta; `slot_partials_reference`)."""
-    B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
-                                       group_size, key_bits, value_bits)
+    programs of the same launch (slot_m, slot_l, slot_acc, slot_delta; `slot_partials_reference`); layer (int_kv):
+    the six tier-1 arrays are a model's stacked [L, B, H, ...] arrays and the kernel reads layer `layer` of them
+    in place (a per-layer slice feeding the launch would be a copy of that layer's tier 1)."""
+    if layer is not None:
+        if variant != "int_kv":
+            raise ValueError(f"layer (stacked tier-1 arrays) is implemented for the int_kv variant only, not "
+                             f"{variant!r}")
+        L = k_codes.shape[0]
+        stacked_arrays = (k_codes, k_scale, k_zero, v_codes, v_scale, v_zero)
+        if any(x.ndim < 2 or x.shape[0] != L for x in stacked_arrays):
+            raise ValueError(f"with layer, the tier-1 arrays must share a leading layer axis, got "
+                             f"{[tuple(x.shape) for x in stacked_arrays]}")
+        layer = jnp.clip(jnp.asarray(layer, jnp.int32).reshape(1), 0, L - 1)
+        B, H, G, d, nb, Bk = _check_inputs(q, *(x[0] for x in stacked_arrays), n_valid, group_size, key_bits,
+                                           value_bits)
+    else:
+        B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
+                                           group_size, key_bits, value_bits)
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
     if bps <= 0:
         raise ValueError(f"blocks_per_split must be positive, got {bps}")
@@ -691,7 +731,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                       out_blocks=out_blocks or nb, hot_ids=None if hot_ids is None else hot_ids.astype(jnp.int32),
                       out_splits=out_splits, slots=None if slots is None else slots._replace(
                           hot_ids=None, r_count=slots.r_count.astype(jnp.int32), n_slots=None),
-                      n_slots=0 if slots is None else slots.n_slots)
+                      n_slots=0 if slots is None else slots.n_slots, layer=layer)
     if Gp == G or padded_heads:
         return out
     return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (every field: axis 2 is G)
@@ -707,15 +747,17 @@ def padded_heads_for(G: int, variant: str) -> int:
                                              "n_slots"))
 def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
                 per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks, hot_ids=None,
-                out_splits=None, slots=None, n_slots=0) -> Tier1Partials:
+                out_splits=None, slots=None, n_slots=0, layer=None) -> Tier1Partials:
     B, H, G, d = q.shape
-    nb, Bk = k_codes.shape[2], k_codes.shape[3]
-    dk, dv, ng = k_codes.shape[4], v_codes.shape[4], d // group
+    stacked = layer is not None
+    lead = k_codes.shape[:1] if stacked else ()  # the layer axis of stacked tier-1 arrays
+    nb, Bk = k_codes.shape[len(lead) + 2], k_codes.shape[len(lead) + 3]
+    dk, dv, ng = k_codes.shape[-1], v_codes.shape[-1], d // group
     S = -(-nb // bps)
     with_delta = q_abs is not None
     n_hot = 0 if hot_ids is None else hot_ids.shape[-1]
     extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks, n_hot=n_hot,
-                                                out_splits=out_splits, n_slots=n_slots)
+                                                out_splits=out_splits, n_slots=n_slots, stacked=stacked)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
                                value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731
@@ -738,14 +780,21 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
         out_shape += [jax.ShapeDtypeStruct((B, H, G, n_slots, d), jnp.float32),
                       jax.ShapeDtypeStruct((B, H, G, n_slots), jnp.float32)]
         out_specs += [whole(G, n_slots), whole(G, n_slots), whole(G, n_slots, d), whole(G, n_slots)]
-    in_specs = [pl.BlockSpec((None,), lambda b, h, s: (b,)), whole(G, d)] + ([whole(G, d)] if with_delta else [])
+    def tier1(*shape):  # a tier-1 array's block: one (b, h), every layer when stacked
+        if not stacked:
+            return whole(*shape)
+        return pl.BlockSpec((*lead, None, None, *shape), lambda b, h, s: (0, b, h) + (0,) * len(shape))
+
+    in_specs = [pl.BlockSpec((None,), lambda b, h, s: (b,)), whole(G, d)]
+    in_specs += [pl.BlockSpec((1,), lambda b, h, s: (0,))] if stacked else []  # the layer, read by the kernel
+    in_specs += [whole(G, d)] if with_delta else []
     in_specs += [whole(n_hot)] if n_hot else []
     if n_slots:
         in_specs += [whole(n_hot, Bk, d), whole(n_hot, Bk, d), whole(Bk, d), whole(Bk, d),
                      pl.BlockSpec((None,), lambda b, h, s: (b,))]
-    in_specs += [whole(nb, Bk, dk), whole(nb, d), whole(nb, d), whole(nb, Bk, dv), whole(nb, Bk, ng),
-                 whole(nb, Bk, ng)]
-    args = [n_valid, q] + ([q_abs] if with_delta else []) + ([hot_ids] if n_hot else [])
+    in_specs += [tier1(nb, Bk, dk), tier1(nb, d), tier1(nb, d), tier1(nb, Bk, dv), tier1(nb, Bk, ng),
+                 tier1(nb, Bk, ng)]
+    args = [n_valid, q] + ([layer] if stacked else []) + ([q_abs] if with_delta else []) + ([hot_ids] if n_hot else [])
     if n_slots:
         args += [slots.hot_k, slots.hot_v, slots.res_k, slots.res_v, slots.r_count]
     args += [k_codes, k_scale, k_zero, v_codes, v_scale, v_zero]

@@ -313,3 +313,38 @@ def test_the_looped_schedule_places_weights_by_size(params, monkeypatch, in_plac
         assert not moved, moved[:3]
     else:
         assert moved  # the copy path is what runs for small layers: the test would not notice a silent switch
+
+
+def test_the_kernels_read_each_layer_in_place_and_decode_like_jnp(params, monkeypatch):
+    """Through the Pallas path (tier-1 kernel, fused rung 0; interpret mode here) a model's decode step hands the
+    tier-1 kernel the stacked tier-1 arrays and the layer index (no per-layer slice of tier 1 feeds a launch),
+    and decodes the same tokens with the same rungs and K* as the jnp path; naive through the kernel too."""
+    from pallas_kernels import tier1_pass as kernel
+
+    calls = []
+    real = kernel.tier1_pass
+
+    def spy(q, k_codes, *args, layer=None, **kw):
+        calls.append((k_codes.ndim, layer is not None))
+        return real(q, k_codes, *args, layer=layer, **kw)
+
+    monkeypatch.setattr(kernel, "tier1_pass", spy)
+    monkeypatch.setattr(gen, "_COMPILED", {})
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 37)]
+    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, record_steps=True)
+    runs = {}
+    for name, mode, pol in (("jnp", "certified", POLICY),
+                            ("kernels", "certified", dataclasses.replace(POLICY, tier1="pallas", rung0="fused")),
+                            ("naive", "naive", POLICY),
+                            ("naive kernel", "naive", dataclasses.replace(POLICY, tier1="pallas"))):
+        calls.clear()
+        runs[name] = gen.generate(params, CFG, prompts, 5, cache_factory=cache_spec(mode, CFG, jnp.float32, pol),
+                                  **kw)
+        if pol.tier1 == "pallas":  # traced: every decode-step call reads the stacked [L, B, H, ...] arrays
+            assert calls and all(ndim == 6 and stacked for ndim, stacked in calls), calls
+    assert runs["kernels"].tokens == runs["jnp"].tokens
+    for field in ("rung", "k_star", "certified"):
+        np.testing.assert_array_equal(getattr(runs["kernels"].step_records, field),
+                                      getattr(runs["jnp"].step_records, field), err_msg=field)
+    assert runs["naive kernel"].tokens == runs["naive"].tokens

@@ -392,6 +392,52 @@ def test_kernels_lower_to_triton(variant, monkeypatch):
         assert "xla.gpu.triton" in text
 
 
+def _stacked_case(seed=11, L=3, nb=5):
+    """Three layers of tier-1 arrays stacked [L, ...], hot ids and slots for the certified launch."""
+    from pallas_kernels.tier1_pass import Slots
+
+    layers = [_inputs(seed=seed + i, B=2, H=2, G=4, nb=nb, Bk=16, d=64, n_valid=[4, 1]) for i in range(L)]
+    q, nv = layers[0][0], layers[0][-1]
+    stacked = [jnp.stack([lay[i] for lay in layers]) for i in range(1, 7)]
+    rng = np.random.default_rng(seed)
+    hot = jnp.asarray([[[0, 3], [1, -1]], [[0, -1], [-1, -1]]], jnp.int32)
+    slots = Slots(hot_k=jnp.asarray(rng.normal(size=(2, 2, 2, 16, 64)), jnp.bfloat16),
+                  hot_v=jnp.asarray(rng.normal(size=(2, 2, 2, 16, 64)), jnp.bfloat16), hot_ids=hot,
+                  res_k=jnp.asarray(rng.normal(size=(2, 2, 16, 64)), jnp.bfloat16),
+                  res_v=jnp.asarray(rng.normal(size=(2, 2, 16, 64)), jnp.bfloat16),
+                  r_count=jnp.asarray([3, 16], jnp.int32), n_slots=4)
+    kw = dict(group_size=GS, blocks_per_split=2, hot_ids=hot, q_abs=jnp.abs(q), out_blocks=8, out_splits=4,
+              slots=slots)
+    return q, stacked, nv, layers, kw
+
+
+def test_int_kv_reads_a_layer_of_stacked_arrays_in_place():
+    """layer=i with the stacked [L, ...] tier-1 arrays gives exactly what the kernel gives on layer i's own
+    arrays (the model's loop over layers then launches it without slicing tier 1 first)."""
+    q, stacked, nv, layers, kw = _stacked_case()
+    for i in (0, 2):
+        got = tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(i), **kw)
+        want = tier1_pass(q, *layers[i][1:7], nv, variant="int_kv", **kw)
+        for name in Tier1Partials._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), name)
+        _assert_close(got, tier1_pass_reference(q, *stacked, nv, layer=i, **kw))
+    with pytest.raises(ValueError, match="leading layer axis"):
+        tier1_pass(q, *stacked[:5], stacked[5][0], nv, variant="int_kv", layer=jnp.int32(0), **kw)
+
+
+def test_the_certified_launch_lowers_to_triton(monkeypatch):
+    """The int_kv launch with everything the fused rung 0 asks of it (Delta, padded outputs, the hot set out of
+    the splits, the slot programs, stacked tier-1 arrays read in place) cross-lowered for CUDA."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    q, stacked, nv, _, kw = _stacked_case()
+    f = jax.jit(lambda q, layer, *a: tier1_pass(q, *a, variant="int_kv", layer=layer, interpret=False,
+                                                padded_heads=True, **kw))
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, jnp.int32(1), *stacked,
+                                                                          nv).mlir_module()
+    assert "xla.gpu.triton" in text
+
+
 @pytest.mark.parametrize("family", ["random", "same_sign", "offset", "tiny_weights", "huge_scales", "subnormal"])
 def test_int_value_sums_are_within_their_rounding_bound(family):
     """docs/bounds.md section 13, per block and value group: the int_kv kernel's value sum (`_int_value_sum`,
