@@ -215,7 +215,12 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
             first = h["id"] >= 0
             for h2 in hot[:s_]:
                 first = first & (h2["id"] != h["id"])
-            use = first & ~h["active"] & (h["id"] < n_valid)
+            # not where any slot promotes the block (hot ids are distinct by construction; were they not, a block
+            # must still never count both exact and INT)
+            block_promoted = jnp.array(False)
+            for h2 in hot:
+                block_promoted = block_promoted | (h2["active"] & (h2["id"] == h["id"]))
+            use = first & ~block_promoted & (h["id"] < n_valid)
             m_blk = jnp.max(jnp.where(nidx == jnp.maximum(h["id"], 0), m, _NEG_INF), axis=1)  # [Gp]
             num = num + jnp.where(use, weight(m_blk)[:, None] * xa_ref[:, s_, :], 0.0)
     else:
