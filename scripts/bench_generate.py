@@ -36,11 +36,14 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hlo_walk import launching_instructions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,33 +54,6 @@ TINY_GRID = {"tiny": (100, 300)}
 CACHES = ("dense", "naive", "certified")
 # certified with a given layer schedule (TieredModelCache.schedule; "certified" is the default schedule)
 VARIANTS = ("certified_looped", "certified_two-pass", "certified_unrolled")
-_NO_LAUNCH = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
-              "replica-id", "opt-barrier"}
-
-
-def _computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
-    """(instructions of each computation, the entry computation's name); linear in the text."""
-    comps: dict[str, list[str]] = {}
-    name = entry = None
-    for line in hlo.splitlines():
-        m = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
-        if m and not line.startswith(" "):
-            name = m.group(2)
-            entry = name if m.group(1) else entry
-            comps[name] = []
-        elif line.startswith("}"):
-            name = None
-        elif name is not None and " = " in line:
-            comps[name].append(line.strip())
-    return comps, entry
-
-
-def _opcode(instr: str) -> str:
-    rhs = instr.split(" = ", 1)[1]
-    m = re.search(r"\b([a-z][a-z0-9\-]*)\(", rhs)
-    return m.group(1) if m else ""
-
-
 def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_chunk: int, repeats: int,
                    ) -> list[float]:
     """Seconds of `repeats` prefills of ids (to the first token's logits, the cache ready on the device), one
@@ -95,45 +71,13 @@ def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_c
 
 def count_launches(hlo: str) -> dict[str, int]:
     """Kernel launches per iteration of the outermost while loop of a compiled module (see module docstring)."""
-    comps, entry = _computations(hlo)
-    whiles = [i for i in comps.get(entry, []) if _opcode(i) == "while"]
-    if not whiles:
-        raise ValueError("no while loop in the entry computation")
-    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
     counts = {"launches": 0, "cond_branch_launches": 0, "host": 0}
-
-    def walk(comp: str, key: str, seen: set[str], mult: int = 1) -> None:
-        if comp in seen or comp not in comps:
-            return
-        seen.add(comp)
-        for instr in comps[comp]:
-            op = _opcode(instr)
-            if op in _NO_LAUNCH:
-                continue
-            if op == "while":  # a loop with a known trip count (e.g. over layers) launches its body that often
-                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
-                inner = mult * (int(trips.group(1)) if trips else 1)
-                for attr in ("condition", "body"):
-                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
-                    if m:
-                        walk(m.group(1), key, seen, inner)
-                continue
-            if op == "call":
-                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
-                if m:
-                    walk(m.group(1), key, seen, mult)
-                continue
-            counts[key] += mult
-            if key == "launches" and "S(5)" in instr:
-                counts["host"] += mult
-            if op == "conditional":
-                names = re.findall(r"branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+)", instr)
-                names = [a or b for a, b in names]
-                for group in names:
-                    for n in group.split(","):
-                        walk(n.strip().lstrip("%"), "cond_branch_launches", seen, mult)
-
-    walk(body, "launches", set())
+    for instr, _, mult, where in launching_instructions(hlo):
+        if where == "step":
+            counts["launches"] += mult
+            counts["host"] += mult if "S(5)" in instr else 0
+        else:
+            counts["cond_branch_launches"] += mult
     return counts
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_generate import _NO_LAUNCH, _computations, _opcode  # noqa: E402
+from hlo_walk import launching_instructions  # noqa: E402
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4,
           "s64": 8, "u64": 8, "f64": 8}
@@ -39,45 +39,19 @@ def output_bytes(instr: str) -> int:
 
 
 def big_writes(hlo: str, min_bytes: float) -> list[dict]:
-    comps, entry = _computations(hlo)
-    whiles = [i for i in comps.get(entry, []) if _opcode(i) == "while"]
-    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
     rows = []
-
-    def walk(comp: str, mult: int, where: str) -> None:
-        for instr in comps.get(comp, []):
-            op = _opcode(instr)
-            if op in _NO_LAUNCH or op == "custom-call":
-                continue
-            if op == "while":
-                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
-                for attr in ("condition", "body"):
-                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
-                    if m:
-                        walk(m.group(1), mult * (int(trips.group(1)) if trips else 1), where)
-                continue
-            if op == "call":
-                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
-                if m:
-                    walk(m.group(1), mult, where)
-                continue
-            if op == "conditional":
-                for group in re.findall(r"branch_computations=\{([^}]*)\}", instr):
-                    for n in group.split(","):
-                        walk(n.strip().lstrip("%"), mult, "branch")
-                continue
-            size = output_bytes(instr)
-            if size >= min_bytes:
-                name = re.search(r'op_name="([^"]*)"', instr)
-                # an in-place update (scatter / dynamic-update-slice fusion) outputs the whole buffer but writes
-                # only its slice: listed, not counted
-                update = bool(name) and re.search(r"(scatter|dynamic_update_slice)$", name.group(1)) is not None
-                rows.append({"op": op, "bytes": size, "times_per_step": mult, "where": where,
-                             "in_place_update": update,
-                             "shape": instr.split(" = ", 1)[1].split(" ", 1)[0][:80],
-                             "op_name": (name.group(1) if name else "")[-100:]})
-
-    walk(body, 1, "step")
+    for instr, op, mult, where in launching_instructions(hlo):
+        if op in ("custom-call", "conditional"):  # the kernels themselves; a conditional writes no buffer itself
+            continue
+        size = output_bytes(instr)
+        if size >= min_bytes:
+            name = re.search(r'op_name="([^"]*)"', instr)
+            # an in-place update (scatter / dynamic-update-slice fusion) outputs the whole buffer but writes only
+            # its slice: listed, not counted
+            update = bool(name) and re.search(r"(scatter|dynamic_update_slice)$", name.group(1)) is not None
+            rows.append({"op": op, "bytes": size, "times_per_step": mult, "where": where, "in_place_update": update,
+                         "shape": instr.split(" = ", 1)[1].split(" ", 1)[0][:80],
+                         "op_name": (name.group(1) if name else "")[-100:]})
     return sorted(rows, key=lambda r: (r["where"] != "step", r["in_place_update"], -r["bytes"] * r["times_per_step"]))
 
 

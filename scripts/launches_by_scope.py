@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_generate import _NO_LAUNCH, _computations, _opcode  # noqa: E402
+from hlo_walk import launching_instructions  # noqa: E402
 
 SCOPES = ("rung0_fused", "tier1_context", "select_and_promote", "rung0_certified", "rung1_widen",
           "rung2_exact_values", "rung3_exact_heads", "rung4_exact_layer", "certattn_tier1_pass",
@@ -29,48 +29,12 @@ SCOPES = ("rung0_fused", "tier1_context", "select_and_promote", "rung0_certified
 
 def launches_by_scope(hlo: str, scopes: tuple[str, ...] = SCOPES) -> dict[str, dict[str, int]]:
     """{"step": {scope: launches per step}, "branch": {...}} for the outermost while loop's body."""
-    comps, entry = _computations(hlo)
-    whiles = [i for i in comps.get(entry, []) if _opcode(i) == "while"]
-    if not whiles:
-        raise ValueError("no while loop in the entry computation")
-    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
     counts = {"step": collections.Counter(), "branch": collections.Counter()}
-
-    def key(instr: str, op: str) -> str:
+    for instr, op, mult, where in launching_instructions(hlo):
         m = re.search(r'op_name="([^"]*)"', instr)
         name = m.group(1) if m else ""
-        for s in scopes:
-            if s in name:
-                return s
-        return f"{op}:{name.rsplit('/', 1)[-1]}" if name else op
-
-    def walk(comp: str, mult: int, where: str, seen: frozenset) -> None:
-        if comp in seen or comp not in comps:
-            return
-        seen = seen | {comp}
-        for instr in comps[comp]:
-            op = _opcode(instr)
-            if op in _NO_LAUNCH:
-                continue
-            if op == "while":
-                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
-                for attr in ("condition", "body"):
-                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
-                    if m:
-                        walk(m.group(1), mult * (int(trips.group(1)) if trips else 1), where, seen)
-                continue
-            if op == "call":
-                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
-                if m:
-                    walk(m.group(1), mult, where, seen)
-                continue
-            counts[where][key(instr, op)] += mult
-            if op == "conditional":
-                for group in re.findall(r"branch_computations=\{([^}]*)\}", instr):
-                    for n in group.split(","):
-                        walk(n.strip().lstrip("%"), mult, "branch", seen)
-
-    walk(body, 1, "step", frozenset())
+        key = next((s for s in scopes if s in name), None)
+        counts[where][key or (f"{op}:{name.rsplit('/', 1)[-1]}" if name else op)] += mult
     return {w: dict(c.most_common()) for w, c in counts.items()}
 
 

@@ -1,0 +1,79 @@
+"""Reading compiled HLO text: the launching instructions of a decode loop's step.
+
+`launching_instructions(hlo)` walks the body of the entry computation's first while loop (one decode step):
+nested while loops count their body that many times (their known trip count, else once), calls are followed,
+and a conditional is one launch whose branch computations are walked apart ("branch"). Each computation is
+walked once. Instructions that launch nothing (parameters, constants, tuples, bitcasts, ...) are skipped.
+Used by `bench_generate.count_launches`, `big_writes.py` and `launches_by_scope.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+NO_LAUNCH = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+             "replica-id", "opt-barrier"}
+
+
+def computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
+    """{computation name: its instruction lines}, and the entry computation's name."""
+    comps: dict[str, list[str]] = {}
+    name = entry = None
+    for line in hlo.splitlines():
+        m = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if m and not line.startswith(" "):
+            name = m.group(2)
+            entry = name if m.group(1) else entry
+            comps[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None and " = " in line:
+            comps[name].append(line.strip())
+    return comps, entry
+
+
+def opcode(instr: str) -> str:
+    rhs = instr.split(" = ", 1)[1]
+    m = re.search(r"\b([a-z][a-z0-9\-]*)\(", rhs)
+    return m.group(1) if m else ""
+
+
+def launching_instructions(hlo: str) -> Iterator[tuple[str, str, int, str]]:
+    """(instruction, opcode, times per step, "step" | "branch") for every launching instruction of one step."""
+    comps, entry = computations(hlo)
+    whiles = [i for i in comps.get(entry, []) if opcode(i) == "while"]
+    if not whiles:
+        raise ValueError("no while loop in the entry computation")
+    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
+    seen: set[str] = set()
+
+    def walk(comp: str, mult: int, where: str) -> Iterator[tuple[str, str, int, str]]:
+        if comp in seen or comp not in comps:
+            return
+        seen.add(comp)
+        for instr in comps[comp]:
+            op = opcode(instr)
+            if op in NO_LAUNCH:
+                continue
+            if op == "while":
+                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
+                inner = mult * (int(trips.group(1)) if trips else 1)
+                for attr in ("condition", "body"):
+                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
+                    if m:
+                        yield from walk(m.group(1), inner, where)
+                continue
+            if op == "call":
+                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
+                if m:
+                    yield from walk(m.group(1), mult, where)
+                continue
+            yield instr, op, mult, where
+            if op == "conditional":
+                names = re.findall(r"branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+)", instr)
+                for group in (a or b for a, b in names):
+                    for n in group.split(","):
+                        yield from walk(n.strip().lstrip("%"), mult, "branch")
+
+    yield from walk(body, 1, "step")
