@@ -39,8 +39,10 @@ def opcode(instr: str) -> str:
     return m.group(1) if m else ""
 
 
-def launching_instructions(hlo: str) -> Iterator[tuple[str, str, int, str]]:
-    """(instruction, opcode, times per step, "step" | "branch") for every launching instruction of one step."""
+def launching_instructions(hlo: str, descend_loops: bool = True) -> Iterator[tuple[str, str, int, str]]:
+    """(instruction, opcode, times per step, "step" | "branch") for every launching instruction of one step.
+    descend_loops=False: a while loop inside the step is one launch and is not walked (a CPU proxy for a GPU
+    step whose Pallas kernels run in interpret mode, where each kernel is a loop)."""
     comps, entry = computations(hlo)
     whiles = [i for i in comps.get(entry, []) if opcode(i) == "while"]
     if not whiles:
@@ -55,6 +57,9 @@ def launching_instructions(hlo: str) -> Iterator[tuple[str, str, int, str]]:
         for instr in comps[comp]:
             op = opcode(instr)
             if op in NO_LAUNCH:
+                continue
+            if op == "while" and not descend_loops:
+                yield instr, op, mult, where
                 continue
             if op == "while":
                 trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)

@@ -27,10 +27,12 @@ SCOPES = ("rung0_fused", "tier1_context", "select_and_promote", "rung0_certified
           "certattn_certify_rung0", "scatter", "dynamic_slice", "dynamic_update_slice", "switch", "cond")
 
 
-def launches_by_scope(hlo: str, scopes: tuple[str, ...] = SCOPES) -> dict[str, dict[str, int]]:
-    """{"step": {scope: launches per step}, "branch": {...}} for the outermost while loop's body."""
+def launches_by_scope(hlo: str, scopes: tuple[str, ...] = SCOPES, descend_loops: bool = True,
+                      ) -> dict[str, dict[str, int]]:
+    """{"step": {scope: launches per step}, "branch": {...}} for the outermost while loop's body
+    (descend_loops: see `hlo_walk.launching_instructions`)."""
     counts = {"step": collections.Counter(), "branch": collections.Counter()}
-    for instr, op, mult, where in launching_instructions(hlo):
+    for instr, op, mult, where in launching_instructions(hlo, descend_loops):
         m = re.search(r'op_name="([^"]*)"', instr)
         name = m.group(1) if m else ""
         key = next((s for s in scopes if s in name), None)
@@ -42,8 +44,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("hlo")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--interpret-proxy", action="store_true",
+                    help="count a loop inside the step as one launch (CPU HLO, Pallas kernels in interpret mode)")
     args = ap.parse_args()
-    result = launches_by_scope(Path(args.hlo).read_text())
+    result = launches_by_scope(Path(args.hlo).read_text(), descend_loops=not args.interpret_proxy)
     out = {w: {"total": sum(c.values()), "top": dict(list(c.items())[:args.top])} for w, c in result.items()}
     print(json.dumps(out, indent=1))
 
