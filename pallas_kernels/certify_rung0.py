@@ -4,14 +4,16 @@ Everything a certified step does after the tier-1 pass, when no tier-2 byte is n
 one launch per layer instead of ~60 small XLA kernels (docs/performance.md: at 1K context those launches, not
 bytes, are the certified step's cost). One program per (sequence b, KV head h) with its G query heads.
 
-The exact partials of the hot slots and of the residual block are inputs (version 2): the caller computes
-them with the jnp path's own functions (`step.exact_partials`), all slots at once. (Version 1 computed them in
-the kernel, slot after slot: one program per KV head ran K dependent load-dot-reduce chains, 70 µs at 1K on
-the H200 — slower than the ~30 XLA launches it replaced; docs/performance.md.)
+The exact partials of the hot slots and of the residual block are inputs (since version 2; version 3 has
+the tier-1 launch compute them in extra programs, `tier1_pass(slots=...)`). (Version 1 computed them in the
+kernel, slot after slot: one program per KV head ran K dependent load-dot-reduce chains, 70 µs at 1K on the
+H200 — slower than the ~30 XLA launches it replaced; docs/performance.md.)
 
 Inputs (b, h omitted; G query heads, nb full blocks, K hot slots):
     apx_m, apx_l      [G, nb]      tier-1 partials of every full block (INT keys / values): max score, sum-exp
-    apx_acc           [G, nb, d]   their value sums (per-block layout of `tier1_pass`)
+    apx_acc           [G, nb, d]   their value sums (per-block layout of `tier1_pass`); or, split layout (version 3,
+                                   `split_max` given), [G, S, d] split accumulators without the hot set's blocks,
+                                   split_max [G, S] their maxima and hot_acc [G, K, d] the hot blocks' INT sums
     apx_delta         [G, nb]      Delta_n, the score error bound of each INT block (bounds.key_delta_quantized)
     eta               [G, nb]      each block's value error per unit mass (bounds.block_value_errors; 0 invalid)
     n_valid           []           full blocks holding tokens;  r_count []: tokens in the residual block
@@ -36,7 +38,7 @@ Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K
 
 Rounding: the same float32 operations as the jnp path, in another order inside sums and dots; every bound
 term used is order-free (gamma_n) and the evaluation of the bound is rounded up as in `bounds`
-(docs/bounds.md section 12).
+(docs/bounds.md section 12; the split layout's merge: section 14).
 """
 
 from __future__ import annotations
