@@ -146,7 +146,7 @@ def key_delta_from_sums(quant_dot: jax.Array, fp_dot: jax.Array, a_max: jax.Arra
     delta = round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
     if int_pieces:
         delta = delta + d * (L + off) * 2.0 ** -124
-    return delta + (2.0 * q_abs_sum + 2 * d + 8) * TINY  # flush_delta
+    return delta + flush_delta_from_sum(q_abs_sum, d)
 
 
 def dequantization_mismatch(value_abs: jax.Array) -> jax.Array:
@@ -166,8 +166,12 @@ def dequantization_mismatch(value_abs: jax.Array) -> jax.Array:
 def flush_delta(q_abs: jax.Array) -> jax.Array:
     """Score error [...] from subnormal keys or products flushed to zero (XLA:CPU): each of the d products
     loses < TINY, and a flushed key element moves its product by < |q_c| TINY."""
-    d = q_abs.shape[-1]
-    return (2.0 * jnp.sum(q_abs, axis=-1) + 2 * d + 8) * TINY
+    return flush_delta_from_sum(jnp.sum(q_abs, axis=-1), q_abs.shape[-1])
+
+
+def flush_delta_from_sum(q_abs_sum: jax.Array, d: int) -> jax.Array:
+    """`flush_delta` from q_abs_sum = sum_c |q_c|."""
+    return (2.0 * q_abs_sum + 2 * d + 8) * TINY
 
 
 def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
@@ -180,7 +184,7 @@ def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
 def key_delta_exact_from_sum(dot: jax.Array, q_abs_sum: jax.Array, d: int) -> jax.Array:
     """`key_delta_exact` from dot = sum_c |q_c| max_i |k_ic| (any summation order: rounded up here) and
     q_abs_sum = sum_c |q_c|; shared with the tier-1 kernel's slot programs."""
-    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U) + (2.0 * q_abs_sum + 2 * d + 8) * TINY
+    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U) + flush_delta_from_sum(q_abs_sum, d)
 
 
 def _exp_up(arg: jax.Array) -> jax.Array:

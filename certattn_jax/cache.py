@@ -50,6 +50,9 @@ from certattn_jax import quant, tiers
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 
+# The tier-1 arrays a tier-1 pass reads, in its argument order (a layer view's `tier1_stack` holds them stacked).
+TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
+
 
 @struct.dataclass
 class TieredKVCache:
@@ -187,7 +190,7 @@ class TieredKVCache:
         (for a kernel that reads the layer in place: in_place), else this cache's own arrays and None."""
         if in_place and self.tier1_stack is not None and self.layer is not None:
             return self.tier1_stack, self.layer
-        return (self.k_codes, self.k_scale, self.k_zero, self.v_codes, self.v_scale, self.v_zero), None
+        return tuple(getattr(self, f) for f in TIER1_FIELDS), None
 
     @property
     def batch(self) -> int:

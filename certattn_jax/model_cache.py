@@ -41,7 +41,7 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import TieredKVCache
+from certattn_jax.cache import TIER1_FIELDS, TieredKVCache
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
@@ -57,7 +57,6 @@ DEFAULT_SCHEDULE = SCHEDULES[0]
 _DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
                        if f.metadata.get("pytree_node", True)
                        and f.name not in ("host_k", "host_v", "layer", "tier1_stack"))
-_TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 
 
 @struct.dataclass
@@ -186,7 +185,7 @@ class TieredModelCache:
         # tier1_stack: the stacked tier-1 arrays, for the Pallas tier-1 pass to read this layer in place (a slice
         # feeding a kernel launch is a copy of the layer's tier 1; jnp consumers fuse the slices below instead)
         return s.replace(**{f: getattr(s, f)[layer] for f in _DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32),
-                         tier1_stack=tuple(getattr(s, f) for f in _TIER1_FIELDS))
+                         tier1_stack=tuple(getattr(s, f) for f in TIER1_FIELDS))
 
     def with_layer(self, layer: int | jax.Array, view: TieredKVCache,
                    base: TieredKVCache | None = None) -> TieredModelCache:

@@ -116,15 +116,17 @@ def _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid
 
 # ---------------------------------------------------------------------------------------------- reference
 def block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group_size: int,
-                             key_bits: int = 8, value_bits: int = 4) -> tuple[jax.Array, jax.Array, jax.Array]:
+                             key_bits: int = 8, value_bits: int = 4, score_scale: float | None = None,
+                             ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-block (m, l, pv) with jnp, the math of `attention.build_context` / `attention.partials`:
-    m, l [B, H, G, nb], pv [B, H, G, nb, d] (float32 dequantized keys/values are materialized here)."""
+    m, l [B, H, G, nb], pv [B, H, G, nb, d] (float32 dequantized keys/values are materialized here). Scores are
+    q . k_hat times score_scale (default 1/sqrt(d), as `tier1_pass`)."""
     B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                        group_size, key_bits, value_bits)
     q32 = q.astype(jnp.float32)
     valid = jnp.arange(nb)[None, :] < jnp.clip(n_valid, 0, nb)[:, None]  # [B, nb]
     k_hat = quant.dequantize_keys(k_codes, k_scale, k_zero, key_bits)
-    s = jnp.einsum("bhgd,bhntd->bhgnt", q32, k_hat, precision=_HI) * (1.0 / math.sqrt(d))
+    s = jnp.einsum("bhgd,bhntd->bhgnt", q32, k_hat, precision=_HI) * _score_scale(d, score_scale)
     s = jnp.where(valid[:, None, None, :, None], s, -jnp.inf)
     v_hat = quant.dequantize_values(v_codes, v_scale, v_zero, group_size, value_bits)
     m = jnp.max(s, axis=-1)
@@ -150,7 +152,8 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
         k_codes, k_scale, k_zero, v_codes, v_scale, v_zero = (x[layer] for x in (k_codes, k_scale, k_zero, v_codes,
                                                                                  v_scale, v_zero))
     m, l, pv = block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
-                                        group_size=group_size, key_bits=key_bits, value_bits=value_bits)
+                                        group_size=group_size, key_bits=key_bits, value_bits=value_bits,
+                                        score_scale=score_scale)
     B, H, G, nb = m.shape
     delta = None
     if q_abs is not None:
@@ -188,8 +191,8 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
         acc = jnp.pad(acc, ((0, 0),) * 3 + ((0, out_splits - S), (0, 0)))
         acc_m = jnp.pad(acc_m, ((0, 0),) * 3 + ((0, out_splits - S),), constant_values=-jnp.inf)
     slot_out = [None] * 4
-    if slots is not None:  # (score_scale applies to the slots here; the block partials always use 1/sqrt(d))
-        scale = 1.0 / math.sqrt(q.shape[-1]) if score_scale is None else score_scale
+    if slots is not None:
+        scale = _score_scale(q.shape[-1], score_scale)
         slot_out = slot_partials_reference(q.astype(jnp.float32) * scale, q_abs.astype(jnp.float32), slots)
     return Tier1Partials(m=cols(m, -jnp.inf), l=cols(l, 0.0), acc=acc, acc_m=acc_m, delta=cols(delta, 0.0),
                          hot_acc=hot_acc, slot_m=slot_out[0], slot_l=slot_out[1], slot_acc=slot_out[2],
@@ -727,7 +730,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                       per_block=per_block_acc, bps=bps, num_stages=num_stages,
                       num_warps=num_warps or _DEFAULT_WARPS.get(variant, 4),
                       variant=variant, interpret=interpret,
-                      scale=float(1.0 / math.sqrt(d) if score_scale is None else score_scale),
+                      scale=_score_scale(d, score_scale),
                       out_blocks=out_blocks or nb, hot_ids=None if hot_ids is None else hot_ids.astype(jnp.int32),
                       out_splits=out_splits, slots=None if slots is None else slots._replace(
                           hot_ids=None, r_count=slots.r_count.astype(jnp.int32), n_slots=None),
@@ -735,6 +738,11 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     if Gp == G or padded_heads:
         return out
     return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (every field: axis 2 is G)
+
+
+def _score_scale(d: int, score_scale: float | None) -> float:
+    """The factor applied to q . k_hat: score_scale, or 1/sqrt(d) by default."""
+    return float(1.0 / math.sqrt(d) if score_scale is None else score_scale)
 
 
 def padded_heads_for(G: int, variant: str) -> int:
