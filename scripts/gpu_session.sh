@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call, many measurements: run the named steps in order, each under its own timeout, and pack what
+# they wrote into $OUT/results.tgz after every step (so a call stopped at its limit still returns what finished).
+# The step list is docs/performance.md's "Next GPU session" plan; each step's stdout+stderr goes to its log.
+#     bash scripts/gpu_session.sh kernels prof gen_fused gen8b_32k      # on the device machine ($OUT set)
+# Results land in $OUT/results.tgz (JSON, logs, HLO dumps with their launch/copy analyses) and $OUT/summary.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export JAX_PLATFORMS=cuda XLA_FLAGS= XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=. PYTHONUNBUFFERED=1
+OUT="${OUT:?OUT must name the folder that comes back}"
+W=/tmp/gpu_session
+mkdir -p "$W/hlo"
+B="python3 scripts/bench_generate.py --timeout 150 --new-tokens 32 --tier1 pallas"
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout -k 5 "$limit" bash -c "$*" > "$W/$name.log" 2>&1
+  local rc=$?
+  echo "$(date -u +%H:%M:%S) $name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.log"
+  tail -n 4 "$W/$name.log" | sed 's/^/    /' >> "$OUT/summary.log"
+  tar czf "$OUT/results.tgz" -C /tmp gpu_session
+}
+
+hlo_analyses() {
+  for f in "$W"/hlo/*.hlo; do
+    [ -e "$f" ] || continue
+    python3 scripts/launches_by_scope.py "$f" > "$f.scopes.json" 2>&1
+    python3 scripts/big_writes.py "$f" --min-bytes 1e6 > "$f.big_writes.json" 2>&1
+  done
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/summary.log"
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" >> "$OUT/summary.log" 2>&1
+
+for s in "$@"; do
+  case $s in
+    kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
+    prof) step prof 300 "python3 scripts/profile_cert_step.py --shapes smol:1024 8b:32768 8b:131072 --tier1 pallas fused --phases tier1 fast --steps 30 --reps 3 --dump-hlo $W/hlo --out $W/prof_v3.json" ;;
+    gen_fused) step gen_fused 330 "$B --models smollm2 --prompts 1024 4096 --caches certified --rung0 fused --dump-hlo $W/hlo --out $W/gen_smol_fused.json" ;;
+    gen_smol) step gen_smol 560 "$B --models smollm2 --prompts 1024 4096 --caches dense naive certified --dump-hlo $W/hlo --out $W/gen_smol.json" ;;
+    gen8b_32k) step gen8b_32k 400 "$B --models llama3.1-8b --prompts 32768 --caches naive certified --dump-hlo $W/hlo --out $W/gen_8b_32k.json" ;;
+    gen8b_32k_fused) step gen8b_32k_fused 240 "$B --models llama3.1-8b --prompts 32768 --caches certified --rung0 fused --dump-hlo $W/hlo --out $W/gen_8b_32k_fused.json" ;;
+    gen8b_8k) step gen8b_8k 330 "$B --models llama3.1-8b --prompts 8192 --caches dense certified --out $W/gen_8b_8k.json" ;;
+    att_rest) step att_rest 400 "python3 scripts/bench_attention.py --contexts 8192,65536 --out $W/att_rest.json" ;;
+    att_rungs) step att_rungs 300 "python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_full certified_rung1 certified_rung2 certified_rung3 certified_rung4 --out $W/att_rungs.json" ;;
+    dec) step dec 500 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768,131072 --batches 1,8,16 --caches dense,naive,certified --impls einsum --out $W/dec.json" ;;
+    soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
+    sound) step sound 400 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 8 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
+    eval_compile) step eval_compile 300 "python3 scripts/probe_eval_compile.py --model smollm2 --schedules looped two-pass --out $W/eval_compile.json" ;;
+    hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
+    *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
+  esac
+done
