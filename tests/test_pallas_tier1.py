@@ -52,7 +52,8 @@ def test_interpret_mode_poisons_outputs():
     """The premise of the NaN checks: an output the kernel never writes comes back NaN."""
     from jax.experimental import pallas as pl
 
-    assert backend.interpret()
+    if not backend.interpret():
+        pytest.skip("a compiled GPU kernel leaves unwritten outputs as whatever memory held: interpret mode only")
 
     def kernel(x_ref, o_ref):
         o_ref[0] = x_ref[0]  # writes one element of eight
