@@ -407,21 +407,37 @@ def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float):
     return _scaled(t * inv_f[None, :] + base[None, :], inv_sqrt_d)
 
 
+# How `_int_value_sum` forms sum_i P[i, r] c[i, c] (integers: |P| <= 65, |c| <= 128, Bk terms; every formulation
+# below is exact while 65 * 128 * Bk < 2^24): "int8_tn" an int8 MMA contracting both operands' first axis;
+# "int8_nn" the same with the pieces transposed first; "f32" a float32 IEEE dot of the same integers.
+VALUE_DOT = "int8_tn"
+
+
+def _value_dot(pieces: jax.Array, codes: jax.Array) -> jax.Array:
+    """pieces [Bk, R] int8, codes [Bk, C] int8 -> sum over the tokens [R, C] as float32 (exact)."""
+    if VALUE_DOT == "int8_tn":
+        return jax.lax.dot_general(pieces, codes, (((0,), (0,)), ((), ())),
+                                   preferred_element_type=jnp.int32).astype(jnp.float32)
+    if VALUE_DOT == "int8_nn":
+        return jax.lax.dot_general(pieces.T, codes, (((1,), (0,)), ((), ())),
+                                   preferred_element_type=jnp.int32).astype(jnp.float32)
+    return _dot(pieces.astype(jnp.float32), codes.astype(jnp.float32), b_contract=0, a_contract=0)
+
+
 def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: jax.Array, value_bits: int,
                    ) -> jax.Array:
     """sum_i p_ig (t_i code_ic + y_i) [G, group] for one block and value group j, in exact integer arithmetic
     (int_kv): w_ig = p_ig t_i split into int8 pieces down the tokens (`_int8_pieces_cols`), an int32 dot with the
     codes shifted to signed, plus off sum_i w_ig + sum_i p_ig y_i. p [Bk, G], t_j, y_j [Bk] (scale, zero),
     codes_packed [Bk, group * bits / 8]. Rounding: docs/bounds.md section 13 (bounds.int_value_rounding)."""
-    f32 = jnp.float32
     G = p.shape[1]
     voff = 1 << (value_bits - 1)
     w = p * t_j[:, None]  # [Bk, G]
     pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4G]
     codes = (_unpack(codes_packed, value_bits) - voff).astype(jnp.int8)  # [Bk, group]
-    si = jax.lax.dot_general(pieces, codes, (((0,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+    si = _value_dot(pieces, codes)  # [4G, group], exact
     kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
-    t = jnp.sum(si.astype(f32).reshape(G, 4, codes.shape[1]) * _pow2(-7 * kk), axis=1)  # [G, group]
+    t = jnp.sum(si.reshape(G, 4, codes.shape[1]) * _pow2(-7 * kk), axis=1)  # [G, group]
     base = voff * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)  # [G]
     return t * inv_f[:, None] + base[:, None]
 

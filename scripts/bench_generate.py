@@ -72,10 +72,12 @@ def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_c
 def count_launches(hlo: str) -> dict[str, int]:
     """Kernel launches per iteration of the outermost while loop of a compiled module (see module docstring)."""
     counts = {"launches": 0, "cond_branch_launches": 0, "host": 0}
-    for instr, _, mult, where in launching_instructions(hlo):
+    for instr, op, mult, where in launching_instructions(hlo):
         if where == "step":
             counts["launches"] += mult
-            counts["host"] += mult if "S(5)" in instr else 0
+            # a conditional whose operands include the tier-2 buffers only passes them to its branches (the
+            # flush); what moves host bytes is an instruction inside a branch, counted only if the branch runs
+            counts["host"] += mult if "S(5)" in instr and op != "conditional" else 0
         else:
             counts["cond_branch_launches"] += mult
     return counts

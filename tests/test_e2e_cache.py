@@ -223,6 +223,10 @@ ENTRY %main (x: f32[4]) -> f32[4] {
 }
 """
     assert count_launches(hlo) == {"launches": 3, "cond_branch_launches": 2, "host": 1}
+    # a conditional that is handed a host buffer (the flush's tier-2 operand) moves nothing unless its branch runs
+    passing = hlo.replace("conditional(%pred, %f, %f)", "conditional(%pred, %h, %f)").replace(
+        "%c = f32[4]{0} conditional", "%c = f32[4]{0:S(5)} conditional")
+    assert count_launches(passing) == {"launches": 3, "cond_branch_launches": 2, "host": 1}
     with pytest.raises(ValueError, match="no while loop"):
         count_launches(hlo.replace("while(%t), condition=%cond, body=%body", "copy(%t)"))
 
