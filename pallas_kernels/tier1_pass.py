@@ -394,34 +394,33 @@ def _int8_pieces_cols(w: jax.Array) -> tuple[jax.Array, jax.Array]:
 def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float):
     """Scores [Bk, G] of q [G, d] against one block's packed key codes with the exact int8 dot (see
     _tier1_kernel_dot, int_keys)."""
-    f32 = jnp.float32
     G = q.shape[0]
     off = 1 << (key_bits - 1)
     a = q * ks[None, :]
     pieces, inv_f = _int8_pieces(a)
     codes_i8 = (_unpack(codes_packed, key_bits) - off).astype(jnp.int8)  # [Bk, d]
-    si = jax.lax.dot_general(codes_i8, pieces, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    si = _exact_int_dot(codes_i8, pieces, 1, 1)  # [Bk, 4G]
     kk = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
-    t = jnp.sum(si.astype(f32).reshape(codes_i8.shape[0], G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
+    t = jnp.sum(si.reshape(codes_i8.shape[0], G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
     base = off * jnp.sum(a, axis=1) + jnp.sum(q * kz[None, :], axis=1)  # [G]
     return _scaled(t * inv_f[None, :] + base[None, :], inv_sqrt_d)
 
 
-# How `_int_value_sum` forms sum_i P[i, r] c[i, c] (integers: |P| <= 65, |c| <= 128, Bk terms; every formulation
-# below is exact while 65 * 128 * Bk < 2^24): "int8_tn" an int8 MMA contracting both operands' first axis;
-# "int8_nn" the same with the pieces transposed first; "f32" a float32 IEEE dot of the same integers.
-VALUE_DOT = "int8_tn"
+# Shortest contraction an int8 x int8 -> int32 dot may have. Triton's int8 MMA instruction contracts 32 at a
+# time; with 16 (a block of 16 tokens, or head_dim 16) the compiled dot on the H200 returns exactly twice the
+# product (jax 0.11.2; scripts/probe_int_dot.py, results/probe_int_dot_h200.log), which made rung 0 certify wrong
+# outputs for block_size 16 (docs/performance.md, 2026-12-01). Shorter contractions take a float32 IEEE dot of
+# the same integers, which is exact too: every product and partial sum is an integer below 2^24 (|P| <= 65,
+# |code| <= 128, fewer than 32 terms).
+MIN_INT8_CONTRACTION = 32
 
 
-def _value_dot(pieces: jax.Array, codes: jax.Array) -> jax.Array:
-    """pieces [Bk, R] int8, codes [Bk, C] int8 -> sum over the tokens [R, C] as float32 (exact)."""
-    if VALUE_DOT == "int8_tn":
-        return jax.lax.dot_general(pieces, codes, (((0,), (0,)), ((), ())),
+def _exact_int_dot(a: jax.Array, b: jax.Array, a_contract: int, b_contract: int) -> jax.Array:
+    """The exact 2-D product of int8 a and b contracting a's axis a_contract with b's b_contract, as float32."""
+    if a.shape[a_contract] >= MIN_INT8_CONTRACTION:
+        return jax.lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((), ())),
                                    preferred_element_type=jnp.int32).astype(jnp.float32)
-    if VALUE_DOT == "int8_nn":
-        return jax.lax.dot_general(pieces.T, codes, (((1,), (0,)), ((), ())),
-                                   preferred_element_type=jnp.int32).astype(jnp.float32)
-    return _dot(pieces.astype(jnp.float32), codes.astype(jnp.float32), b_contract=0, a_contract=0)
+    return _dot(a.astype(jnp.float32), b.astype(jnp.float32), b_contract=b_contract, a_contract=a_contract)
 
 
 def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: jax.Array, value_bits: int,
@@ -435,7 +434,7 @@ def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: j
     w = p * t_j[:, None]  # [Bk, G]
     pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4G]
     codes = (_unpack(codes_packed, value_bits) - voff).astype(jnp.int8)  # [Bk, group]
-    si = _value_dot(pieces, codes)  # [4G, group], exact
+    si = _exact_int_dot(pieces, codes, 0, 0)  # [4G, group]
     kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
     t = jnp.sum(si.reshape(G, 4, codes.shape[1]) * _pow2(-7 * kk), axis=1)  # [G, group]
     base = voff * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)  # [G]

@@ -36,7 +36,7 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())" >> "$OUT/s
 for s in "$@"; do
   case $s in
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
-    probe_int) step probe_int 200 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
+    probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     prof) step prof 300 "python3 scripts/profile_cert_step.py --shapes smol:1024 8b:32768 8b:131072 --tier1 pallas fused --phases tier1 fast --steps 30 --reps 3 --dump-hlo $W/hlo --out $W/prof_v3.json" ;;
     gen_fused) step gen_fused 330 "$B --models smollm2 --prompts 1024 4096 --caches certified --rung0 fused --dump-hlo $W/hlo --out $W/gen_smol_fused.json" ;;

@@ -63,6 +63,30 @@ def test_interpret_mode_poisons_outputs():
     assert float(out[0]) == 1.0 and np.isnan(np.asarray(out[1:])).all()
 
 
+@pytest.mark.parametrize("K", [16, 32, 64])
+@pytest.mark.parametrize("layout", [(0, 0), (1, 1)])
+def test_exact_int_dot_is_exact_for_every_contraction_length(K, layout):
+    """The integer dots of the INT variants, inside a kernel (compiled on a GPU): exact against numpy. On the
+    H200 an int8 MMA over 16 terms returned twice the product (tier1_pass.MIN_INT8_CONTRACTION); shorter
+    contractions must take the float32 path and stay exact."""
+    from jax.experimental import pallas as pl
+
+    from pallas_kernels.tier1_pass import _exact_int_dot
+
+    rng = np.random.default_rng(K)
+    a = rng.integers(-65, 66, size=(K, 16) if layout[0] == 0 else (16, K)).astype(np.int8)
+    b = rng.integers(-128, 128, size=(K, 32) if layout[1] == 0 else (32, K)).astype(np.int8)
+
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = _exact_int_dot(a_ref[...], b_ref[...], *layout)
+
+    got = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 32), jnp.float32),
+                         interpret=backend.interpret())(jnp.asarray(a), jnp.asarray(b))
+    a64 = a.astype(np.int64) if layout[0] == 1 else a.astype(np.int64).T
+    b64 = b.astype(np.int64) if layout[1] == 0 else b.astype(np.int64).T
+    np.testing.assert_array_equal(np.asarray(got).astype(np.int64), a64 @ b64)
+
+
 # Ragged sequences: all blocks full, 2 of 5 (T not a multiple of the block is the same thing for tier 1: the
 # partial last block lives in the residual), and none at all (T < one block).
 RAGGED = dict(seed=1, B=3, H=2, G=4, nb=5, Bk=16, d=128, n_valid=[5, 2, 0])
