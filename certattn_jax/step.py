@@ -447,10 +447,14 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
 
 
 def tier1_kernel_runs(cache: TieredKVCache, impl: str) -> bool:
-    """Whether `tier1_partials` takes the Pallas kernel for this cache (impl "pallas" and shapes it supports)."""
+    """Whether `tier1_partials` takes the Pallas kernel for this cache: impl "pallas", shapes it supports, and a
+    compiled kernel that passed its known-answer check for this configuration (`pallas_kernels.selftest`)."""
+    from pallas_kernels import selftest
     from pallas_kernels import tier1_pass as kernel
 
-    return impl == "pallas" and kernel.supports(cache.block_size, cache.head_dim, cache.group_size)
+    return (impl == "pallas" and kernel.supports(cache.block_size, cache.head_dim, cache.group_size)
+            and selftest.tier1_trusted(cache.block_size, cache.head_dim, cache.group_size, cache.key_bits,
+                                       cache.value_bits))
 
 
 def key_deltas(q_abs: jax.Array, cache: TieredKVCache, impl: str) -> jax.Array:

@@ -1,0 +1,121 @@
+"""Known-answer checks of the compiled tier-1 kernel, once per shape configuration, before a certificate uses it.
+
+A certificate is only as sound as the arithmetic its bound describes. The bound covers the kernel's float32
+rounding, not a compiler that gets the arithmetic wrong: on the H200 (jax 0.11.2) Triton's int8 MMA over 16
+terms returned twice the product, and the `int_kv` kernel certified wrong outputs for block_size 16 until the
+kernel stopped using it there (tier1_pass.MIN_INT8_CONTRACTION; docs/performance.md, 2026-12-01). The next such
+miscompile (another shape, another jax or Triton) must not be silent either: before the certified path (or the
+naive one) routes a configuration through the compiled kernel, `tier1_trusted` runs that kernel once on small
+random inputs of the same static configuration -- the layouts the product uses (per-block accumulators; split
+accumulators with the hot set left out, the slot programs and a stacked layer read in place) -- against the
+pure-jnp reference. A disagreement warns, names the output, and the caller takes the jnp computation instead
+(same bound, no kernel). In interpret mode (the CPU) the kernel *is* jnp code, so nothing is checked.
+
+Cost: one compile and run of the kernel per configuration and process (~1-2 s on the H200).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from certattn_jax import quant
+from pallas_kernels import backend
+
+# Relative to the largest magnitude of each output: the kernel and the reference agree to ~1e-6 (float32 sums
+# in another order); a miscompile shows as O(1) (the int8 one: a factor of 2)
+TOLERANCE = 1e-3
+
+
+def _inputs(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int, seed: int = 0):
+    """A 2-layer stacked tier 1 (B = 1, H = 1, G = 4, 4 blocks, 3 of them valid) and a hot set of 2 slots."""
+    from pallas_kernels.tier1_pass import Slots
+
+    rng = np.random.default_rng(seed)
+    L, B, H, G, nb, Bk, d = 2, 1, 1, 4, 4, block_size, head_dim
+    k = rng.normal(size=(L, B, H, nb, Bk, d)) * rng.uniform(0.5, 3.0, size=(1, 1, 1, 1, 1, d))
+    v = rng.normal(size=(L, B, H, nb, Bk, d)) + 0.5
+    kc, ks, kz = quant.quantize_keys(jnp.asarray(k, jnp.float32), key_bits)
+    vc, vs, vz = quant.quantize_values(jnp.asarray(v, jnp.float32), group_size, value_bits)
+    q = jnp.asarray(rng.normal(size=(B, H, G, d)) / np.sqrt(d), jnp.float32)
+    hot_ids = jnp.asarray([[[2, 0]]], jnp.int32)
+    slots = Slots(hot_k=jnp.asarray(k[1][:, :, [2, 0]], jnp.bfloat16),
+                  hot_v=jnp.asarray(v[1][:, :, [2, 0]], jnp.bfloat16), hot_ids=hot_ids,
+                  res_k=jnp.asarray(k[1][:, :, 3], jnp.bfloat16),
+                  res_v=jnp.asarray(v[1][:, :, 3], jnp.bfloat16), r_count=jnp.asarray([Bk // 2], jnp.int32),
+                  n_slots=4)
+    return q, (kc, ks, kz, vc, vs, vz), jnp.asarray([3], jnp.int32), hot_ids, slots
+
+
+def _layouts(block_size, head_dim, group_size, key_bits, value_bits):
+    """(name, args, kwargs) of the calls the product makes (step.tier1_partials, step.fused_items, naive)."""
+    q, stacked, n_valid, hot_ids, slots = _inputs(block_size, head_dim, group_size, key_bits, value_bits)
+    one_layer = tuple(x[1] for x in stacked)
+    common = dict(group_size=group_size, key_bits=key_bits, value_bits=value_bits, score_scale=1.0)
+    yield "per-block", (q, *one_layer, n_valid), dict(common, per_block_acc=True)
+    yield "split, hot set, slots, stacked layer", (q, *stacked, n_valid), dict(
+        common, per_block_acc=False, blocks_per_split=2, hot_ids=hot_ids, q_abs=jnp.abs(q), out_blocks=8,
+        out_splits=4, slots=slots, layer=jnp.asarray(1, jnp.int32))
+
+
+def tier1_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
+                       variant: str | None = None, run: Callable | None = None) -> str | None:
+    """None when the tier-1 kernel (`run`, default `tier1_pass` with `variant`, default the certified one) agrees
+    with `tier1_pass_reference` on every output of every layout, else what disagrees. Evaluated eagerly (in a
+    thread of its own), also when called while a jitted function is being traced."""
+    from pallas_kernels import tier1_pass as t1
+
+    variant = variant or t1.CERTIFIED_VARIANT
+    run = run or functools.partial(t1.tier1_pass, variant=variant)
+
+    def check() -> str | None:
+        for name, args, kw in _layouts(block_size, head_dim, group_size, key_bits, value_bits):
+            got, want = run(*args, **kw), t1.tier1_pass_reference(*args, **kw)
+            for field in t1.Tier1Partials._fields:
+                w = getattr(want, field)
+                if w is None:
+                    continue
+                g, w = np.asarray(getattr(got, field)), np.asarray(w)
+                fin = np.isfinite(w)
+                if g.shape != w.shape or np.isnan(g).any() or not np.array_equal(g[~fin], w[~fin]):
+                    return f"{name}: {field} has the wrong shape, NaN or wrong empty entries"
+                scale = max(float(np.max(np.abs(w[fin]), initial=0.0)), 1e-30)
+                err = float(np.max(np.abs(g[fin] - w[fin]), initial=0.0)) / scale
+                if not err <= TOLERANCE:
+                    return f"{name}: {field} off by {err:.3g} of its magnitude"
+        return None
+
+    # JAX's trace state is per thread: in a fresh thread the check runs eagerly even when the caller is in the
+    # middle of tracing a jitted step (jax.ensure_compile_time_eval would also evaluate the kernel's own body)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(check).result()
+
+
+def runs_compiled_kernels() -> bool:
+    """Whether kernels launched here execute compiled (a GPU, not interpret mode). Forcing compiled kernels on
+    a CPU (CERTATTN_PALLAS_INTERPRET=0) only lowers them, e.g. for `jax.export` to CUDA: nothing to check."""
+    return not backend.interpret() and jax.default_backend() == "gpu"
+
+
+@functools.cache
+def tier1_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int) -> bool:
+    """Whether the certified path may use the compiled tier-1 kernel for this configuration (module docstring);
+    True without a check where no compiled kernel executes (`runs_compiled_kernels`). Checked once per
+    configuration and process."""
+    if not runs_compiled_kernels():
+        return True
+    problem = tier1_disagreement(block_size, head_dim, group_size, key_bits, value_bits)
+    if problem is None:
+        return True
+    warnings.warn(f"the compiled tier-1 kernel disagrees with its reference for block_size={block_size}, "
+                  f"head_dim={head_dim}, group_size={group_size}, key_bits={key_bits}, value_bits={value_bits} "
+                  f"on {jax.devices()[0].device_kind} (jax {jax.__version__}): {problem}. Certified and naive "
+                  f"attention use the jnp tier-1 computation for this configuration instead.",
+                  RuntimeWarning, stacklevel=2)
+    return False

@@ -1,0 +1,86 @@
+"""pallas_kernels.selftest: the known-answer check that stands between a compiled tier-1 kernel and a certificate."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from certattn_jax import CertPolicy, step
+from certattn_jax.cache import TieredKVCache
+from pallas_kernels import selftest
+from pallas_kernels import tier1_pass as t1
+
+
+@pytest.mark.parametrize("cfg", [(16, 64, 16, 8, 4), (64, 128, 32, 4, 2)], ids=["Bk16-K8V4", "Bk64-K4V2"])
+def test_the_kernel_agrees_with_its_reference_in_every_layout_the_product_uses(cfg):
+    assert selftest.tier1_disagreement(*cfg) is None
+
+
+def _doubling_acc(*args, **kw):
+    """What the H200 did with 16-term int8 dots: every value sum twice what it should be."""
+    out = t1.tier1_pass(*args, variant="int_kv", **kw)
+    return out._replace(acc=2 * out.acc)
+
+
+def _nan_m(*args, **kw):
+    out = t1.tier1_pass(*args, variant="int_kv", **kw)
+    return out._replace(m=jnp.full_like(out.m, jnp.nan))
+
+
+@pytest.mark.parametrize("bad,what", [(_doubling_acc, "acc off by"), (_nan_m, "m has")])
+def test_a_miscompiled_kernel_is_caught_and_named(bad, what):
+    problem = selftest.tier1_disagreement(16, 64, 16, 8, 4, run=bad)
+    assert problem is not None and what in problem
+
+
+def test_the_check_runs_eagerly_inside_a_jit_trace():
+    """The certified step asks while it is being traced: the check must evaluate, not stage into the step."""
+    seen = []
+
+    @jax.jit
+    def f(x):
+        seen.append(selftest.tier1_disagreement(16, 64, 16, 8, 4, run=_doubling_acc))
+        return x + 1
+
+    f(jnp.zeros(()))
+    assert seen and seen[0] is not None and "acc" in seen[0]
+
+
+def test_an_untrusted_kernel_sends_the_certified_path_to_jnp(monkeypatch):
+    """A compiled kernel that fails its check is not used (warning naming the configuration); interpret mode is
+    trusted without a check; the verdict is cached per configuration."""
+    cache = TieredKVCache.init(batch=1, capacity=128, num_kv_heads=1, head_dim=64, dtype=jnp.float32,
+                               policy=CertPolicy(block_size=16, group_size=16))
+    calls = []
+
+    def fake_check(*cfg, **_):
+        calls.append(cfg)
+        return "acc off by 1 of its magnitude"
+
+    selftest.tier1_trusted.cache_clear()
+    try:
+        assert step.tier1_kernel_runs(cache, "pallas")  # interpret mode: no check
+        monkeypatch.setattr(selftest, "tier1_disagreement", fake_check)
+        assert step.tier1_kernel_runs(cache, "pallas") and not calls  # cached verdict of interpret mode
+        selftest.tier1_trusted.cache_clear()
+        monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+        with pytest.warns(RuntimeWarning, match="block_size=16.*acc off by"):
+            assert not step.tier1_kernel_runs(cache, "pallas")
+        assert not step.tier1_kernel_runs(cache, "pallas") and len(calls) == 1  # checked once
+        assert not step.tier1_kernel_runs(cache, "jnp")
+    finally:
+        selftest.tier1_trusted.cache_clear()
+
+
+def test_every_certified_variant_input_layout_is_checked():
+    """The check covers the per-block layout (tier1_partials) and the fused layout (fused_items: splits, hot set,
+    slots, a stacked layer read in place): a kernel wrong only in the second is caught too."""
+    def wrong_in_fused(*args, **kw):
+        out = t1.tier1_pass(*args, variant="int_kv", **kw)
+        return out if kw.get("per_block_acc") else out._replace(slot_acc=out.slot_acc + 1.0)
+
+    problem = selftest.tier1_disagreement(16, 64, 16, 8, 4, run=functools.partial(wrong_in_fused))
+    assert problem is not None and problem.startswith("split") and "slot_acc" in problem
