@@ -34,8 +34,11 @@ attn = jax.jit(certified_attention, static_argnums=2)
 
 
 def stored(x, dtype) -> np.ndarray:
-    """What a cache of `dtype` holds for input x, as float64."""
-    return np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32)).astype(np.float64)
+    """What a cache of `dtype` holds for input x, as float64: x rounded to `dtype` once, as `jnp.asarray(x, dtype)`
+    (which builds the direct caches below) and a cache's own cast of float32 inputs (the incremental ones) do.
+    Not via float32 first: for float64 x that rounds twice and can land one ulp of `dtype` away from what the
+    cache holds (1.3e8 for bf16 values ~3e10: a hypothesis example, seed 30, once read as a violation)."""
+    return np.asarray(jnp.asarray(x, dtype).astype(jnp.float32)).astype(np.float64)
 
 
 reference = attention_f64
@@ -179,6 +182,20 @@ def test_extreme_magnitudes_are_bounded(name, seed, q_exp, k_exp, v_exp, v_off_r
     cache = _build(kj, vj, jnp.asarray(lengths, jnp.int32), policy)
     check(jnp.asarray(q, jnp.float32), stored(k, dtype), stored(v, dtype), lengths, cache, policy,
           what=f"{name} q=1e{q_exp:.1f} k=1e{k_exp:.1f} v=1e{v_exp:.1f} needle={needle}")
+
+
+def test_the_reference_holds_exactly_what_the_cache_holds():
+    """The hypothesis example that once read as a violation (bf16 values ~3e10, a sequence of 19 tokens, all in
+    the residual): the reference had rounded float64 values to bf16 via float32, one bf16 ulp (1.3e8) away
+    from the cache's values; over what the cache holds the certificate is sound."""
+    dtype, policy = EXT_CFGS["bf16-K4V2"]
+    v_mag = 10.0 ** 9.993603807782655
+    q, k, v = _extreme_case(30, 1.0, 0.1, v_mag, 3.0 * v_mag, 0.0)
+    vj = jnp.asarray(v, dtype)
+    np.testing.assert_array_equal(stored(v, dtype), np.asarray(vj.astype(jnp.float32), np.float64))
+    lengths = np.asarray([1, 19])
+    cache = _build(jnp.asarray(k, dtype), vj, jnp.asarray(lengths, jnp.int32), policy)
+    check(jnp.asarray(q, jnp.float32), stored(k, dtype), stored(v, dtype), lengths, cache, policy, what="seed 30")
 
 
 @pytest.mark.parametrize("v_mag, abs_tol", [(1e-20, 0.0), (1e-20, 1e-3), (1e-25, 0.0), (1e30, 0.0)])
