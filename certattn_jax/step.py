@@ -322,10 +322,12 @@ class FusedRung0(NamedTuple):
 
 
 def fused_supported(cache: TieredKVCache) -> bool:
-    """Whether `rung0_fused` can run on this cache's shapes (compiled kernels need powers of two)."""
-    from pallas_kernels import certify_rung0
+    """Whether `rung0_fused` can run on this cache's shapes (compiled kernels need powers of two) and, compiled,
+    passed its known-answer check for this configuration (`pallas_kernels.selftest.rung0_trusted`)."""
+    from pallas_kernels import certify_rung0, selftest
 
-    return certify_rung0.supports(cache.head_dim, cache.k_max)
+    return certify_rung0.supports(cache.head_dim, cache.k_max) and selftest.rung0_trusted(
+        cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, cache.k_max)
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:

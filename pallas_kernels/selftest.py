@@ -11,7 +11,13 @@ accumulators with the hot set left out, the slot programs and a stacked layer re
 pure-jnp reference. A disagreement warns, names the output, and the caller takes the jnp computation instead
 (same bound, no kernel). In interpret mode (the CPU) the kernel *is* jnp code, so nothing is checked.
 
-Cost: one compile and run of the kernel per configuration and process (~1-2 s on the H200).
+The fused rung 0 (`certify_rung0`, fed by the tier-1 kernel) gets the same treatment (`rung0_trusted`): on a
+small random cache with a hot set, its promoted slots, K* and ranking check must equal the jnp rung 0's, its
+output and bound terms agree to float32 rounding, and its bound may not be smaller; else the ladder takes the
+jnp rung 0 for that configuration.
+
+Cost: one compile and run of each kernel per configuration and process (~1-2 s each on the H200; not measured
+yet).
 """
 
 from __future__ import annotations
@@ -95,6 +101,86 @@ def tier1_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
     # middle of tracing a jitted step (jax.ensure_compile_time_eval would also evaluate the kernel's own body)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(check).result()
+
+
+def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int, k_max: int,
+                seed: int = 0):
+    """A cache (B = 1, H = 1, G = 4, bfloat16, 3.5 blocks: a residual) whose hot set holds exact copies of two
+    of its blocks, a policy of that layout (tier 1 through the kernel) and a query with a few needle keys."""
+    from certattn_jax.cache import TieredKVCache
+    from certattn_jax.policy import CertPolicy
+
+    rng = np.random.default_rng(seed)
+    Bk, d, G = block_size, head_dim, 4
+    T = 3 * Bk + Bk // 2
+    policy = CertPolicy(tier1="pallas", rung0="fused", block_size=Bk, group_size=group_size, key_bits=key_bits,
+                        value_bits=value_bits, k_max=k_max)
+    k = rng.normal(size=(1, T, 1, d)) * rng.uniform(0.5, 3.0, size=d)
+    v = rng.normal(size=(1, T, 1, d)) + 1.0
+    q = rng.normal(size=(1, G, d)) * 1.5
+    for t in rng.choice(T, size=4, replace=False):
+        k[0, t, 0] = q[0].mean(0) * 2.5
+    kj, vj = jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16)
+    cache = TieredKVCache.from_dense(kj, vj, policy, lengths=jnp.asarray([T], jnp.int32))
+    ids = np.full((1, 1, k_max), -1, np.int32)
+    ids[0, 0, :min(2, k_max)] = [1, 0][:min(2, k_max)]
+    blocks = kj[:, :3 * Bk].reshape(1, 3, Bk, 1, d).transpose(0, 3, 1, 2, 4)  # [B, H, 3, Bk, d]
+    take = jnp.take_along_axis(blocks, jnp.maximum(jnp.asarray(ids), 0)[..., None, None], axis=2)
+    cache = cache.replace(hot_ids=jnp.asarray(ids), hot_k=take.astype(cache.hot_k.dtype),
+                          hot_v=jnp.take_along_axis(vj[:, :3 * Bk].reshape(1, 3, Bk, 1, d).transpose(0, 3, 1, 2, 4),
+                                                    jnp.maximum(jnp.asarray(ids), 0)[..., None, None],
+                                                    axis=2).astype(cache.hot_v.dtype))
+    return jnp.asarray(q, jnp.bfloat16), cache, policy
+
+
+def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
+                       k_max: int, run: Callable | None = None) -> str | None:
+    """None when the fused rung 0 (`run`, default `step.rung0_fused`) agrees with the jnp rung 0 on a small random
+    cache of this configuration (module docstring), else what disagrees. Evaluated eagerly in a thread."""
+    from certattn_jax import ladder, step
+
+    run = run or step.rung0_fused
+
+    def check() -> str | None:
+        q, cache, policy = _rung0_case(block_size, head_dim, group_size, key_bits, value_bits, k_max)
+        ctx = step.build_context(q, cache, policy)
+        ref = step.evaluate_stage(ctx, [ladder.select_and_promote(ctx, cache, policy).hot], q.dtype, policy)
+        fused = run(q, cache, policy)
+        got = fused.stage
+        for name in ("k_star", "ranking_ok"):
+            if not np.array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))):
+                return f"{name} differs"
+        for name in ("out", "e_key", "e_val", "e_num", "bound"):
+            g = np.asarray(getattr(got, name), np.float64)
+            w = np.asarray(getattr(ref, name), np.float64)
+            scale = max(float(np.max(np.abs(w), initial=0.0)), 1e-30)
+            # bf16 outputs may round the other way; the split merge's E_num may grow (docs/bounds.md section 14)
+            tol = 2.0 ** -7 if name == "out" else 4.0 if name in ("e_num", "bound") else TOLERANCE
+            if np.isnan(g).any() or not float(np.max(np.abs(g - w), initial=0.0)) / scale <= tol:
+                return f"{name} off by {float(np.max(np.abs(g - w), initial=0.0)) / scale:.3g} of its magnitude"
+        if np.any(np.asarray(got.bound) < np.asarray(ref.bound) * (1 - 1e-4)):
+            return "bound smaller than the jnp rung 0's"
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(check).result()
+
+
+@functools.cache
+def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
+                  k_max: int) -> bool:
+    """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring); True
+    without a check where no compiled kernel executes."""
+    if not runs_compiled_kernels():
+        return True
+    problem = rung0_disagreement(block_size, head_dim, group_size, key_bits, value_bits, k_max)
+    if problem is None:
+        return True
+    warnings.warn(f"the compiled fused rung 0 disagrees with the jnp rung 0 for block_size={block_size}, "
+                  f"head_dim={head_dim}, group_size={group_size}, key_bits={key_bits}, value_bits={value_bits}, "
+                  f"k_max={k_max} on {jax.devices()[0].device_kind} (jax {jax.__version__}): {problem}. The ladder "
+                  f"uses the jnp rung 0 for this configuration instead.", RuntimeWarning, stacklevel=2)
+    return False
 
 
 def runs_compiled_kernels() -> bool:

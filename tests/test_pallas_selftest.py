@@ -84,3 +84,39 @@ def test_every_certified_variant_input_layout_is_checked():
 
     problem = selftest.tier1_disagreement(16, 64, 16, 8, 4, run=functools.partial(wrong_in_fused))
     assert problem is not None and problem.startswith("split") and "slot_acc" in problem
+
+
+@pytest.mark.parametrize("cfg", [(32, 32, 32, 8, 4, 4), (64, 64, 32, 4, 2, 8)], ids=["Bk32-K8V4", "Bk64-K4V2"])
+def test_the_fused_rung0_agrees_with_the_jnp_rung0(cfg):
+    assert selftest.rung0_disagreement(*cfg) is None
+
+
+def _halved_bound(q, cache, policy):
+    fused = step.rung0_fused(q, cache, policy)
+    return fused._replace(stage=fused.stage._replace(bound=fused.stage.bound / 2))
+
+
+def _shifted_out(q, cache, policy):
+    fused = step.rung0_fused(q, cache, policy)
+    return fused._replace(stage=fused.stage._replace(out=fused.stage.out * 2))
+
+
+@pytest.mark.parametrize("bad,what", [(_halved_bound, "bound"), (_shifted_out, "out off by")])
+def test_a_wrong_fused_rung0_is_caught(bad, what):
+    problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad)
+    assert problem is not None and what in problem
+
+
+def test_an_untrusted_fused_rung0_sends_the_ladder_to_the_jnp_rung0(monkeypatch):
+    cache = TieredKVCache.init(batch=1, capacity=128, num_kv_heads=1, head_dim=32, dtype=jnp.float32,
+                               policy=CertPolicy(block_size=32, group_size=32, k_max=4))
+    selftest.rung0_trusted.cache_clear()
+    try:
+        assert step.fused_supported(cache)
+        monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+        monkeypatch.setattr(selftest, "rung0_disagreement", lambda *cfg, **_: "bound smaller than the jnp rung 0's")
+        selftest.rung0_trusted.cache_clear()
+        with pytest.warns(RuntimeWarning, match="k_max=4.*bound smaller"):
+            assert not step.fused_supported(cache)
+    finally:
+        selftest.rung0_trusted.cache_clear()
