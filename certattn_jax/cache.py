@@ -15,8 +15,10 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
                                               inputs): a step reads these instead of reducing tier 1 again
     v_min, v_max [B, H, d] f32                running per-channel range of the values written so far
     nonfinite [B, H] bool                     a NaN/Inf was written to this head (it can no longer be certified)
-    tier1_stack  (layer views of a model cache only) the model's stacked [L, ...] k_codes, k_scale, k_zero,
-                 v_codes, v_scale, v_zero: the tier-1 kernel reads layer `layer` of them in place (`tier1_arrays`)
+    stack        (layer views of a model cache only) {field: the model's stacked [L, ...] array} for every
+                 device field: the tier-1 kernel reads layer `layer` of the tier-1 arrays in place
+                 (`tier1_arrays`), and the ladder's rung-1 branch slices the fields it reads inside the branch
+                 (`resliced`), so that a step which skips rung 1 does not materialise them for it
     res_k, res_v [B, H, Bk, d]                the newest, partial block, exact (per-channel scales need a full one)
     hot_k, hot_v [B, H, K, Bk, d], hot_ids [B, H, K]   device-resident exact copies of K = k_max blocks
     hot_used [B, H, K] int32                  when each slot was last promoted (the sequence length then; -1
@@ -50,8 +52,12 @@ from certattn_jax import quant, tiers
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 
-# The tier-1 arrays a tier-1 pass reads, in its argument order (a layer view's `tier1_stack` holds them stacked).
+# The tier-1 arrays a tier-1 pass reads, in its argument order (a layer view's `stack` holds them stacked).
 TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
+# The fields that only a flush (tier 1, its annotations and running maxima) or rung 1 (the hot set) changes:
+# within a decode step, up to rung 1, a layer view holds exactly its stack's slices of them (`resliced`).
+BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_norm", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max",
+                               "v_scale_max", "v_zero_max", "hot_k", "hot_v", "hot_ids")
 
 
 @struct.dataclass
@@ -84,7 +90,7 @@ class TieredKVCache:
     lengths: jax.Array
     flushed: jax.Array
     layer: jax.Array | None = None
-    tier1_stack: tuple[jax.Array, ...] | None = None
+    stack: dict[str, jax.Array] | None = None
     block_size: int = struct.field(pytree_node=False, default=64)
     group_size: int = struct.field(pytree_node=False, default=32)
     key_bits: int = struct.field(pytree_node=False, default=8)
@@ -188,9 +194,18 @@ class TieredKVCache:
     def tier1_arrays(self, in_place: bool = True) -> tuple[tuple[jax.Array, ...], jax.Array | None]:
         """(k_codes, k_scale, k_zero, v_codes, v_scale, v_zero), layer: a layer view's stacked arrays and its layer
         (for a kernel that reads the layer in place: in_place), else this cache's own arrays and None."""
-        if in_place and self.tier1_stack is not None and self.layer is not None:
-            return self.tier1_stack, self.layer
+        if in_place and self.stack is not None and self.layer is not None:
+            return tuple(self.stack[f] for f in TIER1_FIELDS), self.layer
         return tuple(getattr(self, f) for f in TIER1_FIELDS), None
+
+    def resliced(self) -> TieredKVCache:
+        """A layer view with its BLOCK_FIELDS sliced afresh from its `stack` (the same values: no token write
+        changes them), any other cache itself. Called inside a lax.cond branch it keeps those fields out of the
+        conditional's operands: the stacked buffers are passed instead (they live in the decode loop anyway, no
+        copy) and the slices happen only when the branch runs."""
+        if self.stack is None or self.layer is None:
+            return self
+        return self.replace(**{f: self.stack[f][self.layer] for f in BLOCK_FIELDS})
 
     @property
     def batch(self) -> int:
@@ -287,7 +302,8 @@ class TieredKVCache:
     def flush(self) -> TieredKVCache:
         """Move full residual blocks to tier 1 + tier 2 (a no-op unless one is full; one lax.cond)."""
         full = self.needs_flush()
-        return jax.lax.cond(jnp.any(full), lambda c: c.flush_unconditionally(full), lambda c: c, self)
+        c = self.replace(stack=None)  # a layer view's stack would go stale in the flushing branch
+        return jax.lax.cond(jnp.any(full), lambda c: c.flush_unconditionally(full), lambda c: c, c)
 
     def flush_unconditionally(self, full: jax.Array) -> TieredKVCache:
         """Flush the residual of the sequences where full [B] is set (no control flow of its own). In the stacked
@@ -307,6 +323,7 @@ class TieredKVCache:
         put = (jnp.arange(self.k_max) == slot[..., None]) & stored.reshape((1,) * lead + (-1, 1, 1))  # [.., B, H, K]
         block_id = jnp.broadcast_to((flushed // self.block_size)[:, None, None], put.shape)
         return self.replace(
+            stack=None,  # a layer view's stack no longer holds this hot set (`resliced`)
             hot_k=jnp.where(put[..., None, None], jnp.expand_dims(self.res_k, -3).astype(self.hot_k.dtype), self.hot_k),
             hot_v=jnp.where(put[..., None, None], jnp.expand_dims(self.res_v, -3).astype(self.hot_v.dtype), self.hot_v),
             hot_ids=jnp.where(put, block_id, self.hot_ids),
@@ -330,7 +347,8 @@ class TieredKVCache:
         c = self.replace(**{name: put_all(getattr(self, name), x) for name, x in t1.items()})
         c = c.replace(**_running_maxima(c, t1, ids < nb))
         host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb, self.layer)
-        return c.replace(host_k=host_k, host_v=host_v)
+        # a layer view's stack no longer holds this view's tier 1: drop it (`tier1_arrays`, `resliced`)
+        return c.replace(host_k=host_k, host_v=host_v, stack=None)
 
     def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array) -> TieredKVCache:
         """Update the running value range and the non-finite flag with the valid new tokens *as stored*.

@@ -138,6 +138,9 @@ def mark_used(cache: TieredKVCache, used: jax.Array) -> TieredKVCache:
     return cache.replace(hot_used=jnp.where(used, cache.lengths[:, None, None], cache.hot_used))
 
 
+HOT_FIELDS = ("hot_k", "hot_v", "hot_ids", "hot_used")  # what rung 1 changes (refresh_hot_set)
+
+
 def refresh_hot_set(cache: TieredKVCache, cand: jax.Array, ids: jax.Array, xk: jax.Array, xv: jax.Array,
                     ) -> TieredKVCache:
     """Make the top candidates cand [B, H, K] resident for later steps, copying (on the device) the blocks rung 1
@@ -249,19 +252,17 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     H = cache.num_kv_heads
     G = Hq // H
     cache0 = cache  # the step's input: the selection reads its hot set (rung 1 refreshes the hot set)
-    # the stacked tier-1 arrays a layer view carries are read by the tier-1 pass only (through cache0); the cache
-    # that goes through the rungs' conditionals and back to the model does without them
-    cache = cache.replace(tier1_stack=None)
     if policy.rung0 == "fused" and fused_supported(cache):  # one kernel; a higher rung builds its own context
         with jax.named_scope("rung0_fused"):
             fused = rung0_fused(q, cache0, policy)
         st0, tol, bad, active0 = fused.stage, fused.tolerance, fused.bad, fused.active
 
-        def context() -> StepContext:  # called inside the branches of the rare rungs: computed only there
-            return build_context(q, cache0, policy, apx=fused.tier1())
+        # called inside the branches of the rare rungs (computed only there), on the cache the branch reads
+        def context(c: TieredKVCache = cache0) -> StepContext:
+            return build_context(q, c, policy, apx=fused.tier1())
 
-        def selection(ctx: StepContext) -> Selection:
-            return select_and_promote(ctx, cache0, policy)
+        def selection(ctx: StepContext, c: TieredKVCache = cache0) -> Selection:
+            return select_and_promote(ctx, c, policy)
     else:
         with jax.named_scope("tier1_context"):
             ctx0 = build_context(q, cache0, policy)
@@ -271,10 +272,10 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
             st0 = evaluate_stage(ctx0, [sel0.hot], q.dtype, policy)
         tol, bad, active0 = ctx0.tolerance, ctx0.bad, sel0.hot.active
 
-        def context() -> StepContext:
+        def context(c: TieredKVCache = cache0) -> StepContext:
             return ctx0
 
-        def selection(ctx: StepContext) -> Selection:
+        def selection(ctx: StepContext, c: TieredKVCache = cache0) -> Selection:
             return sel0
 
     def passes(st: StageResult, rung: int) -> jax.Array:
@@ -284,12 +285,20 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     cache = mark_used(cache, active0)
 
     def widen():
-        ctx = context()
-        return rung1_widen(ctx, cache, selection(ctx), ~ok0, q.dtype, policy)
+        # a model cache's layer view: the branch slices the tier-1 and hot-set fields it reads from the stacked
+        # arrays itself, so a step that skips rung 1 does not materialise them for it (docs/performance.md,
+        # "where a certified layer's launches go"); only the hot set comes out of the conditional
+        c = cache.resliced()
+        ctx = context(c)
+        st, items, new = rung1_widen(ctx, c, selection(ctx, c), ~ok0, q.dtype, policy)
+        return st, items, {f: getattr(new, f) for f in HOT_FIELDS}
 
     with jax.named_scope("rung1_widen"):
-        st1, wide, cache = jax.lax.cond(
-            jnp.any(~ok0), widen, lambda: (_skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), cache))
+        st1, wide, hot = jax.lax.cond(
+            jnp.any(~ok0), widen,
+            lambda: (_skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d),
+                     {f: getattr(cache, f) for f in HOT_FIELDS}))
+    cache = cache.replace(**hot, stack=None)  # the stack no longer holds this hot set (`resliced`)
     ok1 = passes(st1, 1)
 
     def exact_values(failing):

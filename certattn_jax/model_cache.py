@@ -41,7 +41,7 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import TIER1_FIELDS, TieredKVCache
+from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
@@ -56,7 +56,7 @@ DEFAULT_SCHEDULE = SCHEDULES[0]
 # the per-layer fields of a TieredKVCache that live on the device (a layer view slices them; tier 2 is never sliced)
 _DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
                        if f.metadata.get("pytree_node", True)
-                       and f.name not in ("host_k", "host_v", "layer", "tier1_stack"))
+                       and f.name not in ("host_k", "host_v", "layer", "stack"))
 
 
 @struct.dataclass
@@ -182,10 +182,11 @@ class TieredModelCache:
         transfers slice the layer themselves). A full TieredKVCache: read it, attend with it, write it back with
         `with_layer`."""
         s = self.store
-        # tier1_stack: the stacked tier-1 arrays, for the Pallas tier-1 pass to read this layer in place (a slice
-        # feeding a kernel launch is a copy of the layer's tier 1; jnp consumers fuse the slices below instead)
+        # stack: the stacked arrays, for the Pallas tier-1 pass to read this layer in place (a slice feeding a
+        # kernel launch is a copy of the layer's tier 1; jnp consumers fuse the slices below instead), and for
+        # the ladder's rung-1 branch to slice what it reads inside the branch (`TieredKVCache.resliced`)
         return s.replace(**{f: getattr(s, f)[layer] for f in _DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32),
-                         tier1_stack=tuple(getattr(s, f) for f in TIER1_FIELDS))
+                         stack={f: getattr(s, f) for f in _DEVICE_FIELDS})
 
     def with_layer(self, layer: int | jax.Array, view: TieredKVCache,
                    base: TieredKVCache | None = None) -> TieredModelCache:
