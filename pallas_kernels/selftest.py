@@ -82,7 +82,9 @@ def tier1_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
     def check() -> str | None:
         for name, args, kw in _layouts(block_size, head_dim, group_size, key_bits, value_bits):
-            got, want = run(*args, **kw), t1.tier1_pass_reference(*args, **kw)
+            # jitted: one compile each instead of an op-by-op dispatch of the reference on a GPU
+            got = jax.jit(lambda *a, kw=kw: run(*a, **kw))(*args)
+            want = jax.jit(lambda *a, kw=kw: t1.tier1_pass_reference(*a, **kw))(*args)
             for field in t1.Tier1Partials._fields:
                 w = getattr(want, field)
                 if w is None:
@@ -143,10 +145,13 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
     def check() -> str | None:
         q, cache, policy = _rung0_case(block_size, head_dim, group_size, key_bits, value_bits, k_max)
-        ctx = step.build_context(q, cache, policy)
-        ref = step.evaluate_stage(ctx, [ladder.select_and_promote(ctx, cache, policy).hot], q.dtype, policy)
-        fused = run(q, cache, policy)
-        got = fused.stage
+
+        def jnp_rung0(q, cache):
+            ctx = step.build_context(q, cache, policy)
+            return step.evaluate_stage(ctx, [ladder.select_and_promote(ctx, cache, policy).hot], q.dtype, policy)
+
+        ref = jax.jit(jnp_rung0)(q, cache)
+        got = jax.jit(lambda q, cache: run(q, cache, policy).stage)(q, cache)
         for name in ("k_star", "ranking_ok"):
             if not np.array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))):
                 return f"{name} differs"
