@@ -39,6 +39,35 @@ from pallas_kernels import backend
 TOLERANCE = 1e-3
 
 
+def _eagerly(check: Callable[[], str | None]) -> str | None:
+    """Run `check` in a thread of its own. JAX's trace state is per thread: there the check runs eagerly even
+    when the caller is in the middle of tracing a jitted step (jax.ensure_compile_time_eval would also evaluate
+    a kernel's own body)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(check).result()
+
+
+def _relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| over the largest |want| (both float64; NaN in got compares as an infinite error)."""
+    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-30)
+    err = float(np.max(np.abs(got - want), initial=0.0)) / scale
+    return float("inf") if np.isnan(err) else err
+
+
+def _trusted(what: str, config: dict[str, int], problem: Callable[[], str | None], fallback: str) -> bool:
+    """True where no compiled kernel executes or `problem()` finds nothing; else warn (naming the configuration,
+    the device and what disagrees) and False."""
+    if not runs_compiled_kernels():
+        return True
+    found = problem()
+    if found is None:
+        return True
+    cfg = ", ".join(f"{k}={v}" for k, v in config.items())
+    warnings.warn(f"{what} disagrees with its reference for {cfg} on {jax.devices()[0].device_kind} "
+                  f"(jax {jax.__version__}): {found}. {fallback}", RuntimeWarning, stacklevel=3)
+    return False
+
+
 def _inputs(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int, seed: int = 0):
     """A 2-layer stacked tier 1 (B = 1, H = 1, G = 4, 4 blocks, 3 of them valid) and a hot set of 2 slots."""
     from pallas_kernels.tier1_pass import Slots
@@ -93,16 +122,12 @@ def tier1_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
                 fin = np.isfinite(w)
                 if g.shape != w.shape or np.isnan(g).any() or not np.array_equal(g[~fin], w[~fin]):
                     return f"{name}: {field} has the wrong shape, NaN or wrong empty entries"
-                scale = max(float(np.max(np.abs(w[fin]), initial=0.0)), 1e-30)
-                err = float(np.max(np.abs(g[fin] - w[fin]), initial=0.0)) / scale
+                err = _relative_error(g[fin], w[fin])
                 if not err <= TOLERANCE:
                     return f"{name}: {field} off by {err:.3g} of its magnitude"
         return None
 
-    # JAX's trace state is per thread: in a fresh thread the check runs eagerly even when the caller is in the
-    # middle of tracing a jitted step (jax.ensure_compile_time_eval would also evaluate the kernel's own body)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(check).result()
+    return _eagerly(check)
 
 
 def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int, k_max: int,
@@ -126,12 +151,14 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
     cache = TieredKVCache.from_dense(kj, vj, policy, lengths=jnp.asarray([T], jnp.int32))
     ids = np.full((1, 1, k_max), -1, np.int32)
     ids[0, 0, :min(2, k_max)] = [1, 0][:min(2, k_max)]
-    blocks = kj[:, :3 * Bk].reshape(1, 3, Bk, 1, d).transpose(0, 3, 1, 2, 4)  # [B, H, 3, Bk, d]
-    take = jnp.take_along_axis(blocks, jnp.maximum(jnp.asarray(ids), 0)[..., None, None], axis=2)
-    cache = cache.replace(hot_ids=jnp.asarray(ids), hot_k=take.astype(cache.hot_k.dtype),
-                          hot_v=jnp.take_along_axis(vj[:, :3 * Bk].reshape(1, 3, Bk, 1, d).transpose(0, 3, 1, 2, 4),
-                                                    jnp.maximum(jnp.asarray(ids), 0)[..., None, None],
-                                                    axis=2).astype(cache.hot_v.dtype))
+    slot_blocks = jnp.maximum(jnp.asarray(ids), 0)[..., None, None]
+
+    def hot(x):  # the hot slots' exact copies of blocks of x [B, T, H, d]
+        blocks = x[:, :3 * Bk].reshape(1, 3, Bk, 1, d).transpose(0, 3, 1, 2, 4)  # [B, H, 3, Bk, d]
+        return jnp.take_along_axis(blocks, slot_blocks, axis=2)
+
+    cache = cache.replace(hot_ids=jnp.asarray(ids), hot_k=hot(kj).astype(cache.hot_k.dtype),
+                          hot_v=hot(vj).astype(cache.hot_v.dtype))
     return jnp.asarray(q, jnp.bfloat16), cache, policy
 
 
@@ -156,36 +183,28 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
             if not np.array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))):
                 return f"{name} differs"
         for name in ("out", "e_key", "e_val", "e_num", "bound"):
-            g = np.asarray(getattr(got, name), np.float64)
-            w = np.asarray(getattr(ref, name), np.float64)
-            scale = max(float(np.max(np.abs(w), initial=0.0)), 1e-30)
+            err = _relative_error(np.asarray(getattr(got, name), np.float64),
+                                  np.asarray(getattr(ref, name), np.float64))
             # bf16 outputs may round the other way; the split merge's E_num may grow (docs/bounds.md section 14)
             tol = 2.0 ** -7 if name == "out" else 4.0 if name in ("e_num", "bound") else TOLERANCE
-            if np.isnan(g).any() or not float(np.max(np.abs(g - w), initial=0.0)) / scale <= tol:
-                return f"{name} off by {float(np.max(np.abs(g - w), initial=0.0)) / scale:.3g} of its magnitude"
+            if not err <= tol:
+                return f"{name} off by {err:.3g} of its magnitude"
         if np.any(np.asarray(got.bound) < np.asarray(ref.bound) * (1 - 1e-4)):
             return "bound smaller than the jnp rung 0's"
         return None
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(check).result()
+    return _eagerly(check)
 
 
 @functools.cache
 def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
                   k_max: int) -> bool:
     """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring); True
-    without a check where no compiled kernel executes."""
-    if not runs_compiled_kernels():
-        return True
-    problem = rung0_disagreement(block_size, head_dim, group_size, key_bits, value_bits, k_max)
-    if problem is None:
-        return True
-    warnings.warn(f"the compiled fused rung 0 disagrees with the jnp rung 0 for block_size={block_size}, "
-                  f"head_dim={head_dim}, group_size={group_size}, key_bits={key_bits}, value_bits={value_bits}, "
-                  f"k_max={k_max} on {jax.devices()[0].device_kind} (jax {jax.__version__}): {problem}. The ladder "
-                  f"uses the jnp rung 0 for this configuration instead.", RuntimeWarning, stacklevel=2)
-    return False
+    without a check where no compiled kernel executes. Checked once per configuration and process."""
+    cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
+               value_bits=value_bits, k_max=k_max)
+    return _trusted("the compiled fused rung 0", cfg, lambda: rung0_disagreement(**cfg),
+                    "The ladder uses the jnp rung 0 for this configuration instead.")
 
 
 def runs_compiled_kernels() -> bool:
@@ -199,14 +218,7 @@ def tier1_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
     """Whether the certified path may use the compiled tier-1 kernel for this configuration (module docstring);
     True without a check where no compiled kernel executes (`runs_compiled_kernels`). Checked once per
     configuration and process."""
-    if not runs_compiled_kernels():
-        return True
-    problem = tier1_disagreement(block_size, head_dim, group_size, key_bits, value_bits)
-    if problem is None:
-        return True
-    warnings.warn(f"the compiled tier-1 kernel disagrees with its reference for block_size={block_size}, "
-                  f"head_dim={head_dim}, group_size={group_size}, key_bits={key_bits}, value_bits={value_bits} "
-                  f"on {jax.devices()[0].device_kind} (jax {jax.__version__}): {problem}. Certified and naive "
-                  f"attention use the jnp tier-1 computation for this configuration instead.",
-                  RuntimeWarning, stacklevel=2)
-    return False
+    cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
+               value_bits=value_bits)
+    return _trusted("the compiled tier-1 kernel", cfg, lambda: tier1_disagreement(**cfg),
+                    "Certified and naive attention use the jnp tier-1 computation for this configuration instead.")
