@@ -532,7 +532,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         new = tuple(acc * alpha + beta * pv for acc, pv in zip(accs, pvs, strict=True))
         if not n_hot:
             return m_new, new
-        is_hot = jnp.max(jnp.where(hid_ref[...] == n, jnp.int32(1), jnp.int32(0))) > 0
+        # one scalar compare per slot: a vector load of the K ids needs K a power of two in Triton
+        is_hot = functools.reduce(jnp.logical_or, [hid_ref[k] == n for k in range(n_hot)])
         for k in range(n_hot):
             @pl.when(hid_ref[k] == n)
             def _store(k=k):

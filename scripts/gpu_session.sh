@@ -48,7 +48,8 @@ for s in "$@"; do
     att_rungs) step att_rungs 300 "python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_full certified_rung1 certified_rung2 certified_rung3 certified_rung4 --out $W/att_rungs.json" ;;
     dec) step dec 500 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768,131072 --batches 1,8,16 --caches dense,naive,certified --impls einsum --out $W/dec.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
-    sound) step sound 400 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 8 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
+    sound) step sound 460 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
+    kernels_fix) step kernels_fix 120 "python3 -m pytest -q -n 4 tests/test_pallas_tier1.py -k 'subnormal or leaves_the_hot or slot_programs or any_size'" ;;
     eval_compile) step eval_compile 300 "python3 scripts/probe_eval_compile.py --model smollm2 --schedules looped two-pass --out $W/eval_compile.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
