@@ -25,6 +25,11 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
                                               never): a block leaving the residual (flush) takes the least
                                               recently used slot, so the recent window is resident at no
                                               tier-2 cost
+    hot_pending [B, H, K] int32               blocks rung 1 wants resident (-1 none), in a model cache's layer
+                                              views only: there rung 1 records its candidates here and the model
+                                              makes them resident once per step, after the last layer
+                                              (`apply_pending_hot_sets`), so the per-layer path never writes the
+                                              hot set back; -1 everywhere between steps
 Tier 2 (pinned host memory):
     host_k, host_v [B, H, nb, Bk, d]          the originals, in the model's dtype; one block of one head and
                                               one whole head are each contiguous
@@ -48,16 +53,17 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from certattn_jax import quant, tiers
+from certattn_jax import quant, select, tiers
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 
 # The tier-1 arrays a tier-1 pass reads, in its argument order (a layer view's `stack` holds them stacked).
 TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
-# The fields that only a flush (tier 1, its annotations and running maxima) or rung 1 (the hot set) changes:
-# within a decode step, up to rung 1, a layer view holds exactly its stack's slices of them (`resliced`).
+# The fields that only a flush (tier 1, its annotations and running maxima), rung 1 (the hot set) or a token
+# write (the residual) changes: a layer view with a `stack` holds exactly its stack's slices of them (`resliced`,
+# `tier1_arrays`, `slot_arrays`); whatever changes one of them drops the stack.
 BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_norm", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max",
-                               "v_scale_max", "v_zero_max", "hot_k", "hot_v", "hot_ids")
+                               "v_scale_max", "v_zero_max", "hot_k", "hot_v", "hot_ids", "res_k", "res_v")
 
 
 @struct.dataclass
@@ -85,6 +91,7 @@ class TieredKVCache:
     hot_v: jax.Array
     hot_ids: jax.Array
     hot_used: jax.Array
+    hot_pending: jax.Array
     host_k: jax.Array
     host_v: jax.Array
     lengths: jax.Array
@@ -134,6 +141,7 @@ class TieredKVCache:
             res_k=alloc.zeros((B, H, Bk, d), dtype), res_v=alloc.zeros((B, H, Bk, d), dtype),
             hot_k=alloc.zeros((B, H, K, Bk, d), dtype), hot_v=alloc.zeros((B, H, K, Bk, d), dtype),
             hot_ids=alloc.full((B, H, K), -1, jnp.int32), hot_used=alloc.full((B, H, K), -1, jnp.int32),
+            hot_pending=alloc.full((B, H, K), -1, jnp.int32),
             host_k=alloc.zeros_on_host((B, H, nb, Bk, d), dtype),
             host_v=alloc.zeros_on_host((B, H, nb, Bk, d), dtype),
             lengths=alloc.zeros((B,), jnp.int32), flushed=alloc.zeros((B,), jnp.int32),
@@ -197,6 +205,14 @@ class TieredKVCache:
         if in_place and self.stack is not None and self.layer is not None:
             return tuple(self.stack[f] for f in TIER1_FIELDS), self.layer
         return tuple(getattr(self, f) for f in TIER1_FIELDS), None
+
+    def slot_arrays(self, in_place: bool = True) -> tuple[jax.Array, ...]:
+        """(hot_k, hot_v, hot_ids, res_k, res_v): a layer view's stacked arrays (in_place; the caller reads layer
+        `layer` of them, as `tier1_arrays`), else this cache's own."""
+        names = ("hot_k", "hot_v", "hot_ids", "res_k", "res_v")
+        if in_place and self.stack is not None and self.layer is not None:
+            return tuple(self.stack[f] for f in names)
+        return tuple(getattr(self, f) for f in names)
 
     def resliced(self) -> TieredKVCache:
         """A layer view with its BLOCK_FIELDS sliced afresh from its `stack` (the same values: no token write
@@ -292,7 +308,9 @@ class TieredKVCache:
         B = k.shape[0]
         self._check_room(jnp.ones((B,), jnp.int32))
         r = self.lengths - self.flushed
-        c = self.replace(res_k=write_positions(self.res_k, k, r), res_v=write_positions(self.res_v, v, r))
+        # a layer view's stack no longer holds this residual (a model cache writes the token back and views again)
+        c = self.replace(res_k=write_positions(self.res_k, k, r), res_v=write_positions(self.res_v, v, r),
+                         stack=None)
         return c._note_values(k, v, jnp.ones((B,), jnp.int32)).replace(lengths=self.lengths + 1)
 
     def needs_flush(self) -> jax.Array:
@@ -328,6 +346,29 @@ class TieredKVCache:
             hot_v=jnp.where(put[..., None, None], jnp.expand_dims(self.res_v, -3).astype(self.hot_v.dtype), self.hot_v),
             hot_ids=jnp.where(put, block_id, self.hot_ids),
             hot_used=jnp.where(put, jnp.broadcast_to(self.lengths[..., None, None], put.shape), self.hot_used))
+
+    def apply_pending_hot_sets(self) -> TieredKVCache:
+        """Make resident the blocks that a deferred rung 1 recorded in `hot_pending` (the stacked form: every
+        layer), and clear it: the same hot set that rung 1 would have left (`ladder.refresh_hot_set`: slots
+        holding a candidate keep it, a missing candidate takes the least recently used slot whose block is not a
+        candidate), the blocks copied from tier 2 straight into their slots. Call it under a lax.cond on
+        `any(hot_pending >= 0)`: the common step has nothing pending."""
+        new_ids, _, fetch_into = select.plan_residency(self.hot_ids, self.hot_pending, self.hot_used)
+        if self.stacked:
+            def one_layer(i, hot):
+                hk, hv = select.fetch_blocks(hot[0][i], hot[1][i], self.host_k, self.host_v, fetch_into[i], i)
+                return hot[0].at[i].set(hk), hot[1].at[i].set(hv)
+
+            hot_k, hot_v = jax.lax.fori_loop(0, self.hot_k.shape[0], one_layer, (self.hot_k, self.hot_v))
+            lengths = self.lengths[:, :, None, None]  # [L, B, 1, 1]
+        else:
+            hot_k, hot_v = select.fetch_blocks(self.hot_k, self.hot_v, self.host_k, self.host_v, fetch_into,
+                                               self.layer)
+            lengths = self.lengths[:, None, None]
+        take = fetch_into >= 0
+        return self.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=jnp.where(take, new_ids, self.hot_ids),
+                            hot_used=jnp.where(take, lengths, self.hot_used),
+                            hot_pending=jnp.full_like(self.hot_pending, -1), stack=None)
 
     def _store_blocks(self, blocks_k: jax.Array, blocks_v: jax.Array, store: jax.Array) -> TieredKVCache:
         """Quantize blocks [B, H, n, Bk, d] ([L, B, H, n, Bk, d] when stacked) into block slots flushed//Bk + j

@@ -159,13 +159,18 @@ def refresh_hot_set(cache: TieredKVCache, cand: jax.Array, ids: jax.Array, xk: j
 
 
 def rung1_widen(ctx: StepContext, cache: TieredKVCache, sel: Selection, failing: jax.Array, out_dtype,
-                policy: CertPolicy) -> tuple[StageResult, ExactItems, TieredKVCache]:
+                policy: CertPolicy, defer: bool = False) -> tuple[StageResult, ExactItems, TieredKVCache]:
     """Every one of the top 2 k_max candidates exact, for the KV heads with a failing head: the resident ones from
-    the hot set, the others fetched from tier 2 (which also refreshes the hot set for later steps)."""
+    the hot set, the others fetched from tier 2 (which also refreshes the hot set for later steps; with `defer`,
+    the candidates are only recorded in `hot_pending`, for `TieredKVCache.apply_pending_hot_sets` to make
+    resident after the step's last layer)."""
     need = jnp.any(failing, axis=-1, keepdims=True)
     ids = jnp.where(need, sel.wide_missing, -1)
     extra, xk, xv = _fetch_exact(ctx, cache, ids)
-    cache = refresh_hot_set(cache, sel.cand, ids, xk, xv)
+    if defer:
+        cache = cache.replace(hot_pending=jnp.where(need, sel.cand, -1))
+    else:
+        cache = refresh_hot_set(cache, sel.cand, ids, xk, xv)
     return evaluate_stage(ctx, [sel.hot_wide, extra], out_dtype, policy), extra, cache
 
 
@@ -284,21 +289,31 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     ok0 = passes(st0, 0)
     cache = mark_used(cache, active0)
 
+    # A model cache's layer view defers the hot-set refresh to the end of the step (`hot_pending`): the
+    # conditional then returns only the small candidate list, and the layer's hot set is never written back on
+    # the per-layer path (docs/performance.md, "where a certified layer's launches go"). Its pending list is -1
+    # here (it is cleared after every step), so the skipped branch returns a constant.
+    defer = cache.layer is not None
+    changed = ("hot_pending",) if defer else HOT_FIELDS
+
     def widen():
-        # a model cache's layer view: the branch slices the tier-1 and hot-set fields it reads from the stacked
-        # arrays itself, so a step that skips rung 1 does not materialise them for it (docs/performance.md,
-        # "where a certified layer's launches go"); only the hot set comes out of the conditional
+        # the branch slices the tier-1 and hot-set fields it reads from a layer view's stacked arrays itself, so
+        # a step that skips rung 1 does not materialise them for it
         c = cache.resliced()
         ctx = context(c)
-        st, items, new = rung1_widen(ctx, c, selection(ctx, c), ~ok0, q.dtype, policy)
-        return st, items, {f: getattr(new, f) for f in HOT_FIELDS}
+        st, items, new = rung1_widen(ctx, c, selection(ctx, c), ~ok0, q.dtype, policy, defer=defer)
+        return st, items, {f: getattr(new, f) for f in changed}
+
+    def skip():
+        kept = {"hot_pending": jnp.full_like(cache.hot_pending, -1)} if defer else \
+            {f: getattr(cache, f) for f in HOT_FIELDS}
+        return _skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), kept
 
     with jax.named_scope("rung1_widen"):
-        st1, wide, hot = jax.lax.cond(
-            jnp.any(~ok0), widen,
-            lambda: (_skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d),
-                     {f: getattr(cache, f) for f in HOT_FIELDS}))
-    cache = cache.replace(**hot, stack=None)  # the stack no longer holds this hot set (`resliced`)
+        st1, wide, hot = jax.lax.cond(jnp.any(~ok0), widen, skip)
+    cache = cache.replace(**hot)
+    if not defer:
+        cache = cache.replace(stack=None)  # the stack no longer holds this hot set (`resliced`)
     ok1 = passes(st1, 1)
 
     def exact_values(failing):

@@ -204,8 +204,12 @@ class TieredModelCache:
         base = self.layer_view(layer)
         T = q.shape[1]
         cert, escalate = self.cert_packed, self.escalate
+        model = self
         if T == 1:
-            c = base.write_token(k, v)
+            # the token goes into the stacked residual first; the attention then works on a fresh view of it, so
+            # that the kernels read the layer's residual (like its tier 1 and hot set) in place
+            model = self.with_layer(layer, base.write_token(k, v), base)
+            base = c = model.layer_view(layer)
             if self.mode == "certified":
                 if self.fast:
                     out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy)
@@ -221,14 +225,17 @@ class TieredModelCache:
             k_all, v_all = exact_keys_values(c)
             q_pos = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
             out = masked_attention(q, k_all, v_all, q_pos, new_lengths)
-        new = self.with_layer(layer, c, base)
+        new = model.with_layer(layer, c, base)
         return out, new.replace(cert_packed=cert, escalate=escalate)
 
     def with_lengths(self, new_lengths: jax.Array) -> TieredModelCache:
-        """After the last layer: flush every layer's full residual block at once (one batched quantization under
-        one lax.cond) and record the new lengths."""
-        full = jnp.any(self.store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens
-        store = jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, self.store)
+        """After the last layer: make resident the blocks rung 1 asked for in any layer (`hot_pending`, one
+        lax.cond), then flush every layer's full residual block at once (one batched quantization under one
+        lax.cond) and record the new lengths."""
+        store = jax.lax.cond(jnp.any(self.store.hot_pending >= 0), lambda s: s.apply_pending_hot_sets(),
+                             lambda s: s, self.store)
+        full = jnp.any(store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens
+        store = jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, store)
         return self.replace(store=store, lengths=new_lengths.astype(jnp.int32))
 
     @property

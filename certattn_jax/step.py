@@ -349,12 +349,15 @@ def slot_partials(q_scaled: jax.Array, q_abs: jax.Array, cache: TieredKVCache, s
     return Partials(m=m, l=l, acc=acc), delta
 
 
-def slot_inputs(cache: TieredKVCache, slots: int):
-    """The cache's exact items as `pallas_kernels.tier1_pass.Slots` (hot set, residual, r_count)."""
+def slot_inputs(cache: TieredKVCache, slots: int, in_place: bool = False):
+    """The cache's exact items as `pallas_kernels.tier1_pass.Slots` (hot set, residual, r_count); in_place: a
+    layer view's stacked hot set and residual (`TieredKVCache.slot_arrays`), for a kernel that reads the layer in
+    place."""
     from pallas_kernels import tier1_pass as kernel
 
-    return kernel.Slots(hot_k=cache.hot_k, hot_v=cache.hot_v, hot_ids=cache.hot_ids, res_k=cache.res_k,
-                        res_v=cache.res_v, r_count=cache.lengths - cache.flushed, n_slots=slots)
+    hot_k, hot_v, hot_ids, res_k, res_v = cache.slot_arrays(in_place)
+    return kernel.Slots(hot_k=hot_k, hot_v=hot_v, hot_ids=hot_ids, res_k=res_k, res_v=res_v,
+                        r_count=cache.lengths - cache.flushed, n_slots=slots)
 
 
 class FusedItems(NamedTuple):
@@ -388,12 +391,13 @@ def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split:
         return FusedItems(apx, key_deltas(qt.q_abs, cache, policy.tier1), slots, slot_delta, {}, 0, None)
     layout = {"per_block_acc": True}
     chain = 0
+    arrays, layer = cache.tier1_arrays()  # a model's layer: its stacked arrays, read in place by the kernel
     if split:
         chain = kernel.default_blocks_per_split(B, H, nb)
         n_splits = -(-nb // chain)
-        layout = dict(per_block_acc=False, blocks_per_split=chain, hot_ids=cache.hot_ids,
-                      out_splits=1 << (n_splits - 1).bit_length(), slots=slot_inputs(cache, n_slots))
-    arrays, layer = cache.tier1_arrays()  # a model's layer: its stacked arrays, read in place by the kernel
+        slots = slot_inputs(cache, n_slots, in_place=layer is not None)  # stacked too where tier 1 is
+        layout = dict(per_block_acc=False, blocks_per_split=chain, hot_ids=slots.hot_ids,
+                      out_splits=1 << (n_splits - 1).bit_length(), slots=slots)
     t1 = kernel.tier1_pass(qt.q_scaled, *arrays, cache.flushed // cache.block_size, **layout,
                            group_size=cache.group_size, key_bits=cache.key_bits, value_bits=cache.value_bits,
                            score_scale=1.0, variant=kernel.CERTIFIED_VARIANT, q_abs=qt.q_abs,

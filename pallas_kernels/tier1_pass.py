@@ -151,6 +151,11 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
     if layer is not None:
         k_codes, k_scale, k_zero, v_codes, v_scale, v_zero = (x[layer] for x in (k_codes, k_scale, k_zero, v_codes,
                                                                                  v_scale, v_zero))
+        if hot_ids is not None and hot_ids.ndim == 4:  # the hot set and the residual stacked too
+            hot_ids = hot_ids[layer]
+            if slots is not None:
+                slots = slots._replace(hot_k=slots.hot_k[layer], hot_v=slots.hot_v[layer], hot_ids=hot_ids,
+                                       res_k=slots.res_k[layer], res_v=slots.res_v[layer])
     m, l, pv = block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                         group_size=group_size, key_bits=key_bits, value_bits=value_bits,
                                         score_scale=score_scale)
@@ -454,7 +459,7 @@ class _LayerRef:
 def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: int, Bk: int, group: int,
                       key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
                       out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None,
-                      n_slots: int = 0, stacked: bool = False):
+                      n_slots: int = 0, stacked: bool = False, stacked_slots: bool = False):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -475,7 +480,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     residual; slots past it: empty), the math of `slot_partials_reference` (float32 IEEE dots).
     stacked: the six tier-1 inputs are a model's stacked arrays [L, ...] (their blocks cover every layer) and an
     extra input after q holds the layer to read: the kernel reads that layer in place, so no per-layer slice of
-    tier 1 has to be materialised for the launch."""
+    tier 1 has to be materialised for the launch. stacked_slots (with stacked): hot_ids, hot_k, hot_v, res_k and
+    res_v are stacked [L, ...] as well and read in place."""
     f32 = jnp.float32
     if stacked:
         layer_ref, *refs = refs
@@ -490,6 +496,11 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         layer = layer_ref[0]
         kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref = (_LayerRef(r, layer) for r in
                                                           (kc_ref, ks_ref, kz_ref, vc_ref, vs_ref, vz_ref))
+        if stacked_slots:
+            if n_hot:
+                hid_ref = _LayerRef(hid_ref, layer)
+            if n_slots:
+                hk_ref, hv_ref, rk_ref, rv_ref = (_LayerRef(r, layer) for r in (hk_ref, hv_ref, rk_ref, rv_ref))
     am_ref = None if per_block else rest.pop(0)
     dl_ref = rest.pop(0) if with_delta else None
     xa_ref = rest.pop(0) if n_hot else None
@@ -584,8 +595,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         is_res = slot == n_hot
         t = jax.lax.broadcasted_iota(jnp.int32, (Bk, 1), 0)
         tok = jnp.where(is_res, t < rc_ref[()], (t >= 0) & (slot < n_hot) & (hid_ref[hot] >= 0))  # [Bk, 1]
-        k32 = jnp.where(tok, jnp.where(is_res, rk_ref[...].astype(f32), hk_ref[hot, :, :].astype(f32)), 0.0)
-        v32 = jnp.where(tok, jnp.where(is_res, rv_ref[...].astype(f32), hv_ref[hot, :, :].astype(f32)), 0.0)
+        k32 = jnp.where(tok, jnp.where(is_res, rk_ref[:, :].astype(f32), hk_ref[hot, :, :].astype(f32)), 0.0)
+        v32 = jnp.where(tok, jnp.where(is_res, rv_ref[:, :].astype(f32), hv_ref[hot, :, :].astype(f32)), 0.0)
         s = jnp.where(tok, _scaled(_dot(k32, q, 1), inv_sqrt_d), -jnp.inf)  # [Bk, G] exact scores
         m = jnp.max(s, axis=0)
         p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)[None, :])
@@ -689,7 +700,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     equal to slots.hot_ids, and q_abs): the exact partials of the hot slots and the residual, computed by extra
     programs of the same launch (slot_m, slot_l, slot_acc, slot_delta; `slot_partials_reference`); layer (int_kv):
     the six tier-1 arrays are a model's stacked [L, B, H, ...] arrays and the kernel reads layer `layer` of them
-    in place (a per-layer slice feeding the launch would be a copy of that layer's tier 1)."""
+    in place (a per-layer slice feeding the launch would be a copy of that layer's tier 1); hot_ids [L, B, H, K]
+    and slots with stacked hot_k, hot_v, res_k, res_v ([L, B, H, ...]) are then read in place as well."""
     if layer is not None:
         if variant != "int_kv":
             raise ValueError(f"layer (stacked tier-1 arrays) is implemented for the int_kv variant only, not "
@@ -727,9 +739,15 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
             and variant != "int_kv":
         raise ValueError(f"q_abs / out_blocks / hot_ids / out_splits are implemented for the int_kv variant only, "
                          f"not {variant!r}")
-    if hot_ids is not None and (per_block_acc or hot_ids.ndim != 3 or hot_ids.shape[:2] != (B, H)):
-        raise ValueError(f"hot_ids must be [B, H, K] = ({B}, {H}, K) with the split layout, got {hot_ids.shape}"
+    stacked_hot = layer is not None and hot_ids is not None and hot_ids.ndim == 4
+    hot_shape = None if hot_ids is None else hot_ids.shape[1:] if stacked_hot else hot_ids.shape
+    if hot_ids is not None and (per_block_acc or len(hot_shape) != 3 or hot_shape[:2] != (B, H)
+                                or (stacked_hot and hot_ids.shape[0] != k_codes.shape[0])):
+        raise ValueError(f"hot_ids must be [B, H, K] = ({B}, {H}, K) (or [L, B, H, K] stacked like the tier-1 "
+                         f"arrays, with layer) with the split layout, got {hot_ids.shape}"
                          f"{' and per_block_acc' if per_block_acc else ''}")
+    if slots is not None and stacked_hot != (slots.res_k.ndim == 5):
+        raise ValueError("slots and hot_ids must both be stacked [L, ...] (with layer) or both one layer's")
     if q_abs is not None and q_abs.shape != q.shape:
         raise ValueError(f"q_abs must have q's shape {q.shape}, got {q_abs.shape}")
     if out_blocks is not None and out_blocks < nb:
@@ -780,8 +798,10 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
     S = -(-nb // bps)
     with_delta = q_abs is not None
     n_hot = 0 if hot_ids is None else hot_ids.shape[-1]
+    stacked_slots = stacked and n_hot > 0 and hot_ids.ndim == 4
     extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks, n_hot=n_hot,
-                                                out_splits=out_splits, n_slots=n_slots, stacked=stacked)
+                                                out_splits=out_splits, n_slots=n_slots, stacked=stacked,
+                                                stacked_slots=stacked_slots)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
                                value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731
@@ -812,9 +832,10 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
     in_specs = [pl.BlockSpec((None,), lambda b, h, s: (b,)), whole(G, d)]
     in_specs += [pl.BlockSpec((1,), lambda b, h, s: (0,))] if stacked else []  # the layer, read by the kernel
     in_specs += [whole(G, d)] if with_delta else []
-    in_specs += [whole(n_hot)] if n_hot else []
+    slot_block = tier1 if stacked_slots else whole  # the hot set and the residual: stacked, or this layer's
+    in_specs += [slot_block(n_hot)] if n_hot else []
     if n_slots:
-        in_specs += [whole(n_hot, Bk, d), whole(n_hot, Bk, d), whole(Bk, d), whole(Bk, d),
+        in_specs += [slot_block(n_hot, Bk, d), slot_block(n_hot, Bk, d), slot_block(Bk, d), slot_block(Bk, d),
                      pl.BlockSpec((None,), lambda b, h, s: (b,))]
     in_specs += [tier1(nb, Bk, dk), tier1(nb, d), tier1(nb, d), tier1(nb, Bk, dv), tier1(nb, Bk, ng),
                  tier1(nb, Bk, ng)]

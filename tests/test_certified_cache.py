@@ -350,3 +350,68 @@ def test_certificates_pack_into_one_array_exactly():
         got, want = np.asarray(getattr(back, name)), np.asarray(getattr(cert, name))
         assert got.dtype == want.dtype, name
         np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["whole ladder", "fast pass"])
+def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast):
+    """A model cache's layer views record rung 1's candidates (`hot_pending`) instead of writing the hot set back
+    per layer; `with_lengths` makes them resident after the last layer. Step after step (hot sets filling, blocks
+    flushing into LRU slots), every layer's outputs, certificates and hot set equal those of a single-layer
+    cache that refreshes its hot set inside rung 1."""
+    from certattn_jax.attention import certified_attention_fast
+    from certattn_jax.model_cache import TieredModelCache
+
+    policy = dataclasses.replace(POLICY, eps=0.02, abs_tol=0.0)
+    L, B, H, G, d, steps = 2, 2, 2, 2, 32, 12
+    singles = []
+    for layer in range(L):
+        _, k, v = _data(40 + layer, B=B, T=75, H=H, G=G, d=d)
+        singles.append(TieredKVCache.from_dense(k, v, policy, capacity=96))
+    model = TieredModelCache.from_layers(singles, num_q_heads=H * G, policy=policy)
+    if fast:
+        model = model.decode_fast_path()
+
+    @jax.jit
+    def model_step(model, q, k, v):
+        outs = []
+        for layer in range(L):
+            out, model = model.attend(layer, q[layer][:, None], k[layer], v[layer], model.lengths + 1)
+            outs.append(out[:, 0])
+        return outs, model.with_lengths(model.lengths + 1)
+
+    @jax.jit
+    def single_step(c, q, k, v):
+        c = c.write_token(k, v)
+        if fast:
+            out, cert, c, _ = certified_attention_fast(q, c, policy)
+        else:
+            out, cert, c = certified_attention_step(q, c, policy)
+        return out, cert, c.flush()
+
+    rungs = []
+    for step in range(steps):
+        keys = jax.random.split(jax.random.key(100 + step), 3)
+        q = 3.0 * jax.random.normal(keys[0], (L, B, H * G, d))
+        k = jax.random.normal(keys[1], (L, B, 1, H, d))
+        v = jax.random.normal(keys[2], (L, B, 1, H, d))
+        outs, model = model_step(model, q, k, v)
+        assert np.all(np.asarray(model.store.hot_pending) == -1)
+        certs = model.last_certificate
+        for layer in range(L):
+            out, cert, singles[layer] = single_step(singles[layer], q[layer], k[layer], v[layer])
+            where = f"step {step} layer {layer}"
+            # (two compiled programs: float32 sums may be fused in another order)
+            np.testing.assert_allclose(np.asarray(outs[layer]), np.asarray(out), rtol=1e-5, atol=1e-6,
+                                       err_msg=where)
+            np.testing.assert_allclose(np.asarray(certs.error_bound[layer]), np.asarray(cert.error_bound),
+                                       rtol=1e-5, err_msg=where)
+            for field in ("rung", "k_star"):
+                np.testing.assert_array_equal(np.asarray(getattr(certs, field)[layer]),
+                                              np.asarray(getattr(cert, field)), where)
+            view = model.layer_view(layer)
+            for field in ("hot_k", "hot_v", "hot_ids", "hot_used"):
+                np.testing.assert_array_equal(np.asarray(getattr(view, field)),
+                                              np.asarray(getattr(singles[layer], field)), field)
+            rungs.append(np.asarray(cert.rung))
+    rungs = np.stack(rungs)
+    assert np.any(rungs == 1) and np.any(rungs == 0)  # rung 1 refreshed hot sets that later steps used

@@ -541,3 +541,50 @@ def test_a_hot_set_of_any_size_lowers_to_triton(monkeypatch):
     allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(*args).mlir_module()
     assert "xla.gpu.triton" in text
+
+
+def _stacked_slots_case(seed=12, L=3):
+    """`_stacked_case` with a different hot set and residual per layer, also stacked [L, ...]."""
+    from pallas_kernels.tier1_pass import Slots
+
+    q, stacked, nv, layers, kw = _stacked_case(seed=seed, L=L)
+    rng = np.random.default_rng(seed + 100)
+    hot = jnp.asarray(rng.integers(-1, 5, size=(L, 2, 2, 2)), jnp.int32)
+
+    def normal(*shape):
+        return jnp.asarray(rng.normal(size=shape), jnp.bfloat16)
+
+    slots = Slots(hot_k=normal(L, 2, 2, 2, 16, 64), hot_v=normal(L, 2, 2, 2, 16, 64), hot_ids=hot,
+                  res_k=normal(L, 2, 2, 16, 64), res_v=normal(L, 2, 2, 16, 64), r_count=kw["slots"].r_count,
+                  n_slots=4)
+    return q, stacked, nv, layers, dict(kw, hot_ids=hot, slots=slots)
+
+
+def test_int_kv_reads_a_stacked_hot_set_and_residual_in_place():
+    """With layer, a stacked hot set and residual ([L, ...]) are read in place like the tier-1 arrays: exactly
+    what the kernel gives on layer i's own hot set and residual, and the reference agrees."""
+    q, stacked, nv, _, kw = _stacked_slots_case()
+    s = kw["slots"]
+    for i in (0, 2):
+        got = tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(i), **kw)
+        own = s._replace(hot_k=s.hot_k[i], hot_v=s.hot_v[i], hot_ids=s.hot_ids[i], res_k=s.res_k[i],
+                         res_v=s.res_v[i])
+        want = tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(i), **dict(kw, hot_ids=own.hot_ids,
+                                                                                         slots=own))
+        for name in Tier1Partials._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), name)
+        _assert_close(got, tier1_pass_reference(q, *stacked, nv, layer=i, **kw))
+    with pytest.raises(ValueError, match="both be stacked"):
+        tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(0), **dict(kw, slots=own))
+
+
+def test_the_stacked_hot_set_launch_lowers_to_triton(monkeypatch):
+    """The certified launch reading tier 1, the hot set and the residual of one layer in place, for CUDA."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    q, stacked, nv, _, kw = _stacked_slots_case()
+    f = jax.jit(lambda q, layer, *a: tier1_pass(q, *a, variant="int_kv", layer=layer, interpret=False,
+                                                padded_heads=True, **kw))
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, jnp.int32(1), *stacked,
+                                                                          nv).mlir_module()
+    assert "xla.gpu.triton" in text
