@@ -16,16 +16,26 @@ small random cache with a hot set, its promoted slots, K* and ranking check must
 output and bound terms agree to float32 rounding, and its bound may not be smaller; else the ladder takes the
 jnp rung 0 for that configuration.
 
-Cost: one compile and run of each kernel per configuration and process (~1-2 s each on the H200; not measured
-yet).
+Cost: a compile and run of each kernel and its reference per configuration: ~30 s for the two checks the
+fused rung 0 needs on the H200 (SmolLM2's decode compile, 29.6 -> 59.4 s; docs/performance.md, 2026-12-01
+fifth session). Verdicts are therefore kept on disk (`verdict_cache_path`: CERTATTN_SELFTEST_CACHE, default
+~/.cache/certattn_jax/kernel_selftest.json; "off" disables it), keyed by what the verdict depends on: the device
+kind and its platform version (driver / CUDA), the jax and jaxlib versions, a hash of this package's sources
+(kernels and references) and the configuration. A machine checks each configuration once; a failed check is
+kept too (the warning repeats, the fallback holds, nothing recompiles).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import hashlib
+import json
+import os
+import tempfile
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -54,12 +64,76 @@ def _relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float("inf") if np.isnan(err) else err
 
 
+def verdict_cache_path() -> Path | None:
+    """Where checked verdicts are kept (module docstring), or None when CERTATTN_SELFTEST_CACHE is "off"."""
+    where = os.environ.get("CERTATTN_SELFTEST_CACHE", "")
+    if where.lower() in ("off", "0", "none"):
+        return None
+    return Path(where) if where else Path.home() / ".cache" / "certattn_jax" / "kernel_selftest.json"
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """A hash of every Python source of the kernels and of the certified path (the references they are held to)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted([*root.joinpath("pallas_kernels").glob("*.py"), *root.joinpath("certattn_jax").glob("*.py")]):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _verdict_key(what: str, config: dict[str, int]) -> str:
+    import jaxlib
+
+    dev = jax.devices()[0]
+    parts = [what, dev.device_kind, str(getattr(dev.client, "platform_version", "")), jax.__version__,
+             jaxlib.__version__, _sources_digest(), sorted(config.items())]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+
+
+def _load_verdicts(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # absent or damaged: check again
+
+
+def _store_verdict(path: Path, key: str, verdict: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        verdicts = _load_verdicts(path)
+        verdicts[key] = verdict
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kernel_selftest.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(verdicts, f, indent=1)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+    except OSError:
+        pass  # a read-only home: the check simply runs again next time
+
+
+def _checked(what: str, config: dict[str, int], problem: Callable[[], str | None]) -> str | None:
+    """problem(), or the verdict kept on disk for the same key."""
+    path = verdict_cache_path()
+    if path is None:
+        return problem()
+    key = _verdict_key(what, config)
+    kept = _load_verdicts(path).get(key)
+    if isinstance(kept, dict) and "problem" in kept:
+        return kept["problem"]
+    found = problem()
+    _store_verdict(path, key, {"what": what, "config": config, "problem": found,
+                               "device": jax.devices()[0].device_kind, "jax": jax.__version__})
+    return found
+
+
 def _trusted(what: str, config: dict[str, int], problem: Callable[[], str | None], fallback: str) -> bool:
-    """True where no compiled kernel executes or `problem()` finds nothing; else warn (naming the configuration,
-    the device and what disagrees) and False."""
+    """True where no compiled kernel executes or `problem()` finds nothing (or found nothing before, on this
+    machine and code: `verdict_cache_path`); else warn (naming the configuration, the device and what
+    disagrees) and False."""
     if not runs_compiled_kernels():
         return True
-    found = problem()
+    found = _checked(what, config, problem)
     if found is None:
         return True
     cfg = ", ".join(f"{k}={v}" for k, v in config.items())

@@ -5,6 +5,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite is compile-bound on CPU: skip LLVM's expensive optimisation passes (same float semantics:
 # XLA never enables fast-math reassociation), about a third less compile time.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# every run checks compiled kernels afresh (pallas_kernels.selftest keeps verdicts on disk for users)
+os.environ.setdefault("CERTATTN_SELFTEST_CACHE", "off")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

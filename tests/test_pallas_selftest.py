@@ -120,3 +120,35 @@ def test_an_untrusted_fused_rung0_sends_the_ladder_to_the_jnp_rung0(monkeypatch)
             assert not step.fused_supported(cache)
     finally:
         selftest.rung0_trusted.cache_clear()
+
+
+def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatch, tmp_path):
+    """A configuration is checked once per machine and code: the verdict is read back from the file (no second
+    check), a failure included (it still warns and sends the caller to jnp); another configuration, a damaged
+    file or a changed source digest checks again; "off" always checks."""
+    path = tmp_path / "verdicts.json"
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(path))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    calls = []
+
+    def check(found):
+        def run():
+            calls.append(found)
+            return found
+        return run
+
+    cfg = dict(block_size=16, head_dim=32)
+    assert selftest._trusted("kernel A", cfg, check(None), "")
+    assert selftest._trusted("kernel A", cfg, check("never asked"), "") and len(calls) == 1
+    with pytest.warns(RuntimeWarning, match="off by 2"):
+        assert not selftest._trusted("kernel A", dict(cfg, k_max=1), check("out off by 2"), "jnp instead")
+    with pytest.warns(RuntimeWarning, match="off by 2"):
+        assert not selftest._trusted("kernel A", dict(cfg, k_max=1), check(None), "jnp instead")
+    assert len(calls) == 2
+    monkeypatch.setattr(selftest, "_sources_digest", lambda: "edited")
+    assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 3
+    path.write_text("{not json")
+    assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 4
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", "off")
+    assert selftest._trusted("kernel A", cfg, check(None), "")
+    assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 6
