@@ -55,13 +55,14 @@ def certified_attention_step(q: jax.Array, cache: TieredKVCache, policy: CertPol
     return ladder.run(q, cache, policy)
 
 
-def certified_attention_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
+def certified_attention_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: int = 1,
                              ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
-    """The fast path: rungs 0 and 1 (`ladder.run_fast`). Returns (out, Certificate, cache, escalate [B]); where
-    escalate[b] is set the step of sequence b must be answered by `certified_attention_step` instead."""
+    """The fast path: rungs 0 to top_rung (1, or 0: no conditional; `ladder.run_fast`). Returns (out,
+    Certificate, cache, escalate [B]); where escalate[b] is set the step of sequence b must be answered by
+    `certified_attention_step` instead."""
     _check_query(q, cache)
     cache.check_policy(policy)
-    return ladder.run_fast(q, cache, policy)
+    return ladder.run_fast(q, cache, policy, top_rung)
 
 
 def certified_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | None = None,

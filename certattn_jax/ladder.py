@@ -242,13 +242,16 @@ def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, min_rung: int = 
     return out, cert, cache
 
 
-def run_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
+def run_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: int = 1,
              ) -> tuple[jax.Array, Certificate, TieredKVCache, jax.Array]:
-    """Rungs 0 and 1 only (the fast pass of a decode step): (out, Certificate, cache, escalate [B] bool). Where
-    escalate[b] is set, some head of sequence b needs rung 2 or above and its out / certificate are *not* valid:
-    the caller must answer that step with `run`. Where it is clear, (out, certificate, cache) equal what `run`
-    returns (`run` stops at rung 0 or 1 for every head, with the same computation)."""
-    return _ladder(q, cache, policy, top_rung=1)
+    """Rungs 0 to top_rung only (the fast pass of a decode step; top_rung 1, or 0 for a pass without any
+    conditional): (out, Certificate, cache, escalate [B] bool). Where escalate[b] is set, some head of sequence b
+    needs a rung above top_rung and its out / certificate are *not* valid: the caller must answer that step with
+    `run`. Where it is clear, (out, certificate, cache) equal what `run` returns (`run` stops at rung top_rung or
+    below for every head, with the same computation)."""
+    if top_rung not in (0, 1):
+        raise ValueError(f"the fast pass stops at rung 0 or 1, not {top_rung}")
+    return _ladder(q, cache, policy, top_rung=top_rung)
 
 
 def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: int, min_rung: int = 0,
@@ -309,8 +312,11 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
             {f: getattr(cache, f) for f in HOT_FIELDS}
         return _skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), kept
 
-    with jax.named_scope("rung1_widen"):
-        st1, wide, hot = jax.lax.cond(jnp.any(~ok0), widen, skip)
+    if top_rung >= 1:
+        with jax.named_scope("rung1_widen"):
+            st1, wide, hot = jax.lax.cond(jnp.any(~ok0), widen, skip)
+    else:  # a fast pass without conditionals: a head that fails rung 0 escalates (to `run`)
+        st1, wide, hot = skip()
     cache = cache.replace(**hot)
     if not defer:
         cache = cache.replace(stack=None)  # the stack no longer holds this hot set (`resliced`)

@@ -49,7 +49,7 @@ from certattn_jax.policy import CertPolicy
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
-SCHEDULES = ("looped", "two-pass", "unrolled")  # TieredModelCache.schedule; the first is the default
+SCHEDULES = ("looped", "two-pass", "straight", "unrolled")  # TieredModelCache.schedule; the first is the default
 DEFAULT_SCHEDULE = SCHEDULES[0]
 
 
@@ -79,6 +79,10 @@ class TieredModelCache:
                       `lax.switch` on every step (one extra pass over the weights);
                       "two-pass" the same, but the fast pass unrolled (the weights read in place; compiles
                       rungs 0-1 once per layer);
+                      "straight" as "two-pass", but the fast pass answers at rung 0 only: it holds no conditional
+                      at all (straight-line code that CUDA graphs can capture whole); a head that needs rung 1
+                      sends the step to the second pass (docs/performance.md, 2026-12-01 fifth session: the
+                      certified step keeps the GPU busy only 1.9 of its 5 ms);
                       "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile).
                       The default is chosen by measurement on the H200 (docs/performance.md): today "looped" both
                       compiles fastest and decodes fastest.
@@ -212,7 +216,8 @@ class TieredModelCache:
             base = c = model.layer_view(layer)
             if self.mode == "certified":
                 if self.fast:
-                    out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy)
+                    top = 0 if self.schedule == "straight" else 1
+                    out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy, top)
                     escalate = escalate | esc
                 else:
                     out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)

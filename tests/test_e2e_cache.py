@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -233,7 +234,8 @@ ENTRY %main (x: f32[4]) -> f32[4] {
 
 @pytest.mark.parametrize("eps", [0.05, 1e-9], ids=["rung0", "escalating"])
 def test_layer_schedules_decode_identically(params, eps, monkeypatch):
-    """The two-pass decode step (rungs 0-1 unrolled, the whole ladder in a loop over layers only when a head
+    """The two-pass decode step (rungs 0-1 unrolled -- or rung 0 alone, "straight" -- the whole ladder in a loop
+    over layers only when a head
     needs more) and the looped one (both ways of reaching a layer's weights) give exactly what the whole ladder
     inlined in every layer gives: the same tokens, rungs, K* and bounds -- with the default tolerance (rungs
     0-1) and with one no head meets below rung 3 (the slow pass runs on every step)."""
@@ -246,7 +248,7 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
         return gen.generate(params, CFG, prompts, 8, cache_factory=cache_spec("certified", CFG, jnp.float32,
                                                                               policy, schedule=schedule), **kw)
 
-    runs = {s: run(s) for s in ("unrolled", "two-pass", "looped")}  # on the CPU: weights in place
+    runs = {s: run(s) for s in ("unrolled", "two-pass", "straight", "looped")}  # on the CPU: weights in place
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
     runs["looped, weights copied"] = run("looped")
@@ -352,3 +354,32 @@ def test_the_kernels_read_each_layer_in_place_and_decode_like_jnp(params, monkey
         np.testing.assert_array_equal(getattr(runs["kernels"].step_records, field),
                                       getattr(runs["jnp"].step_records, field), err_msg=field)
     assert runs["naive kernel"].tokens == runs["naive"].tokens
+
+
+def test_the_straight_fast_pass_holds_no_conditional():
+    """The "straight" schedule's fast pass (rung 0 only) is straight-line code: no cond, switch or loop in the
+    traced attention (so that nothing stops the device to read a predicate), while the rungs-0-1 fast pass has
+    the rung-1 conditional; a head failing rung 0 escalates instead."""
+    from certattn_jax.attention import certified_attention_fast
+
+    k = jax.random.normal(jax.random.key(1), (1, 40, 2, 32))
+    cache = TieredKVCache.from_dense(k, k, POLICY)
+    q = jax.random.normal(jax.random.key(2), (1, 4, 32))
+
+    def control_flow(jaxpr):
+        found = []
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("cond", "while", "switch"):
+                found.append(eqn.primitive.name)
+            if eqn.primitive.name != "pallas_call":
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    found += control_flow(sub)
+        return found
+
+    for top, want in ((0, []), (1, ["cond"])):
+        jaxpr = jax.make_jaxpr(lambda q, c, top=top: certified_attention_fast(q, c, POLICY, top))(q, cache).jaxpr
+        got = control_flow(jaxpr)
+        assert (got == want) if not want else ("cond" in got), (top, got)
+    strict = dataclasses.replace(POLICY, eps=0.0, abs_tol=0.0)  # no head passes rung 0
+    *_, escalate = jax.jit(lambda q, c: certified_attention_fast(q, c, strict, 0))(q, cache)
+    assert bool(np.all(np.asarray(escalate)))
