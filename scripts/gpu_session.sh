@@ -52,6 +52,8 @@ for s in "$@"; do
     kernels_fix) step kernels_fix 120 "python3 -m pytest -q -n 4 tests/test_pallas_tier1.py -k 'subnormal or leaves_the_hot or slot_programs or any_size'" ;;
     eval_compile) step eval_compile 300 "python3 scripts/probe_eval_compile.py --model smollm2 --schedules looped two-pass --out $W/eval_compile.json" ;;
     trace) step trace 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified:pallas:jnp certified:pallas:fused --steps 16 --out $W/trace_decode.json" ;;
+    gen_straight) step gen_straight 500 "$B --models smollm2 --prompts 1024 --caches dense certified certified_two-pass certified_straight --rung0 fused --out $W/gen_straight.json" ;;
+    trace_straight) step trace_straight 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified_straight:pallas:fused certified:pallas:fused --steps 16 --out $W/trace_straight.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;

@@ -3,11 +3,12 @@
     python scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified:pallas:jnp \\
         certified:pallas:fused --steps 16 --out results/trace_decode.json
 
-For each cache (mode[:tier1[:rung0]]), `models.generate.generate` runs once to compile and once more under
-`jax.profiler.trace` (a Perfetto trace). The device's kernel events of the traced decode loop are summed by
-kernel name and by the HLO scope that emitted them (the compiled loop's `op_name` metadata, matched on the
-instruction name the kernel carries), and set against the loop's wall time: busy (time with a kernel running)
-vs idle (the launch gaps). The layer loop's trip count makes per-layer numbers comparable across caches.
+For each cache (mode[_schedule][:tier1[:rung0]], e.g. certified_straight:pallas:fused),
+`models.generate.generate` runs once to compile and once more under `jax.profiler.trace` (a Perfetto trace).
+The device's kernel events of the traced decode loop are summed by kernel name and by the HLO scope that
+emitted them (the compiled loop's `op_name` metadata, matched on the instruction name the kernel carries), and
+set against the loop's wall time: busy (time with a kernel running) vs idle (the launch gaps). The layer loop's
+trip count makes per-layer numbers comparable across caches.
 
 Reports per cache: wall ms per step, device-busy ms per step, kernels per step, the 30 costliest kernels
 (name, scope, count, µs per step) and µs per step by scope. Runs on CPU too (the events are then the CPU
@@ -104,6 +105,7 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str) ->
     from scripts.bench_generate import _model_config
 
     mode, tier1, rung0 = (spec.split(":") + ["", ""])[:3]
+    mode, _, schedule = mode.partition("_")  # e.g. certified_straight
     cfg = _model_config(model)
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     policy = CertPolicy(block_size=16, group_size=16) if model == "tiny" else CertPolicy()
@@ -111,7 +113,8 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str) ->
     params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
     kw = dict(eos_token_ids=(), progress=False, prefill_chunk=1024, policy=policy,
-              cache_factory=cache_spec(mode, cfg, dtype, policy), record_steps=False)
+              cache_factory=cache_spec(mode, cfg, dtype, policy, **({"schedule": schedule} if schedule else {})),
+              record_steps=False)
     gen._COMPILED.clear()
     t0 = time.perf_counter()
     cold = gen.generate(params, cfg, [ids], steps, **kw)
