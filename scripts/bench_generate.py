@@ -53,7 +53,9 @@ CPU_GRID = {"smollm2": (256, 1024)}  # --cpu-smollm2: the SmolLM2 shapes at prom
 TINY_GRID = {"tiny": (100, 300)}
 CACHES = ("dense", "naive", "certified")
 # certified with a given layer schedule (TieredModelCache.schedule; "certified" is the default schedule)
-VARIANTS = ("certified_looped", "certified_two-pass", "certified_unrolled")
+# (the names of certattn_jax.model_cache.SCHEDULES, kept here so that argument parsing does not import jax;
+# tests/test_bench_scripts.py checks that they agree)
+VARIANTS = ("certified_looped", "certified_two-pass", "certified_straight", "certified_unrolled")
 def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_chunk: int, repeats: int,
                    ) -> list[float]:
     """Seconds of `repeats` prefills of ids (to the first token's logits, the cache ready on the device), one

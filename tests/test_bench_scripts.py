@@ -94,3 +94,15 @@ ENTRY %main (a: f32[4,1024]) -> f32[4,1024] {
 
     by_scope = launches_by_scope(hlo)  # the custom call is a launch too; grouped by op name
     assert by_scope == {"step": {"scatter": 1, "copy:copy": 1, "custom-call": 1}, "branch": {}}
+
+
+def test_bench_generate_names_every_layer_schedule():
+    """bench_generate.py lists the certified variants without importing jax; they must be the schedules."""
+    import importlib.util
+
+    from certattn_jax.model_cache import SCHEDULES
+
+    spec = importlib.util.spec_from_file_location("bench_generate_names", ROOT / "scripts" / "bench_generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.VARIANTS == tuple(f"certified_{s}" for s in SCHEDULES)
