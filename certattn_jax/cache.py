@@ -20,7 +20,8 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
                  (`tier1_arrays`), and the ladder's rung-1 branch slices the fields it reads inside the branch
                  (`resliced`), so that a step which skips rung 1 does not materialise them for it
     res_k, res_v [B, H, Bk, d]                the newest, partial block, exact (per-channel scales need a full one)
-    hot_k, hot_v [B, H, K, Bk, d], hot_ids [B, H, K]   device-resident exact copies of K = k_max blocks
+    hot_k, hot_v [B, H, K, Bk, d], hot_ids [B, H, K]   device-resident exact copies of K blocks (K = the
+                                              policy's `slots`: hot_slots, or k_max)
     hot_used [B, H, K] int32                  when each slot was last promoted (the sequence length then; -1
                                               never): a block leaving the residual (flush) takes the least
                                               recently used slot, so the recent window is resident at no
@@ -121,7 +122,7 @@ class TieredKVCache:
         if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
             raise TypeError(f"cache dtype must be floating, got {dtype}")
         nb = -(-capacity // Bk)
-        K = policy.k_max
+        K = policy.slots
         B, H, d = batch, num_kv_heads, head_dim
         dk, dv = d * policy.key_bits // 8, d * policy.value_bits // 8
         sdt = quant.SCALE_DTYPE
@@ -539,7 +540,8 @@ def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: Cer
     # jit (layout static) so the eager call compiles once per shape and its host arrays come out pinned_host; the
     # tolerances may be tracers (a policy passed through jit), and they play no part here
     layout = CertPolicy(block_size=policy.block_size, group_size=policy.group_size, key_bits=policy.key_bits,
-                        value_bits=policy.value_bits, k_max=policy.k_max, v_max=policy.v_max)
+                        value_bits=policy.value_bits, k_max=policy.k_max, v_max=policy.v_max,
+                        hot_slots=policy.hot_slots)
     return commit_arrays(_from_head_major_impl(k, v, lengths, layout))
 
 

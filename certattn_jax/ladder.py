@@ -117,10 +117,14 @@ def select_and_promote(ctx: StepContext, cache: TieredKVCache, policy: CertPolic
     hot_wide = hot._replace(active=(slot_rank < 2 * kp) & (hot_ids >= 0))
     resident = jnp.any(match, axis=-2)  # [B, H, 2kp]
     wide_missing = jnp.where(resident | (ranked < 0), -1, ranked)
-    cand = ranked[..., :kp]
-    if kp < K:  # the cache has more hot slots than this policy promotes
-        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - kp,), -1, cand.dtype)], -1)
-    return Selection(hot=hot, hot_wide=hot_wide, wide_missing=wide_missing, cand=cand[..., :K])
+    # what rung 1 makes resident: the top k_max, or, where the cache has more hot slots than this policy
+    # promotes, as much of rung 1's widened set (the top 2 k_max) as fits, so that a later rung 1 finds it on the
+    # device instead of reading tier 2 again
+    n_res = min(K, 2 * kp)
+    cand = ranked[..., :n_res]
+    if n_res < K:
+        cand = jnp.concatenate([cand, jnp.full(cand.shape[:-1] + (K - n_res,), -1, cand.dtype)], -1)
+    return Selection(hot=hot, hot_wide=hot_wide, wide_missing=wide_missing, cand=cand)
 
 
 def _fetch_exact(ctx: StepContext, cache: TieredKVCache, ids: jax.Array,

@@ -40,8 +40,13 @@ class CertPolicy:
       group_size:  value channels per quantization group (per-token scales).
       key_bits:    8 (default) or 4.   value_bits: 4 (default) or 2.
       k_max:       promotion buffer: at most k_max blocks per KV head get exact keys and values from the
-                   device-resident hot set (a cache's hot set holds the k_max of the policy it was built
-                   with; a later call may use a smaller k_max, never a larger one).
+                   device-resident hot set (a later call may use a smaller k_max, never more than the cache's
+                   hot slots).
+      hot_slots:   blocks per KV head the hot set holds (0: k_max). More slots than k_max keep rung 1's
+                   widened set (the top 2 k_max candidates) resident as far as they fit, so a later step finds it
+                   on the device: on SmolLM2 and real prose (1K prompt, 32 steps), 16 slots for k_max 8 cut the
+                   steps that leave rung 0 from 32 of 32 to 7 and rung 1's tier-2 reads from 566 to 68
+                   (results/probe_rung1_cpu_1k*.json). Each slot costs Bk exact tokens of keys and values.
     Implementation (static, not part of the layout)
       tier1:       how the tier-1 pass (INT scores and per-block partials of every full block) is computed:
                    "jnp" (XLA) or "pallas" (`pallas_kernels.tier1_pass`, one read of the quantized bytes; interpret
@@ -75,6 +80,7 @@ class CertPolicy:
     value_bits: int = struct.field(default=4, **_static)
     k_max: int = struct.field(default=8, **_static)
     v_max: int = struct.field(default=8, **_static)
+    hot_slots: int = struct.field(default=0, **_static)
     eps: float = 0.05
     abs_tol: float = 0.0
     tau_cov: float = 0.995
@@ -99,6 +105,8 @@ class CertPolicy:
             raise ValueError(f"value_bits must be 4 or 2, got {self.value_bits}")
         if self.k_max < 1 or self.v_max < 0:
             raise ValueError(f"need k_max >= 1 and v_max >= 0, got {self.k_max}, {self.v_max}")
+        if self.hot_slots and self.hot_slots < self.k_max:
+            raise ValueError(f"hot_slots ({self.hot_slots}) must be 0 (= k_max) or at least k_max ({self.k_max})")
         tolerances = (self.eps, self.abs_tol, self.tau_cov, self.v_tol, self.rank_margin,
                       self.layer_fallback_fraction)
         if not all(_is_number(t) for t in tolerances):  # rebuilt by a jax transformation: validated before
@@ -109,6 +117,11 @@ class CertPolicy:
             raise ValueError("eps, abs_tol, v_tol and rank_margin must be >= 0")
         if not self.layer_fallback_fraction > 0.0:
             raise ValueError(f"layer_fallback_fraction must be > 0, got {self.layer_fallback_fraction}")
+
+    @property
+    def slots(self) -> int:
+        """The hot-set slots per KV head a cache built with this policy holds (hot_slots, or k_max)."""
+        return self.hot_slots or self.k_max
 
     def layout(self) -> tuple[int, int, int, int]:
         """The storage fields a cache is built with (must match between a cache and the policy used on it;

@@ -97,7 +97,7 @@ def _model_config(name: str):
 
 def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int,
             prefill_only: bool = False, k_max: int | None = None, tier1: str | None = None,
-            rung0: str | None = None, dump_hlo: str | None = None) -> dict:
+            rung0: str | None = None, dump_hlo: str | None = None, hot_slots: int | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -112,6 +112,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     policy = CertPolicy(block_size=16, group_size=16) if model == "tiny" else CertPolicy()
     if k_max is not None:
         policy = dataclasses.replace(policy, k_max=k_max)
+    if hot_slots is not None:
+        policy = dataclasses.replace(policy, hot_slots=hot_slots)
     if tier1 is not None:
         policy = dataclasses.replace(policy, tier1=tier1)
     if rung0 is not None:
@@ -150,7 +152,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
-            "k_max": policy.k_max, "tier1": policy.tier1, "rung0": policy.rung0,
+            "k_max": policy.k_max, "hot_slots": policy.slots, "tier1": policy.tier1, "rung0": policy.rung0,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
@@ -171,6 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-only", action="store_true",
                     help="time to first token only (3 prefills: cold, then the best of two warm); no decode")
     ap.add_argument("--k-max", type=int, default=None, help="the policy's k_max (default CertPolicy's)")
+    ap.add_argument("--hot-slots", type=int, default=None, help="the policy's hot_slots (default: k_max)")
     ap.add_argument("--tier1", choices=("jnp", "pallas"), default=None, help="the policy's tier-1 implementation")
     ap.add_argument("--rung0", choices=("jnp", "fused"), default=None, help="the policy's rung-0 implementation")
     ap.add_argument("--dump-hlo", default=None, help="write each row's compiled decode loop to DIR")
@@ -180,7 +183,7 @@ def main(argv=None) -> int:
     if args.row:
         model, cache, prompt = args.row
         row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only, args.k_max, args.tier1,
-                      args.rung0, args.dump_hlo)
+                      args.rung0, args.dump_hlo, args.hot_slots)
         print("ROW " + json.dumps(row), flush=True)
         return 0
     if args.merge:
@@ -199,6 +202,7 @@ def main(argv=None) -> int:
                        "--new-tokens", str(new_tokens), "--prefill-chunk", str(chunk)]
                 cmd += ["--prefill-only"] if args.prefill_only else []
                 cmd += ["--k-max", str(args.k_max)] if args.k_max is not None else []
+                cmd += ["--hot-slots", str(args.hot_slots)] if args.hot_slots is not None else []
                 cmd += ["--tier1", args.tier1] if args.tier1 is not None else []
                 cmd += ["--rung0", args.rung0] if args.rung0 is not None else []
                 cmd += ["--dump-hlo", args.dump_hlo] if args.dump_hlo else []

@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=32, help="teacher-forced decode steps")
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--k-max", type=int, default=None)
+    ap.add_argument("--hot-slots", type=int, default=None,
+                    help="hot-set slots per KV head (the cache is built with this k_max, then run with --k-max)")
     ap.add_argument("--out", default=str(ROOT / "results/probe_rung1.json"))
     args = ap.parse_args(argv)
 
@@ -62,14 +64,17 @@ def main(argv=None) -> int:
     rows = []
     for i, ids in enumerate(ppl.windows(pre.tokenizer, args.length + args.steps + 1, args.samples, seed=3)):
         ids = np.asarray(ids, np.int32)
-        cache = decode.make_cache("certified", pre.params, pre.config, args.length + args.steps + 64, policy)
+        built = policy if args.hot_slots is None else dataclasses.replace(policy, k_max=args.hot_slots)
+        cache = decode.make_cache("certified", pre.params, pre.config, args.length + args.steps + 64, built)
         cache, _ = decode.prefill(pre.params, pre.config, cache, ids[:args.length])
+        cache = cache.replace(inner=cache.inner.replace(policy=policy))  # promote k_max of the hot slots
+        assert cache.inner.store.hot_ids.shape[-1] == built.k_max
         inputs = jnp.asarray(ids[args.length:args.length + args.steps])[None]
         targets = jnp.asarray(ids[args.length + 1:args.length + args.steps + 1])[None]
         steps_rungs = []
 
         def sink(step, rec, out=steps_rungs):
-            out.append(np.asarray(rec["rung"]) if isinstance(rec, dict) else np.asarray(rec.rung))
+            out.append(np.asarray(rec["cert"].rung))
 
         decode.set_sink(sink)
         before = len(events)
@@ -89,6 +94,7 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]), flush=True)
     Path(args.out).write_text(json.dumps({"model": args.model, "device": str(jax.devices()[0].device_kind),
                                           "jax": jax.__version__, "length": args.length, "k_max": policy.k_max,
+                                          "hot_slots": args.hot_slots or policy.k_max,
                                           "tau_cov": policy.tau_cov, "eps": policy.eps, "rows": rows}, indent=1))
     return 0
 

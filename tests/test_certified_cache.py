@@ -415,3 +415,32 @@ def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does
             rungs.append(np.asarray(cert.rung))
     rungs = np.stack(rungs)
     assert np.any(rungs == 1) and np.any(rungs == 0)  # rung 1 refreshed hot sets that later steps used
+
+
+def test_more_hot_slots_keep_rung_1s_widened_set_resident():
+    """hot_slots > k_max: the cache holds that many exact blocks per KV head, rung 1 leaves as much of its
+    widened set (the top 2 k_max) resident as fits -- so the next step promotes from it without tier 2 -- and the
+    certificates stay sound against exact attention."""
+    policy = dataclasses.replace(POLICY, k_max=2, hot_slots=4)
+    with pytest.raises(ValueError, match="hot_slots"):
+        dataclasses.replace(POLICY, k_max=4, hot_slots=2)
+    q, k, v = _data(21, q_scale=3.0)
+    cache = TieredKVCache.from_dense(k, v, policy)
+    assert cache.hot_ids.shape[-1] == 4 and TieredKVCache.from_dense(k, v, POLICY).hot_ids.shape[-1] == 4
+    narrow = TieredKVCache.from_dense(k, v, dataclasses.replace(policy, hot_slots=0))
+    assert narrow.hot_ids.shape[-1] == 2
+    step = jax.jit(certified_attention_step)
+    strict = dataclasses.replace(policy, eps=0.0, abs_tol=0.0, v_max=0)
+    _, c1, warm = step(q, cache, strict)
+    _, _, warm_narrow = step(q, narrow, dataclasses.replace(strict, hot_slots=0))
+    assert np.all(np.asarray(c1.rung) >= 1)
+    resident = np.sum(np.asarray(warm.hot_ids) >= 0, axis=-1)
+    assert np.all(resident == 4) and np.all(np.sum(np.asarray(warm_narrow.hot_ids) >= 0, axis=-1) == 2)
+    ek, ev = (np.asarray(x) for x in exact_keys_values(warm))
+    for b in range(2):
+        for h in range(2):
+            for s, blk in enumerate(np.asarray(warm.hot_ids)[b, h]):
+                np.testing.assert_array_equal(np.asarray(warm.hot_k)[b, h, s], ek[b, h, blk * 16:blk * 16 + 16])
+    out, cert = cert_attn(q, warm, policy)
+    err = _errors(out, _reference(q, k, v))
+    assert np.all(err <= np.asarray(cert.error_bound)), (err, cert.error_bound)

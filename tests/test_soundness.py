@@ -79,7 +79,8 @@ CFG_B = Cfg("B", B=1, H=1, G=4, d=64, cap=320, kv_dtype=jnp.bfloat16, q_dtype=jn
 CFG_C = Cfg("C", B=2, H=2, G=1, d=64, cap=300, kv_dtype=jnp.float16, q_dtype=jnp.float16,
             policy=CertPolicy(block_size=64, group_size=16, key_bits=8, value_bits=2, k_max=8, v_max=2, eps=1e-2))
 CFG_D = Cfg("D", B=2, H=1, G=4, d=32, cap=256, kv_dtype=jnp.bfloat16, q_dtype=jnp.float32,
-            policy=CertPolicy(block_size=16, group_size=32, key_bits=4, value_bits=4, k_max=3, eps=1e-6))
+            policy=CertPolicy(block_size=16, group_size=32, key_bits=4, value_bits=4, k_max=3, eps=1e-6,
+                              hot_slots=8))  # more hot slots than k_max: rung 1 keeps its widened set resident
 CFG_E = Cfg("E", B=1, H=2, G=1, d=32, cap=320, kv_dtype=jnp.float32, q_dtype=jnp.bfloat16,
             policy=CertPolicy(block_size=32, group_size=16, key_bits=8, value_bits=2, k_max=5, eps=2e-3,
                               tau_cov=0.5, layer_fallback_fraction=1.0))

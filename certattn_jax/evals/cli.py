@@ -35,6 +35,8 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
     e.add_argument("--value-bits", type=int, default=None, choices=[2, 4])
     e.add_argument("--eps", type=float, default=None, help="CertPolicy.eps (relative value tolerance)")
     e.add_argument("--tau-cov", type=float, default=None, help="CertPolicy.tau_cov")
+    e.add_argument("--hot-slots", type=int, default=None,
+                   help="CertPolicy.hot_slots (blocks per KV head the hot set holds; default k_max)")
     e.add_argument("--lengths", default="2048,4096,8192", help="context lengths in tokens (comma-separated)")
     e.add_argument("--samples", type=int, default=4, help="windows per length (ppl), needles per cell (niah), "
                                                           "samples per task and length (ruler)")
@@ -78,7 +80,7 @@ def build(args: argparse.Namespace):
     if bad or not modes_named:
         raise ValueError(f"--cache takes a comma-separated list of {allowed}, got {args.cache!r}")
     overrides = {k: v for k, v in (("eps", args.eps), ("key_bits", args.key_bits), ("value_bits", args.value_bits),
-                                   ("tau_cov", args.tau_cov)) if v is not None}
+                                   ("tau_cov", args.tau_cov), ("hot_slots", args.hot_slots)) if v is not None}
     policy = dataclasses.replace(CertPolicy(), **overrides)
     lengths = _ints(args.lengths)
     if not lengths or min(lengths) < 64:
