@@ -352,8 +352,9 @@ def test_certificates_pack_into_one_array_exactly():
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["whole ladder", "fast pass"])
-def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast):
+@pytest.mark.parametrize("fast,slots", [(False, 0), (True, 0), (True, 8)],
+                         ids=["whole ladder", "fast pass", "fast pass, 8 hot slots"])
+def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast, slots):
     """A model cache's layer views record rung 1's candidates (`hot_pending`) instead of writing the hot set back
     per layer; `with_lengths` makes them resident after the last layer. Step after step (hot sets filling, blocks
     flushing into LRU slots), every layer's outputs, certificates and hot set equal those of a single-layer
@@ -361,7 +362,7 @@ def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does
     from certattn_jax.attention import certified_attention_fast
     from certattn_jax.model_cache import TieredModelCache
 
-    policy = dataclasses.replace(POLICY, eps=0.02, abs_tol=0.0)
+    policy = dataclasses.replace(POLICY, eps=0.02, abs_tol=0.0, hot_slots=slots)
     L, B, H, G, d, steps = 2, 2, 2, 2, 32, 12
     singles = []
     for layer in range(L):
