@@ -450,11 +450,13 @@ def test_int_kv_reads_a_layer_of_stacked_arrays_in_place():
         tier1_pass(q, *stacked[:5], stacked[5][0], nv, variant="int_kv", layer=jnp.int32(0), **kw)
 
 
-def test_the_certified_launch_lowers_to_triton(monkeypatch):
+@pytest.mark.parametrize("hot_set", ["one layer's", "stacked"])
+def test_the_certified_launch_lowers_to_triton(monkeypatch, hot_set):
     """The int_kv launch with everything the fused rung 0 asks of it (Delta, padded outputs, the hot set out of
-    the splits, the slot programs, stacked tier-1 arrays read in place) cross-lowered for CUDA."""
+    the splits, the slot programs, stacked tier-1 arrays read in place -- and the hot set and residual given as
+    one layer's or read in place from stacked arrays too) cross-lowered for CUDA."""
     monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
-    q, stacked, nv, _, kw = _stacked_case()
+    q, stacked, nv, _, kw = _stacked_case() if hot_set == "one layer's" else _stacked_slots_case()
     f = jax.jit(lambda q, layer, *a: tier1_pass(q, *a, variant="int_kv", layer=layer, interpret=False,
                                                 padded_heads=True, **kw))
     allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
@@ -576,15 +578,3 @@ def test_int_kv_reads_a_stacked_hot_set_and_residual_in_place():
         _assert_close(got, tier1_pass_reference(q, *stacked, nv, layer=i, **kw))
     with pytest.raises(ValueError, match="both be stacked"):
         tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(0), **dict(kw, slots=own))
-
-
-def test_the_stacked_hot_set_launch_lowers_to_triton(monkeypatch):
-    """The certified launch reading tier 1, the hot set and the residual of one layer in place, for CUDA."""
-    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
-    q, stacked, nv, _, kw = _stacked_slots_case()
-    f = jax.jit(lambda q, layer, *a: tier1_pass(q, *a, variant="int_kv", layer=layer, interpret=False,
-                                                padded_heads=True, **kw))
-    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, jnp.int32(1), *stacked,
-                                                                          nv).mlir_module()
-    assert "xla.gpu.triton" in text
