@@ -58,6 +58,23 @@ def device_events(trace: dict) -> tuple[list[dict], str]:
     return events, ", ".join(sorted({names.get(e["pid"], str(e["pid"])) for e in events}))
 
 
+def idle_after(events: list[dict]) -> dict[str, float]:
+    """Device idle time (µs) between the end of each event and the start of the next one (the events in time
+    order; overlapping events leave no gap), summed by what came before the gap: a device-to-host copy (a
+    conditional's predicate or a loop's trip test read back by the host), a host-to-device copy, or a kernel."""
+    out = collections.defaultdict(float)
+    ordered = sorted(events, key=lambda e: e["ts"])
+    end, last = None, None
+    for e in ordered:
+        if end is not None and e["ts"] > end:
+            name = last.get("name", "")
+            kind = "MemcpyD2H" if "D2H" in name else "MemcpyH2D" if "H2D" in name else "kernel"
+            out[kind] += e["ts"] - end
+        if end is None or e["ts"] + e["dur"] >= end:
+            end, last = e["ts"] + e["dur"], e
+    return dict(out)
+
+
 def summarize(events: list[dict], scopes: dict[str, str], steps: int, wall_s: float) -> dict:
     """Per-step totals, the costliest kernels and time by scope."""
     if not events:
@@ -81,11 +98,13 @@ def summarize(events: list[dict], scopes: dict[str, str], steps: int, wall_s: fl
             busy += b - max(a, end)
             end = b
     span = intervals[-1][1] - intervals[0][0]
+    idle = idle_after(events)
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:30]
     return {"wall_ms_per_step": round(wall_s * 1e3 / steps, 4),
             "trace_span_ms_per_step": round(span / 1e3 / steps, 4),
             "busy_ms_per_step": round(busy / 1e3 / steps, 4),
             "kernels_per_step": round(len(events) / steps, 1),
+            "idle_ms_per_step_after": {k: round(v / 1e3 / steps, 4) for k, v in idle.items()},
             "kernel_us_per_step_summed": round(sum(e["dur"] for e in events) / steps, 2),
             "top_kernels": [{"name": n[:80], "scope": s[-120:], "per_step": round(c / steps, 2),
                              "us_per_step": round(t / steps, 2)} for (n, s), (c, t) in top],

@@ -106,3 +106,20 @@ def test_bench_generate_names_every_layer_schedule():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.VARIANTS == tuple(f"certified_{s}" for s in SCHEDULES)
+
+
+def test_trace_decode_sums_idle_gaps_by_what_precedes_them_and_maps_kernels_to_scopes():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from trace_decode import hlo_scopes, idle_after, summarize
+
+    events = [{"name": "loop_add_fusion_1", "ts": 0, "dur": 10}, {"name": "MemcpyD2H", "ts": 12, "dur": 2},
+              {"name": "k2", "ts": 50, "dur": 5}, {"name": "k3", "ts": 52, "dur": 10},
+              {"name": "k4", "ts": 70, "dur": 1}]
+    assert idle_after(events) == {"kernel": 10.0, "MemcpyD2H": 36.0}
+    hlo = ('  %loop_add_fusion.1 = f32[4]{0} fusion(%p), kind=kLoop, calls=%c, '
+           'metadata={op_name="jit(_decode_loop)/while/body/rung0_fused/add"}\n')
+    scopes = hlo_scopes(hlo)
+    assert scopes["loop_add_fusion_1"] == "rung0_fused/add"
+    row = summarize(events, scopes, steps=1, wall_s=71e-6)
+    assert row["busy_ms_per_step"] == round(25 / 1e3, 4) and row["kernels_per_step"] == 5
+    assert row["us_per_step_by_scope"]["rung0_fused"] == 10.0
