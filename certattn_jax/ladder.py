@@ -264,7 +264,8 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     H = cache.num_kv_heads
     G = Hq // H
     cache0 = cache  # the step's input: the selection reads its hot set (rung 1 refreshes the hot set)
-    if policy.rung0 == "fused" and fused_supported(cache):  # one kernel; a higher rung builds its own context
+    # the fused rung 0: one kernel; a higher rung builds its own context
+    if policy.rung0 == "fused" and fused_supported(cache, policy.k_max):
         with jax.named_scope("rung0_fused"):
             fused = rung0_fused(q, cache0, policy)
         st0, tol, bad, active0 = fused.stage, fused.tolerance, fused.bad, fused.active

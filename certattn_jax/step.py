@@ -321,13 +321,16 @@ class FusedRung0(NamedTuple):
         return Partials(m=self.apx.m[:, :, :G, :nb], l=self.apx.l[:, :, :G, :nb], acc=self.apx.acc[:, :, :G, :nb])
 
 
-def fused_supported(cache: TieredKVCache) -> bool:
+def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
     """Whether `rung0_fused` can run on this cache's shapes (compiled kernels need powers of two) and, compiled,
-    passed its known-answer check for this configuration (`pallas_kernels.selftest.rung0_trusted`)."""
+    passed its known-answer check for this configuration (`pallas_kernels.selftest.rung0_trusted`): the policy's
+    k_max (default: every hot slot) promoted from the cache's hot slots."""
     from pallas_kernels import certify_rung0, selftest
 
+    k_max = k_max or cache.k_max
     return certify_rung0.supports(cache.head_dim, cache.k_max) and selftest.rung0_trusted(
-        cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, cache.k_max)
+        cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, k_max,
+        hot_slots=cache.k_max if cache.k_max != k_max else 0)
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:

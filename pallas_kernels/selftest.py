@@ -205,7 +205,7 @@ def tier1_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
 
 def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int, k_max: int,
-                seed: int = 0):
+                seed: int = 0, hot_slots: int = 0):
     """A cache (B = 1, H = 1, G = 4, bfloat16, 3.5 blocks: a residual) whose hot set holds exact copies of two
     of its blocks, a policy of that layout (tier 1 through the kernel) and a query with a few needle keys."""
     from certattn_jax.cache import TieredKVCache
@@ -215,7 +215,7 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
     Bk, d, G = block_size, head_dim, 4
     T = 3 * Bk + Bk // 2
     policy = CertPolicy(tier1="pallas", rung0="fused", block_size=Bk, group_size=group_size, key_bits=key_bits,
-                        value_bits=value_bits, k_max=k_max)
+                        value_bits=value_bits, k_max=k_max, hot_slots=hot_slots)
     k = rng.normal(size=(1, T, 1, d)) * rng.uniform(0.5, 3.0, size=d)
     v = rng.normal(size=(1, T, 1, d)) + 1.0
     q = rng.normal(size=(1, G, d)) * 1.5
@@ -223,7 +223,7 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
         k[0, t, 0] = q[0].mean(0) * 2.5
     kj, vj = jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16)
     cache = TieredKVCache.from_dense(kj, vj, policy, lengths=jnp.asarray([T], jnp.int32))
-    ids = np.full((1, 1, k_max), -1, np.int32)
+    ids = np.full((1, 1, policy.slots), -1, np.int32)
     ids[0, 0, :min(2, k_max)] = [1, 0][:min(2, k_max)]
     slot_blocks = jnp.maximum(jnp.asarray(ids), 0)[..., None, None]
 
@@ -237,15 +237,17 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
 
 
 def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
-                       k_max: int, run: Callable | None = None) -> str | None:
+                       k_max: int, run: Callable | None = None, hot_slots: int = 0) -> str | None:
     """None when the fused rung 0 (`run`, default `step.rung0_fused`) agrees with the jnp rung 0 on a small random
-    cache of this configuration (module docstring), else what disagrees. Evaluated eagerly in a thread."""
+    cache of this configuration (hot_slots: a hot set larger than k_max), else what disagrees. Evaluated eagerly
+    in a thread."""
     from certattn_jax import ladder, step
 
     run = run or step.rung0_fused
 
     def check() -> str | None:
-        q, cache, policy = _rung0_case(block_size, head_dim, group_size, key_bits, value_bits, k_max)
+        q, cache, policy = _rung0_case(block_size, head_dim, group_size, key_bits, value_bits, k_max,
+                                       hot_slots=hot_slots)
 
         def jnp_rung0(q, cache):
             ctx = step.build_context(q, cache, policy)
@@ -272,11 +274,14 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
 @functools.cache
 def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
-                  k_max: int) -> bool:
-    """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring); True
-    without a check where no compiled kernel executes. Checked once per configuration and process."""
+                  k_max: int, hot_slots: int = 0) -> bool:
+    """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring; hot_slots:
+    the cache's hot-set slots when more than k_max); True without a check where no compiled kernel executes.
+    Checked once per configuration and process."""
     cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
                value_bits=value_bits, k_max=k_max)
+    if hot_slots and hot_slots != k_max:
+        cfg["hot_slots"] = hot_slots
     return _trusted("the compiled fused rung 0", cfg, lambda: rung0_disagreement(**cfg),
                     "The ladder uses the jnp rung 0 for this configuration instead.")
 

@@ -86,9 +86,23 @@ def test_every_certified_variant_input_layout_is_checked():
     assert problem is not None and problem.startswith("split") and "slot_acc" in problem
 
 
-@pytest.mark.parametrize("cfg", [(32, 32, 32, 8, 4, 4), (64, 64, 32, 4, 2, 8)], ids=["Bk32-K8V4", "Bk64-K4V2"])
-def test_the_fused_rung0_agrees_with_the_jnp_rung0(cfg):
-    assert selftest.rung0_disagreement(*cfg) is None
+@pytest.mark.parametrize("cfg,slots", [((32, 32, 32, 8, 4, 4), 0), ((64, 64, 32, 4, 2, 8), 0),
+                                       ((32, 32, 32, 8, 4, 2), 8)],
+                         ids=["Bk32-K8V4", "Bk64-K4V2", "Bk32-k_max2-of-8-slots"])
+def test_the_fused_rung0_agrees_with_the_jnp_rung0(cfg, slots):
+    assert selftest.rung0_disagreement(*cfg, hot_slots=slots) is None
+
+
+def test_the_fused_rung0_is_checked_with_the_policys_k_max_and_the_caches_slots(monkeypatch):
+    """A cache with more hot slots than the policy promotes runs the kernel with both numbers: the check asks
+    for exactly that configuration."""
+    asked = []
+    monkeypatch.setattr(selftest, "rung0_trusted", lambda *a, **kw: asked.append((a, kw)) or True)
+    k = jnp.zeros((1, 64, 1, 32), jnp.float32)
+    cache = TieredKVCache.from_dense(k, k, CertPolicy(block_size=16, group_size=16, k_max=2, hot_slots=8))
+    assert step.fused_supported(cache, 2) and step.fused_supported(cache)
+    assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8}) and asked[1] == ((16, 32, 16, 8, 4, 8),
+                                                                                   {"hot_slots": 0})
 
 
 def _halved_bound(q, cache, policy):
