@@ -52,8 +52,8 @@ for s in "$@"; do
     kernels_fix) step kernels_fix 120 "python3 -m pytest -q -n 4 tests/test_pallas_tier1.py -k 'subnormal or leaves_the_hot or slot_programs or any_size'" ;;
     eval_compile) step eval_compile 300 "python3 scripts/probe_eval_compile.py --model smollm2 --schedules looped two-pass --out $W/eval_compile.json" ;;
     trace) step trace 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified:pallas:jnp certified:pallas:fused --steps 16 --out $W/trace_decode.json" ;;
-    gen_straight) step gen_straight 500 "$B --models smollm2 --prompts 1024 --caches dense certified certified_two-pass certified_straight --rung0 fused --out $W/gen_straight.json" ;;
-    gen_straight_cmdbuf) step gen_straight_cmdbuf 400 "XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE $B --models smollm2 --prompts 1024 --caches certified certified_straight --rung0 fused --out $W/gen_straight_cmdbuf.json" ;;
+    gen_straight) step gen_straight 560 "${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches dense certified certified_two-pass certified_straight --rung0 fused --out $W/gen_straight.json" ;;
+    gen_straight_cmdbuf) step gen_straight_cmdbuf 500 "XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE ${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches certified certified_straight --rung0 fused --out $W/gen_straight_cmdbuf.json" ;;
     rung1_real) step rung1_real 500 "export JAX_PLATFORMS=cuda,cpu; python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --out $W/rung1_8.json && python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16 --out $W/rung1_16.json" ;;
     trace_straight) step trace_straight 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified_straight:pallas:fused certified:pallas:fused --steps 16 --out $W/trace_straight.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
