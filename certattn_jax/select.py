@@ -5,10 +5,19 @@ Shapes: B sequences, H KV heads, G query heads per KV head, nb key blocks, K = k
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from certattn_jax import tiers
+
+# Below this many bytes of one layer's tier 2 (keys and values), `fetch_blocks` copies the layer's whole tier 2 to
+# the device in one transfer and gathers the wanted blocks there, instead of one transfer per block in a loop whose
+# trip count only the device knows (on a GPU plausibly a host round trip per block). Off (0) until the H200 says
+# which is faster (docs/performance.md, "what rung 1's tier-2 read costs"); CERTATTN_FETCH_WHOLE_BELOW sets it.
+FETCH_WHOLE_LAYER_BELOW_BYTES = int(os.environ.get("CERTATTN_FETCH_WHOLE_BELOW", "0") or 0)
 
 
 def select_candidates(block_mass: jax.Array, block_valid: jax.Array, residual_mass: jax.Array,
@@ -86,11 +95,22 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
     One lax.cond around the whole copy (the common case, nothing to fetch, costs one predicate), and inside it a
     loop over the wanted blocks only (compacted first: its trip count is the number of fetches, not B*H*S, and
     it carries no per-iteration branch). Each iteration reads one block of keys and one of values from tier 2.
+    A layer whose tier 2 is smaller than FETCH_WHOLE_LAYER_BELOW_BYTES is instead copied whole, in one transfer
+    per array, and the wanted blocks gathered on the device.
     """
     B, H, S = fetch_ids.shape
     flat = fetch_ids.reshape(-1)
-    order = jnp.argsort(flat < 0, stable=True)  # the wanted entries first, in slot order
     count = jnp.sum(flat >= 0)
+    layer_bytes = 2 * int(np.prod(host_k.shape[-5:])) * jnp.dtype(host_k.dtype).itemsize
+    if layer_bytes < FETCH_WHOLE_LAYER_BELOW_BYTES:
+        def copy_layer(dst):  # one transfer per array, then a gather on the device
+            want = (fetch_ids >= 0)[..., None, None]
+            idx = jnp.maximum(fetch_ids, 0)[..., None, None]  # [B, H, S, 1, 1]
+            return tuple(jnp.where(want, jnp.take_along_axis(tiers.read_all(host, layer), idx, axis=2).astype(d.dtype),
+                                   d) for host, d in ((host_k, dst[0]), (host_v, dst[1])))
+
+        return jax.lax.cond(count > 0, copy_layer, lambda d: d, (dst_k, dst_v))
+    order = jnp.argsort(flat < 0, stable=True)  # the wanted entries first, in slot order
 
     def copy_all(dst):
         def body(j, acc):

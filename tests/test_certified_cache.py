@@ -445,3 +445,30 @@ def test_more_hot_slots_keep_rung_1s_widened_set_resident():
     out, cert = cert_attn(q, warm, policy)
     err = _errors(out, _reference(q, k, v))
     assert np.all(err <= np.asarray(cert.error_bound)), (err, cert.error_bound)
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["one layer", "stacked layer 1"])
+def test_fetching_the_whole_layer_gives_what_the_block_loop_gives(monkeypatch, stacked):
+    """select.fetch_blocks below FETCH_WHOLE_LAYER_BELOW_BYTES (one transfer of the layer's tier 2, a gather on
+    the device) fills exactly the slots the per-block loop fills, and leaves the others alone."""
+    from certattn_jax import select, tiers
+
+    rng = np.random.default_rng(4)
+    lead = (3,) if stacked else ()
+    host_k = tiers.to_host(jnp.asarray(rng.normal(size=lead + (2, 2, 5, 16, 32)), jnp.float32))
+    host_v = tiers.to_host(jnp.asarray(rng.normal(size=lead + (2, 2, 5, 16, 32)), jnp.float32))
+    ids = jnp.asarray(rng.integers(-1, 5, size=(2, 2, 4)), jnp.int32)
+    dst = jnp.full((2, 2, 4, 16, 32), 7.0, jnp.float32)
+    layer = jnp.int32(1) if stacked else None
+    fetch = jax.jit(select.fetch_blocks)
+    loop = fetch(dst, dst, host_k, host_v, ids, layer)
+    monkeypatch.setattr(select, "FETCH_WHOLE_LAYER_BELOW_BYTES", 1 << 30)
+    whole_fn = jax.jit(lambda *a: select.fetch_blocks(*a))  # a new function: traced with the new threshold
+    assert "while" not in str(jax.make_jaxpr(lambda *a: select.fetch_blocks(*a))(dst, dst, host_k, host_v, ids,
+                                                                                  layer))
+    whole = whole_fn(dst, dst, host_k, host_v, ids, layer)
+    for a, b in zip(loop, whole, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.all(np.asarray(whole[0])[np.asarray(ids) < 0] == 7.0)
+    none = jax.jit(select.fetch_blocks)(dst, dst, host_k, host_v, jnp.full_like(ids, -1), layer)
+    assert np.all(np.asarray(none[1]) == 7.0)
