@@ -349,26 +349,24 @@ class TieredKVCache:
             hot_used=jnp.where(put, jnp.broadcast_to(self.lengths[..., None, None], put.shape), self.hot_used))
 
     def apply_pending_hot_sets(self) -> TieredKVCache:
-        """Make resident the blocks that a deferred rung 1 recorded in `hot_pending` (the stacked form: every
-        layer), and clear it: the same hot set that rung 1 would have left (`ladder.refresh_hot_set`: slots
-        holding a candidate keep it, a missing candidate takes the least recently used slot whose block is not a
-        candidate), the blocks copied from tier 2 straight into their slots. Call it under a lax.cond on
-        `any(hot_pending >= 0)`: the common step has nothing pending."""
+        """The stacked form (a model's cache): make resident the blocks that a deferred rung 1 recorded in
+        `hot_pending`, in every layer, and clear it. The same hot set that rung 1 would have left
+        (`ladder.refresh_hot_set`: slots holding a candidate keep it, a missing candidate takes the least recently
+        used slot whose block is not a candidate), the blocks copied from tier 2 straight into their slots. Call it
+        under a lax.cond on `any(hot_pending >= 0)`: the common step has nothing pending."""
+        if not self.stacked:
+            raise ValueError("apply_pending_hot_sets works on a model's stacked cache (single-layer caches refresh "
+                             "their hot set inside rung 1)")
         new_ids, _, fetch_into = select.plan_residency(self.hot_ids, self.hot_pending, self.hot_used)
-        if self.stacked:
-            def one_layer(i, hot):
-                hk, hv = select.fetch_blocks(hot[0][i], hot[1][i], self.host_k, self.host_v, fetch_into[i], i)
-                return hot[0].at[i].set(hk), hot[1].at[i].set(hv)
 
-            hot_k, hot_v = jax.lax.fori_loop(0, self.hot_k.shape[0], one_layer, (self.hot_k, self.hot_v))
-            lengths = self.lengths[:, :, None, None]  # [L, B, 1, 1]
-        else:
-            hot_k, hot_v = select.fetch_blocks(self.hot_k, self.hot_v, self.host_k, self.host_v, fetch_into,
-                                               self.layer)
-            lengths = self.lengths[:, None, None]
+        def one_layer(i, hot):
+            hk, hv = select.fetch_blocks(hot[0][i], hot[1][i], self.host_k, self.host_v, fetch_into[i], i)
+            return hot[0].at[i].set(hk), hot[1].at[i].set(hv)
+
+        hot_k, hot_v = jax.lax.fori_loop(0, self.hot_k.shape[0], one_layer, (self.hot_k, self.hot_v))
         take = fetch_into >= 0
         return self.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=jnp.where(take, new_ids, self.hot_ids),
-                            hot_used=jnp.where(take, lengths, self.hot_used),
+                            hot_used=jnp.where(take, self.lengths[:, :, None, None], self.hot_used),
                             hot_pending=jnp.full_like(self.hot_pending, -1), stack=None)
 
     def _store_blocks(self, blocks_k: jax.Array, blocks_v: jax.Array, store: jax.Array) -> TieredKVCache:

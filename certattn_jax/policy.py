@@ -44,9 +44,10 @@ class CertPolicy:
                    hot slots).
       hot_slots:   blocks per KV head the hot set holds (0: k_max). More slots than k_max keep rung 1's
                    widened set (the top 2 k_max candidates) resident as far as they fit, so a later step finds it
-                   on the device: on SmolLM2 and real prose (1K prompt, 32 steps), 16 slots for k_max 8 cut the
-                   steps that leave rung 0 from 32 of 32 to 7 and rung 1's tier-2 reads from 566 to 68
-                   (results/probe_rung1_cpu_1k*.json). Each slot costs Bk exact tokens of keys and values.
+                   on the device: on SmolLM2 and real prose (1K prompts, 2 windows of 32 steps), 16 slots for
+                   k_max 8 cut the steps that leave rung 0 from 64 of 64 to 14 and rung 1's tier-2 reads from
+                   1,058 to 127 (results/probe_rung1_cpu_1k*.json, docs/performance.md). Each slot costs Bk exact
+                   tokens of keys and values on the device and work in every step's promotion.
     Implementation (static, not part of the layout)
       tier1:       how the tier-1 pass (INT scores and per-block partials of every full block) is computed:
                    "jnp" (XLA) or "pallas" (`pallas_kernels.tier1_pass`, one read of the quantized bytes; interpret
