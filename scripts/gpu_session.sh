@@ -6,7 +6,7 @@
 # Results land in $OUT/results.tgz (JSON, logs, HLO dumps with their launch/copy analyses) and $OUT/summary.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export JAX_PLATFORMS=cuda XLA_FLAGS= XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=. PYTHONUNBUFFERED=1
+export JAX_PLATFORMS=cuda XLA_FLAGS= XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT="${OUT:?OUT must name the folder that comes back}"
 W=/tmp/gpu_session
 mkdir -p "$W/hlo"
@@ -52,11 +52,12 @@ for s in "$@"; do
     kernels_fix) step kernels_fix 120 "python3 -m pytest -q -n 4 tests/test_pallas_tier1.py -k 'subnormal or leaves_the_hot or slot_programs or any_size'" ;;
     eval_compile) step eval_compile 300 "python3 scripts/probe_eval_compile.py --model smollm2 --schedules looped two-pass --out $W/eval_compile.json" ;;
     trace) step trace 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified:pallas:jnp certified:pallas:fused --steps 16 --out $W/trace_decode.json" ;;
-    gen_straight) step gen_straight 560 "${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches dense certified_straight --rung0 fused --out $W/gen_straight.json" ;;
+    gen_straight) step gen_straight 330 "${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches dense certified_straight --rung0 fused --out $W/gen_straight.json" ;;
     gen_twopass) step gen_twopass 500 "${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches certified certified_two-pass --rung0 fused --out $W/gen_twopass.json" ;;
     gen_straight_cmdbuf) step gen_straight_cmdbuf 500 "XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE ${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches certified certified_straight --rung0 fused --out $W/gen_straight_cmdbuf.json" ;;
-    rung1_real) step rung1_real 580 "export JAX_PLATFORMS=cuda,cpu; python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --out $W/rung1_8.json && python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16 --out $W/rung1_16.json && CERTATTN_FETCH_WHOLE_BELOW=100000000 python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16 --out $W/rung1_16_whole.json" ;;
-    trace_straight) step trace_straight 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified_straight:pallas:fused certified:pallas:fused --steps 16 --out $W/trace_straight.json" ;;
+    rung1_real) step rung1_real 400 "export JAX_PLATFORMS=cuda,cpu; python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --out $W/rung1_8.json && python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16 --out $W/rung1_16.json && CERTATTN_FETCH_WHOLE_BELOW=100000000 python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16 --out $W/rung1_16_whole.json" ;;
+    trace_straight) step trace_straight 240 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified_straight:pallas:fused certified:pallas:fused --steps 16 --out $W/trace_straight.json" ;;
+    eval_ppl12k) step eval_ppl12k 560 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval ppl --lengths 8192 --samples 48 --ppl-steps 256 --cache dense,dense-reduce,certified --no-audit --out $W/eval_h200_ppl_8k_12k_tokens.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
