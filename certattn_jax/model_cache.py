@@ -49,7 +49,8 @@ from certattn_jax.policy import CertPolicy
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
-SCHEDULES = ("looped", "two-pass", "straight", "unrolled")  # TieredModelCache.schedule; the first is the default
+# TieredModelCache.schedule; the first is the default
+SCHEDULES = ("looped", "two-pass", "straight", "straight-looped", "unrolled")
 DEFAULT_SCHEDULE = SCHEDULES[0]
 
 
@@ -83,6 +84,9 @@ class TieredModelCache:
                       at all (straight-line code that CUDA graphs can capture whole); a head that needs rung 1
                       sends the step to the second pass (docs/performance.md, 2026-12-01 fifth session: the
                       certified step keeps the GPU busy only 1.9 of its 5 ms);
+                      "straight-looped" as "straight", but the rung-0 fast pass in a loop over layers (compiled once,
+                      like "looped"), each layer's weights taken from a stacked copy by index (no `lax.switch`), so
+                      the loop body holds no conditional either: a while loop that command buffers may capture;
                       "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile).
                       The default is chosen by measurement on the H200 (docs/performance.md): today "looped" both
                       compiles fastest and decodes fastest.
@@ -216,7 +220,7 @@ class TieredModelCache:
             base = c = model.layer_view(layer)
             if self.mode == "certified":
                 if self.fast:
-                    top = 0 if self.schedule == "straight" else 1
+                    top = 0 if self.schedule.startswith("straight") else 1
                     out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy, top)
                     escalate = escalate | esc
                 else:

@@ -135,7 +135,8 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
         # Two passes (docs/performance.md, "compile time"): every layer at rungs 0-1 (looped, or unrolled for the
         # "two-pass" schedule); only if some head of some layer needs a higher rung, the step again from its start
         # with the whole ladder, in a loop over layers, so the ladder is compiled once rather than once per layer.
-        first_pass = _layers_looped if getattr(fast, "schedule", "") == "looped" else _layers_unrolled
+        first_pass = {"looped": _layers_looped, "straight-looped": _layers_looped_stacked}.get(
+            getattr(fast, "schedule", ""), _layers_unrolled)
         x_fast, c_fast = first_pass(params, config, x, fast, cos, sin, new_lengths)
         x, cache = jax.lax.cond(
             c_fast.needs_slow_path(),
@@ -233,6 +234,22 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
         return jax.lax.switch(i, post, x, attn), cache
 
     return jax.lax.fori_loop(0, len(layers), body, (x, cache))
+
+
+def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
+                           sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Every layer in a `lax.fori_loop` whose body holds no conditional: layer i's weights are row i of a stacked
+    copy of the weights ([L, ...] per weight, built here; inside a jitted decode loop XLA can hoist it out of
+    the loop over tokens as it does not change), read with a dynamic index. For the "straight-looped" schedule,
+    whose attention at rung 0 has no conditional either (docs/performance.md, 2026-12-02)."""
+    stacked = jax.tree.map(lambda *w: jnp.stack(w), *params["layers"])
+
+    def body(i, carry):
+        x, cache = carry
+        layer = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False), stacked)
+        return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
+
+    return jax.lax.fori_loop(0, len(params["layers"]), body, (x, cache))
 
 
 def logits_from_hidden(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax.Array:

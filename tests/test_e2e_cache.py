@@ -248,7 +248,8 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
         return gen.generate(params, CFG, prompts, 8, cache_factory=cache_spec("certified", CFG, jnp.float32,
                                                                               policy, schedule=schedule), **kw)
 
-    runs = {s: run(s) for s in ("unrolled", "two-pass", "straight", "looped")}  # on the CPU: weights in place
+    # on the CPU: weights in place
+    runs = {s: run(s) for s in ("unrolled", "two-pass", "straight", "straight-looped", "looped")}
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
     runs["looped, weights copied"] = run("looped")
@@ -383,3 +384,35 @@ def test_the_straight_fast_pass_holds_no_conditional():
     strict = dataclasses.replace(POLICY, eps=0.0, abs_tol=0.0)  # no head passes rung 0
     *_, escalate = jax.jit(lambda q, c: certified_attention_fast(q, c, strict, 0))(q, cache)
     assert bool(np.all(np.asarray(escalate)))
+
+
+def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params):
+    """The "straight-looped" schedule's first pass: one loop over layers (the attention compiled once) whose body
+    holds no cond or switch -- the weights come from a stacked copy by index -- while the "looped" schedule's
+    body has the rung-1 conditional and the weight switch. Only the step's own conditionals (the slow pass, the
+    end-of-step refresh and flush) remain outside it."""
+    def control_flow(jaxpr, inside_loop=False):
+        found = []
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            loop = name in ("while", "scan")  # a fori_loop of static trip count traces to a scan
+            if name == "cond" or loop:
+                found.append(("loop" if loop else name, inside_loop))
+            if name != "pallas_call":
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    found += control_flow(sub, inside_loop or loop)
+        return found
+
+    def first_pass(schedule):
+        cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule=schedule)(1, 64)
+        fast = cache.decode_fast_path()
+        x = jnp.zeros((1, 1, CFG.hidden_size), jnp.float32)
+        cos, sin = llama.rope_cos_sin(CFG, jnp.zeros((1, 1), jnp.int32))
+        layers = {"looped": llama._layers_looped, "straight-looped": llama._layers_looped_stacked}[schedule]
+        jaxpr = jax.make_jaxpr(lambda p, c: layers(p, CFG, x, c, cos, sin, jnp.ones((1,), jnp.int32)))(params, fast)
+        return control_flow(jaxpr.jaxpr)
+
+    straight = first_pass("straight-looped")
+    assert straight == [("loop", False)], straight
+    looped = first_pass("looped")
+    assert ("cond", True) in looped, looped
