@@ -60,6 +60,8 @@ for s in "$@"; do
     trace_straight) step trace_straight 240 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified_straight:pallas:fused certified:pallas:fused --steps 16 --out $W/trace_straight.json" ;;
     eval_ppl12k) step eval_ppl12k 560 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval ppl --lengths 8192 --samples 48 --ppl-steps 256 --cache dense,dense-reduce,certified --no-audit --out $W/eval_h200_ppl_8k_12k_tokens.json" ;;
     cmdbuf) step cmdbuf 200 "python3 scripts/probe_cmdbuf.py --out $W/probe_cmdbuf.json" ;;
+    gen_sl) step gen_sl 200 "${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 --caches dense certified_straight-looped --rung0 fused --out $W/gen_sl.json" ;;
+    gen_sl_cb) step gen_sl_cb 200 "XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL ${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 --caches dense certified_straight-looped --rung0 fused --out $W/gen_sl_cb.json" ;;
     gen_straight_cb) step gen_straight_cb 330 "XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN ${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches dense certified_straight --rung0 fused --out $W/gen_straight_cb.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
