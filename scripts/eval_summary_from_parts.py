@@ -5,10 +5,12 @@ results/eval_summary.json's schema.
         results/eval_h200_ruler_8k.json results/eval_h200_audit_8k.json --keep-aggressive results/eval_summary.json \
         --out results/eval_summary.json
 
-Each part is summarised by `certattn_jax.evals.runner.summarize`; the soundness section adds up every part's
-certified audit (head-steps, violations, rung histogram) and lists each part's median tightness and mean K*
-(medians of different runs do not combine into one median). `--keep-aggressive FILE` carries the "aggressive"
-section of an earlier summary over (with its source) when this set of parts has none.
+Each part is summarised by `certattn_jax.evals.runner.summarize`; perplexities merge per length, a later part's
+figures replacing every mode's at the lengths it ran (e.g. a larger 8K sample after a first run's; the modes of a
+length always come from the same windows; `ppl_source` names each length's file); the soundness section adds up
+every part's certified audit (head-steps, violations, rung histogram) and lists each part's median tightness and
+mean K* (medians of different runs do not combine into one median). `--keep-aggressive FILE` carries the
+"aggressive" section of an earlier summary over (with its source) when this set of parts has none.
 """
 
 from __future__ import annotations
@@ -32,9 +34,19 @@ def combine(parts: dict[str, dict]) -> dict:
     audits = {}
     for path, result in parts.items():
         s = summarize(result, result["model"], result["device"])
-        for key in ("ppl", "niah", "ruler", "ruler_lengths", "aggressive"):
-            if key in s and not (key == "ppl" and result.get("job") == "audit"):  # audit: certified-only windows
+        for key in ("niah", "ruler", "ruler_lengths", "aggressive"):
+            if key in s:
                 out[key] = s[key]
+        if "ppl" in s and result.get("job") != "audit":  # audit: certified-only windows
+            # merged per length: a later part's figures replace every mode's at the lengths it ran (the modes of
+            # one length always come from the same windows, so that they compare)
+            lengths = {n for per_length in s["ppl"].values() for n in per_length}
+            ppl = out.setdefault("ppl", {})
+            for mode in ppl:
+                ppl[mode] = {n: v for n, v in ppl[mode].items() if n not in lengths}
+            for mode, per_length in s["ppl"].items():
+                ppl.setdefault(mode, {}).update(per_length)
+            out.setdefault("ppl_source", {}).update({n: path for n in lengths})
         cert = result.get("audit", {}).get("certified")
         if cert and "violations" in cert:
             audits[path] = cert
