@@ -68,11 +68,32 @@ def idle_after(events: list[dict]) -> dict[str, float]:
     for e in ordered:
         if end is not None and e["ts"] > end:
             name = last.get("name", "")
-            kind = "MemcpyD2H" if "D2H" in name else "MemcpyH2D" if "H2D" in name else "kernel"
-            out[kind] += e["ts"] - end
+            out[_kind(name) if _kind(name) != "memcpy_other" else "kernel"] += e["ts"] - end
         if end is None or e["ts"] + e["dur"] >= end:
             end, last = e["ts"] + e["dur"], e
     return dict(out)
+
+
+def _kind(name: str) -> str:
+    return "MemcpyD2H" if "D2H" in name else "MemcpyH2D" if "H2D" in name else \
+        "memcpy_other" if "Memcpy" in name or "Memset" in name else "kernel"
+
+
+def idle_by_scope(events: list[dict], scope_of, top: int = 15) -> list[dict]:
+    """The device's idle gaps grouped by the scope (and kind) of the event that ended before each gap: which
+    operation the device waits after (a conditional's predicate read, a loop's trip test, a transfer). The `top`
+    groups with the most idle time: idle µs, gap count, and the median gap."""
+    groups = collections.defaultdict(list)
+    ordered = sorted(events, key=lambda e: e["ts"])
+    end, last = None, None
+    for e in ordered:
+        if end is not None and e["ts"] > end:
+            groups[(_kind(last.get("name", "")), scope_of(last))].append(e["ts"] - end)
+        if end is None or e["ts"] + e["dur"] >= end:
+            end, last = e["ts"] + e["dur"], e
+    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return [{"after": kind, "scope": scope[-120:], "idle_us": round(sum(g), 1), "gaps": len(g),
+             "median_gap_us": round(sorted(g)[len(g) // 2], 2)} for (kind, scope), g in rows]
 
 
 def summarize(events: list[dict], scopes: dict[str, str], steps: int, wall_s: float) -> dict:
@@ -100,12 +121,23 @@ def summarize(events: list[dict], scopes: dict[str, str], steps: int, wall_s: fl
     span = intervals[-1][1] - intervals[0][0]
     idle = idle_after(events)
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:30]
+
+    def scope_of(e: dict) -> str:
+        name = e.get("name", "")
+        hlo_name = e.get("args", {}).get("hlo_op") or name
+        return scopes.get(hlo_name) or scopes.get(name) or scopes.get(name.split(".")[0]) or name[:60]
+
+    counts = collections.Counter(_kind(e.get("name", "")) for e in events)
     return {"wall_ms_per_step": round(wall_s * 1e3 / steps, 4),
             "trace_span_ms_per_step": round(span / 1e3 / steps, 4),
             "busy_ms_per_step": round(busy / 1e3 / steps, 4),
             "kernels_per_step": round(len(events) / steps, 1),
             "idle_ms_per_step_after": {k: round(v / 1e3 / steps, 4) for k, v in idle.items()},
             "kernel_us_per_step_summed": round(sum(e["dur"] for e in events) / steps, 2),
+            "events_per_step_by_kind": {k: round(v / steps, 2) for k, v in sorted(counts.items())},
+            "idle_after_scope_per_step": [{**r, "idle_us": round(r["idle_us"] / steps, 2),
+                                           "gaps": round(r["gaps"] / steps, 2)}
+                                          for r in idle_by_scope(events, scope_of)],
             "top_kernels": [{"name": n[:80], "scope": s[-120:], "per_step": round(c / steps, 2),
                              "us_per_step": round(t / steps, 2)} for (n, s), (c, t) in top],
             "us_per_step_by_scope": {k: round(v / steps, 2)

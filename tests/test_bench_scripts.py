@@ -123,3 +123,8 @@ def test_trace_decode_sums_idle_gaps_by_what_precedes_them_and_maps_kernels_to_s
     row = summarize(events, scopes, steps=1, wall_s=71e-6)
     assert row["busy_ms_per_step"] == round(25 / 1e3, 4) and row["kernels_per_step"] == 5
     assert row["us_per_step_by_scope"]["rung0_fused"] == 10.0
+    assert row["events_per_step_by_kind"] == {"MemcpyD2H": 1, "kernel": 4}
+    gaps = {(r["after"], r["scope"]): r for r in row["idle_after_scope_per_step"]}
+    assert gaps[("MemcpyD2H", "MemcpyD2H")]["idle_us"] == 36.0  # the copy has no scope: its name stands in
+    assert gaps[("kernel", "rung0_fused/add")] == {"after": "kernel", "scope": "rung0_fused/add", "idle_us": 2.0,
+                                                   "gaps": 1, "median_gap_us": 2.0}
