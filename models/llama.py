@@ -236,13 +236,29 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     return jax.lax.fori_loop(0, len(layers), body, (x, cache))
 
 
+STACKED_LAYERS = "layers_stacked"  # params key of the stacked layer weights (`with_stacked_layers`)
+
+
+def with_stacked_layers(params: Params) -> Params:
+    """params plus a stacked copy of the layer weights, `params["layers_stacked"]` (each weight [L, ...]), which
+    the "straight-looped" schedule reads by index. Build it once, outside the decode loop (`generate` does): a
+    loop given only the per-layer weights stacks them on every step (476 µs of a 3.9 ms SmolLM2 step on the
+    H200, docs/performance.md, 2026-12-02). It costs the layer weights' bytes once more on the device."""
+    if STACKED_LAYERS in params:
+        return params
+    stacked = jax.jit(lambda layers: jax.tree.map(lambda *w: jnp.stack(w), *layers))(params["layers"])
+    return {**params, STACKED_LAYERS: stacked}
+
+
 def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
                            sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
-    """Every layer in a `lax.fori_loop` whose body holds no conditional: layer i's weights are row i of a stacked
-    copy of the weights ([L, ...] per weight, built here; inside a jitted decode loop XLA can hoist it out of
-    the loop over tokens as it does not change), read with a dynamic index. For the "straight-looped" schedule,
-    whose attention at rung 0 has no conditional either (docs/performance.md, 2026-12-02)."""
-    stacked = jax.tree.map(lambda *w: jnp.stack(w), *params["layers"])
+    """Every layer in a `lax.fori_loop` whose body holds no conditional: layer i's weights are row i of the
+    stacked weights (`with_stacked_layers`; stacked here when params lack them), read with a dynamic index. For
+    the "straight-looped" schedule, whose attention at rung 0 has no conditional either (docs/performance.md,
+    2026-12-02)."""
+    stacked = params.get(STACKED_LAYERS)
+    if stacked is None:
+        stacked = jax.tree.map(lambda *w: jnp.stack(w), *params["layers"])
 
     def body(i, carry):
         x, cache = carry

@@ -416,3 +416,33 @@ def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params):
     assert straight == [("loop", False)], straight
     looped = first_pass("looped")
     assert ("cond", True) in looped, looped
+
+
+def test_stacked_weights_are_built_once_outside_the_step(params):
+    """With `with_stacked_layers` (what `generate` does for "straight-looped"), the step reads the stacked copy and
+    stacks nothing itself; without it, the step stacks the weights on every call (a copy of all of them), and
+    both give the same hidden states."""
+    cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="straight-looped")(1, 64)
+    fast = cache.decode_fast_path()
+    x = jax.random.normal(jax.random.key(3), (1, 1, CFG.hidden_size), jnp.float32)
+    cos, sin = llama.rope_cos_sin(CFG, jnp.zeros((1, 1), jnp.int32))
+
+    def step(p, c):
+        return llama._layers_looped_stacked(p, CFG, x, c, cos, sin, jnp.ones((1,), jnp.int32))[0]
+
+    def concatenates(jaxpr, in_loop=False):  # outside the loop over layers
+        n = 0
+        for e in jaxpr.eqns:
+            n += e.primitive.name in ("concatenate", "stack") and not in_loop
+            for sub in jax.extend.core.jaxprs_in_params(e.params):
+                n += concatenates(sub, in_loop or e.primitive.name in ("scan", "while"))
+        return n
+
+    def stacks(p):
+        return concatenates(jax.make_jaxpr(step)(p, fast).jaxpr)
+
+    stacked = llama.with_stacked_layers(params)
+    assert llama.with_stacked_layers(stacked) is stacked
+    assert stacks(params) == len(params["layers"][0]) and stacks(stacked) == 0
+    run = jax.jit(step)
+    np.testing.assert_array_equal(np.asarray(run(stacked, fast)), np.asarray(run(params, fast)))
