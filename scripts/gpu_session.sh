@@ -64,6 +64,9 @@ for s in "$@"; do
     gen_sl_cb) step gen_sl_cb 200 "XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL ${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 --caches dense certified_straight-looped --rung0 fused --out $W/gen_sl_cb.json" ;;
     gen_straight_cb) step gen_straight_cb 330 "XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN ${B/--timeout 150/--timeout 240} --models smollm2 --prompts 1024 --caches dense certified_straight --rung0 fused --out $W/gen_straight_cb.json" ;;
     trace_sl) step trace_sl 250 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified_straight-looped:pallas:fused certified:pallas:fused --steps 16 --out $W/trace_sl.json" ;;
+    gen_sl_off) step gen_sl_off 200 "XLA_FLAGS=--xla_gpu_enable_command_buffer= ${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 --caches dense certified_straight-looped --rung0 fused --out $W/gen_sl_off.json" ;;
+    gen_sl_fc) step gen_sl_fc 200 "XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN ${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 --caches dense certified_straight-looped --rung0 fused --out $W/gen_sl_fc.json" ;;
+    gen_sl_jnp) step gen_sl_jnp 200 "${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 4096 --caches certified_straight-looped certified --rung0 jnp --out $W/gen_sl_jnp.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;

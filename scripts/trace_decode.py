@@ -58,6 +58,24 @@ def device_events(trace: dict) -> tuple[list[dict], str]:
     return events, ", ".join(sorted({names.get(e["pid"], str(e["pid"])) for e in events}))
 
 
+def host_events(trace: dict, t0: float, t1: float, steps: int, top: int = 25) -> list[dict]:
+    """What the host threads did while the decode loop ran (between t0 and t1, µs): the `top` event names by
+    total time, per step (count, µs; nested events each count: a parent's time includes its children's). The
+    host's side of a launch-bound step: which runtime calls (kernel launches, command-buffer updates, predicate
+    reads) take its time."""
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in trace.get("traceEvents", [])
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    host = {pid for pid, n in names.items() if not ("GPU" in n or "gpu" in n)}
+    groups = collections.defaultdict(lambda: [0, 0.0])
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "X" and "dur" in e and e.get("pid") in host and t0 <= e["ts"] <= t1:
+            g = groups[re.sub(r"\d+", "#", e.get("name", ""))[:80]]
+            g[0] += 1
+            g[1] += e["dur"]
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"name": n, "per_step": round(c / steps, 2), "us_per_step": round(t / steps, 2)} for n, (c, t) in rows]
+
+
 def idle_after(events: list[dict]) -> dict[str, float]:
     """Device idle time (µs) between the end of each event and the start of the next one (the events in time
     order; overlapping events leave no gap), summed by what came before the gap: a device-to-host copy (a
@@ -194,6 +212,10 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str) ->
            "layers": cfg.num_layers}
     decode_s = warm.num_steps / warm.tokens_per_s if warm.tokens_per_s else float("nan")
     row.update(summarize(loop_events or events, scopes, max(warm.num_steps, 1), decode_s))
+    span = loop_events or events
+    if span:
+        row["host_events_per_step"] = host_events(trace, min(e["ts"] for e in span),
+                                                  max(e["ts"] + e["dur"] for e in span), max(warm.num_steps, 1))
     return row
 
 

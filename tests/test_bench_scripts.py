@@ -128,3 +128,20 @@ def test_trace_decode_sums_idle_gaps_by_what_precedes_them_and_maps_kernels_to_s
     assert gaps[("MemcpyD2H", "MemcpyD2H")]["idle_us"] == 36.0  # the copy has no scope: its name stands in
     assert gaps[("kernel", "rung0_fused/add")] == {"after": "kernel", "scope": "rung0_fused/add", "idle_us": 2.0,
                                                    "gaps": 1, "median_gap_us": 2.0}
+
+
+def test_trace_decode_sums_host_events_in_the_loop_window():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from trace_decode import host_events
+
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        {"ph": "X", "pid": 1, "name": "kernel", "ts": 10, "dur": 5},
+        {"ph": "X", "pid": 2, "name": "KernelThunk 12", "ts": 11, "dur": 2},
+        {"ph": "X", "pid": 2, "name": "KernelThunk 13", "ts": 14, "dur": 4},
+        {"ph": "X", "pid": 2, "name": "Update", "ts": 15, "dur": 1},
+        {"ph": "X", "pid": 2, "name": "before the loop", "ts": 1, "dur": 1}]}
+    rows = host_events(trace, 10, 20, steps=2)
+    assert rows == [{"name": "KernelThunk #", "per_step": 1.0, "us_per_step": 3.0},
+                    {"name": "Update", "per_step": 0.5, "us_per_step": 0.5}]
