@@ -297,11 +297,12 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     ok0 = passes(st0, 0)
     cache = mark_used(cache, active0)
 
-    # A model cache's layer view defers the hot-set refresh to the end of the step (`hot_pending`): the
-    # conditional then returns only the small candidate list, and the layer's hot set is never written back on
-    # the per-layer path (docs/performance.md, "where a certified layer's launches go"). Its pending list is -1
-    # here (it is cleared after every step), so the skipped branch returns a constant.
-    defer = cache.layer is not None
+    # A model cache's layer view may defer the hot-set refresh to the end of the step (`hot_pending`,
+    # policy.hot_refresh "deferred"): the conditional then returns only the small candidate list, and the layer's
+    # hot set is never written back on the per-layer path, at the price of reading the fetched blocks from tier 2
+    # a second time after the last layer. Its pending list is -1 here (it is cleared after every step), so the
+    # skipped branch returns a constant.
+    defer = cache.layer is not None and policy.hot_refresh == "deferred"
     changed = ("hot_pending",) if defer else HOT_FIELDS
 
     def widen():

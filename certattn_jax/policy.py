@@ -18,10 +18,12 @@ from certattn_jax.kv_cache import is_concrete
 _static = {"pytree_node": False}
 TIER1_IMPLS = ("jnp", "pallas")
 RUNG0_IMPLS = ("jnp", "fused")
+HOT_REFRESH = ("deferred", "immediate")
 # The default implementations; CERTATTN_TIER1=pallas (CERTATTN_RUNG0=fused) runs e.g. the whole soundness suite
 # through the tier-1 kernel (the fused rung-0 kernel).
 _DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "jnp").strip() or "jnp"
 _DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "jnp").strip() or "jnp"
+_DEFAULT_HOT_REFRESH = os.environ.get("CERTATTN_HOT_REFRESH", "deferred").strip() or "deferred"
 
 
 def _is_number(x: object) -> bool:
@@ -58,6 +60,13 @@ class CertPolicy:
                    kernel per layer; a higher rung then builds its context inside its own branch). Same
                    arithmetic up to the order of float32 sums. Default "jnp" (the fused kernel is slower at long
                    contexts today: docs/performance.md), or CERTATTN_RUNG0.
+      hot_refresh: when a model's cache makes rung 1's candidates resident: "deferred" (once per step, after
+                   the last layer: `TieredKVCache.apply_pending_hot_sets` reads the blocks from tier 2 again) or
+                   "immediate" (inside rung 1, from the blocks it has just fetched: no second read of tier 2,
+                   a few more writes per layer-step). Both leave the same hot sets. On real text rung 1 runs in
+                   ~40 % of layer-steps and each tier-2 block read costs a host round trip on the GPU
+                   (docs/performance.md, 2026-12-02). Default "deferred" until the H200 prices the two, or
+                   CERTATTN_HOT_REFRESH. Single-layer caches always refresh immediately.
     A compiled kernel needs power-of-two shapes (block size, head dim, value group, hot slots); for other
     shapes the step falls back to the jnp computation of that part (same bound).
     Tolerances
@@ -90,12 +99,15 @@ class CertPolicy:
     layer_fallback_fraction: float = 0.5
     tier1: str = struct.field(default=_DEFAULT_TIER1, **_static)
     rung0: str = struct.field(default=_DEFAULT_RUNG0, **_static)
+    hot_refresh: str = struct.field(default=_DEFAULT_HOT_REFRESH, **_static)
 
     def __post_init__(self) -> None:
         if self.tier1 not in TIER1_IMPLS:
             raise ValueError(f"unknown tier-1 implementation {self.tier1!r}; choose from {TIER1_IMPLS}")
         if self.rung0 not in RUNG0_IMPLS:
             raise ValueError(f"unknown rung-0 implementation {self.rung0!r}; choose from {RUNG0_IMPLS}")
+        if self.hot_refresh not in HOT_REFRESH:
+            raise ValueError(f"unknown hot-set refresh {self.hot_refresh!r}; choose from {HOT_REFRESH}")
         if self.block_size < 2 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 2, got {self.block_size}")
         if self.group_size < 2:

@@ -18,6 +18,11 @@ from certattn_jax import tiers
 # trip count only the device knows (on a GPU plausibly a host round trip per block). Off (0) until the H200 says
 # which is faster (docs/performance.md, "what rung 1's tier-2 read costs"); CERTATTN_FETCH_WHOLE_BELOW sets it.
 FETCH_WHOLE_LAYER_BELOW_BYTES = int(os.environ.get("CERTATTN_FETCH_WHOLE_BELOW", "0") or 0)
+# Up to this many slots (B * H * S of one fetch), `fetch_blocks` copies one block per slot in straight-line code
+# instead of the loop: no trip count for the host to read back per block (~14 µs per block on the H200 in the
+# loop, docs/performance.md 2026-12-02), at the price of reading a block for every slot, wanted or not. Off (0)
+# until the H200 prices it; CERTATTN_FETCH_UNROLL sets it.
+FETCH_UNROLL_UP_TO = int(os.environ.get("CERTATTN_FETCH_UNROLL", "0") or 0)
 
 
 def select_candidates(block_mass: jax.Array, block_valid: jax.Array, residual_mass: jax.Array,
@@ -96,7 +101,8 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
     loop over the wanted blocks only (compacted first: its trip count is the number of fetches, not B*H*S, and
     it carries no per-iteration branch). Each iteration reads one block of keys and one of values from tier 2.
     A layer whose tier 2 is smaller than FETCH_WHOLE_LAYER_BELOW_BYTES is instead copied whole, in one transfer
-    per array, and the wanted blocks gathered on the device.
+    per array, and the wanted blocks gathered on the device; a fetch of at most FETCH_UNROLL_UP_TO slots copies
+    one block per slot in straight-line code (no loop).
     """
     B, H, S = fetch_ids.shape
     flat = fetch_ids.reshape(-1)
@@ -110,6 +116,20 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
                                    d) for host, d in ((host_k, dst[0]), (host_v, dst[1])))
 
         return jax.lax.cond(count > 0, copy_layer, lambda d: d, (dst_k, dst_v))
+    if B * H * S <= FETCH_UNROLL_UP_TO:
+        def copy_slots(dst):  # every slot reads a block (block 0 when unwanted) and keeps it only where wanted
+            ak, av = dst
+            for b in range(B):
+                for h in range(H):
+                    for s in range(S):
+                        want, blk = fetch_ids[b, h, s] >= 0, jnp.maximum(fetch_ids[b, h, s], 0)
+                        nk = tiers.read_block(host_k, b, h, blk, layer).astype(ak.dtype)
+                        nv = tiers.read_block(host_v, b, h, blk, layer).astype(av.dtype)
+                        ak = ak.at[b, h, s].set(jnp.where(want, nk, ak[b, h, s]))
+                        av = av.at[b, h, s].set(jnp.where(want, nv, av[b, h, s]))
+            return ak, av
+
+        return jax.lax.cond(count > 0, copy_slots, lambda d: d, (dst_k, dst_v))
     order = jnp.argsort(flat < 0, stable=True)  # the wanted entries first, in slot order
 
     def copy_all(dst):

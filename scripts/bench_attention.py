@@ -53,7 +53,7 @@ from _device_timing import (  # noqa: E402
     xla_attention,
 )
 
-from certattn_jax import ladder  # noqa: E402
+from certattn_jax import ladder, select  # noqa: E402
 from certattn_jax.attention import naive_attention  # noqa: E402
 from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.memory import memory_report  # noqa: E402
@@ -242,7 +242,9 @@ def main() -> None:
         torch_version = None
     RESULT.update(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, torch=torch_version,
                   measured_bandwidth_Bps=bw, policy=repr(args.policy), n1=args.n1, n2=args.n2, reps=args.reps,
-                  shape=dict(kv_heads=args.kv_heads, query_heads=args.kv_heads * args.groups, head_dim=args.head_dim))
+                  shape=dict(kv_heads=args.kv_heads, query_heads=args.kv_heads * args.groups, head_dim=args.head_dim),
+                  fetch=dict(unroll_up_to=select.FETCH_UNROLL_UP_TO,
+                             whole_below_bytes=select.FETCH_WHOLE_LAYER_BELOW_BYTES))
     log(f"device {dev.device_kind}, jax {jax.__version__}, torch {torch_version}, read bw {bw / 1e12:.2f} TB/s")
     for T in [int(t) for t in args.contexts.split(",")]:
         for B in [int(b) for b in args.batches.split(",")]:

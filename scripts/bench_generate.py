@@ -154,6 +154,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
             "k_max": policy.k_max, "hot_slots": policy.slots, "tier1": policy.tier1, "rung0": policy.rung0,
+            "hot_refresh": policy.hot_refresh, "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 

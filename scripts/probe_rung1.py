@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from certattn_jax import ladder
+    from certattn_jax import ladder, select
     from certattn_jax.evals import decode, ppl
     from certattn_jax.policy import CertPolicy
     from models.pretrained import load_pretrained
@@ -112,7 +112,9 @@ def main(argv=None) -> int:
         times.append(time.perf_counter() - t0)
     Path(args.out).write_text(json.dumps({"model": args.model, "device": str(jax.devices()[0].device_kind),
                                           "jax": jax.__version__, "length": args.length, "k_max": policy.k_max,
-                                          "hot_slots": policy.slots,
+                                          "hot_slots": policy.slots, "hot_refresh": policy.hot_refresh,
+                                          "fetch_unroll_up_to": select.FETCH_UNROLL_UP_TO,
+                                          "fetch_whole_below_bytes": select.FETCH_WHOLE_LAYER_BELOW_BYTES,
                                           "tau_cov": policy.tau_cov, "eps": policy.eps,
                                           "decode_ms_per_step": round(times[-1] * 1e3 / args.steps, 3),
                                           "decode_timing": "window 0's steps teacher-forced again, compiled, no "

@@ -352,17 +352,21 @@ def test_certificates_pack_into_one_array_exactly():
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-@pytest.mark.parametrize("fast,slots", [(False, 0), (True, 0), (True, 8)],
-                         ids=["whole ladder", "fast pass", "fast pass, 8 hot slots"])
-def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast, slots):
+@pytest.mark.parametrize("fast,slots,refresh", [(False, 0, "deferred"), (True, 0, "deferred"),
+                                                (True, 8, "deferred"), (True, 8, "immediate"),
+                                                (False, 0, "immediate")],
+                         ids=["whole ladder", "fast pass", "fast pass, 8 hot slots",
+                              "fast pass, 8 hot slots, immediate", "whole ladder, immediate"])
+def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast, slots, refresh):
     """A model cache's layer views record rung 1's candidates (`hot_pending`) instead of writing the hot set back
-    per layer; `with_lengths` makes them resident after the last layer. Step after step (hot sets filling, blocks
-    flushing into LRU slots), every layer's outputs, certificates and hot set equal those of a single-layer
-    cache that refreshes its hot set inside rung 1."""
+    per layer; `with_lengths` makes them resident after the last layer (hot_refresh "deferred"), or write the
+    hot set back from rung 1 itself ("immediate"). Step after step (hot sets filling, blocks flushing into LRU
+    slots), every layer's outputs, certificates and hot set equal those of a single-layer cache that refreshes
+    its hot set inside rung 1."""
     from certattn_jax.attention import certified_attention_fast
     from certattn_jax.model_cache import TieredModelCache
 
-    policy = dataclasses.replace(POLICY, eps=0.02, abs_tol=0.0, hot_slots=slots)
+    policy = dataclasses.replace(POLICY, eps=0.02, abs_tol=0.0, hot_slots=slots, hot_refresh=refresh)
     L, B, H, G, d, steps = 2, 2, 2, 2, 32, 12
     singles = []
     for layer in range(L):
@@ -447,10 +451,12 @@ def test_more_hot_slots_keep_rung_1s_widened_set_resident():
     assert np.all(err <= np.asarray(cert.error_bound)), (err, cert.error_bound)
 
 
+@pytest.mark.parametrize("how", ["whole", "unrolled"])
 @pytest.mark.parametrize("stacked", [False, True], ids=["one layer", "stacked layer 1"])
-def test_fetching_the_whole_layer_gives_what_the_block_loop_gives(monkeypatch, stacked):
+def test_fetching_the_whole_layer_or_slot_by_slot_gives_what_the_block_loop_gives(monkeypatch, stacked, how):
     """select.fetch_blocks below FETCH_WHOLE_LAYER_BELOW_BYTES (one transfer of the layer's tier 2, a gather on
-    the device) fills exactly the slots the per-block loop fills, and leaves the others alone."""
+    the device) or up to FETCH_UNROLL_UP_TO slots (one copy per slot, no loop) fills exactly the slots the
+    per-block loop fills, and leaves the others alone."""
     from certattn_jax import select, tiers
 
     rng = np.random.default_rng(4)
@@ -462,7 +468,7 @@ def test_fetching_the_whole_layer_gives_what_the_block_loop_gives(monkeypatch, s
     layer = jnp.int32(1) if stacked else None
     fetch = jax.jit(select.fetch_blocks)
     loop = fetch(dst, dst, host_k, host_v, ids, layer)
-    monkeypatch.setattr(select, "FETCH_WHOLE_LAYER_BELOW_BYTES", 1 << 30)
+    monkeypatch.setattr(select, "FETCH_WHOLE_LAYER_BELOW_BYTES" if how == "whole" else "FETCH_UNROLL_UP_TO", 1 << 30)
     whole_fn = jax.jit(lambda *a: select.fetch_blocks(*a))  # a new function: traced with the new threshold
     assert "while" not in str(jax.make_jaxpr(lambda *a: select.fetch_blocks(*a))(dst, dst, host_k, host_v, ids,
                                                                                   layer))
