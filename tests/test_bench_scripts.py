@@ -145,3 +145,22 @@ def test_trace_decode_sums_host_events_in_the_loop_window():
     rows = host_events(trace, 10, 20, steps=2)
     assert rows == [{"name": "KernelThunk #", "per_step": 1.0, "us_per_step": 3.0},
                     {"name": "Update", "per_step": 0.5, "us_per_step": 0.5}]
+
+
+def test_batch_limits_count_tier_2_against_the_host():
+    """scripts/batch_limits.py: tier 2 is host bytes (exactly the dense cache's K/V), tier 1 device bytes below
+    dense; with a host smaller than the device the certified cache's batch is bound by the host."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from batch_limits import limits, per_sequence_bytes
+    from bench_generate import _model_config
+
+    cfg = _model_config("tiny")
+    dense_dev, dense_host = per_sequence_bytes("dense", cfg, 1024)
+    cert_dev, cert_host = per_sequence_bytes("certified", cfg, 1024)
+    kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * 1024 * cfg.head_dim * 2  # K and V, bf16
+    assert dense_host == 0 and cert_host == kv_bytes and kv_bytes <= dense_dev < kv_bytes + 64
+    assert 0 < cert_dev < dense_dev
+    rows = {r["cache"]: r for r in limits("tiny", [1024], device_gib=1.0, host_gib=0.5, device_margin_gib=0.0,
+                                         host_margin_gib=0.0)}
+    assert rows["certified"]["binding"] == "host"
+    assert rows["certified"]["max_batch"] == rows["certified"]["max_batch_by_host"] < rows["dense"]["max_batch"]
