@@ -50,7 +50,7 @@ from certattn_jax.policy import CertPolicy
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
 # TieredModelCache.schedule; the first is the default
-SCHEDULES = ("looped", "two-pass", "straight", "straight-looped", "unrolled")
+SCHEDULES = ("looped", "two-pass", "straight", "straight-looped", "adaptive", "unrolled")
 DEFAULT_SCHEDULE = SCHEDULES[0]
 
 
@@ -87,6 +87,9 @@ class TieredModelCache:
                       "straight-looped" as "straight", but the rung-0 fast pass in a loop over layers (compiled once,
                       like "looped"), each layer's weights taken from a stacked copy by index (no `lax.switch`), so
                       the loop body holds no conditional either: a while loop that command buffers may capture;
+                      "adaptive" per step, "straight-looped" when the previous step answered every head at rung 0,
+                      else "looped" (one conditional on the last certificates): on text where rung 1 is common
+                      it does not pay for a rung-0 pass that will be redone; it compiles three layer bodies;
                       "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile).
                       The default is chosen by measurement on the H200 (docs/performance.md): today "looped" both
                       compiles fastest and decodes fastest.
@@ -102,6 +105,7 @@ class TieredModelCache:
     policy: CertPolicy  # tolerances are leaves: changing them does not recompile the decode loop
     mode: str = struct.field(pytree_node=False, default="certified")
     fast: bool = struct.field(pytree_node=False, default=False)
+    fast_top_rung: int = struct.field(pytree_node=False, default=1)  # the fast pass's highest rung (0 or 1)
     schedule: str = struct.field(pytree_node=False, default=DEFAULT_SCHEDULE)
 
     @classmethod
@@ -220,8 +224,7 @@ class TieredModelCache:
             base = c = model.layer_view(layer)
             if self.mode == "certified":
                 if self.fast:
-                    top = 0 if self.schedule.startswith("straight") else 1
-                    out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy, top)
+                    out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy, self.fast_top_rung)
                     escalate = escalate | esc
                 else:
                     out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)
@@ -256,12 +259,20 @@ class TieredModelCache:
         return self.last_certificate if self.mode == "certified" else {}
 
     # ------------------------------------------------------------------ the two-pass decode step (models.llama)
-    def decode_fast_path(self) -> TieredModelCache | None:
-        """The cache for a decode step's fast pass (every layer answers at rung 0 or 1 and records in `escalate`
-        the sequences where some head needs more), or None when this mode has no slower path (naive)."""
+    def decode_fast_path(self, top_rung: int | None = None) -> TieredModelCache | None:
+        """The cache for a decode step's fast pass (every layer answers at rung 0 or up to `top_rung` (default:
+        0 for the "straight" schedules, else 1) and records in `escalate` the sequences where some head needs
+        more), or None when this mode has no slower path (naive)."""
         if self.mode != "certified" or self.schedule == "unrolled":
             return None
-        return self.replace(fast=True, escalate=jnp.zeros_like(self.escalate))
+        if top_rung is None:
+            top_rung = 0 if self.schedule.startswith("straight") else 1
+        return self.replace(fast=True, fast_top_rung=top_rung, escalate=jnp.zeros_like(self.escalate))
+
+    def left_rung0_last_step(self) -> jax.Array:
+        """Scalar bool: some head of some layer answered above rung 0 in the last decode step (its certificates,
+        `cert_packed`); the "adaptive" schedule then runs this step's fast pass with rung 1."""
+        return jnp.any(self.cert_packed[..., PACKED_FIELDS.index("rung")] > 0)
 
     def needs_slow_path(self) -> jax.Array:
         """Scalar bool, after a fast pass: some head of some layer needs a rung above 1."""
@@ -269,7 +280,7 @@ class TieredModelCache:
 
     def fast_path_done(self) -> TieredModelCache:
         """The fast pass's result as an ordinary cache (same pytree structure as the input of the step)."""
-        return self.replace(fast=False, escalate=jnp.zeros_like(self.escalate))
+        return self.replace(fast=False, fast_top_rung=1, escalate=jnp.zeros_like(self.escalate))
 
 
 def _stack_layers(layers: Sequence[TieredKVCache]) -> TieredKVCache:

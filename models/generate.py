@@ -193,7 +193,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     prefill_s = time.perf_counter() - t0
 
     # ---- decode, one jit (compiled ahead so that the timing below is the decode alone) ----
-    if getattr(cache, "schedule", None) == "straight-looped":  # its loop reads the weights stacked: stack them once
+    if getattr(cache, "schedule", None) in ("straight-looped", "adaptive"):  # loops reading stacked weights: stack once
         params = with_stacked_layers(params)
     args = (params, cache, last_logits, jnp.int32(max_new_tokens), eos_arr, jax.random.key(seed),
             jnp.float32(temperature), jnp.float32(top_p))

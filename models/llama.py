@@ -133,15 +133,25 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
         x, cache = _layers_unrolled(params, config, x, cache, cos, sin, new_lengths)
     else:
         # Two passes (docs/performance.md, "compile time"): every layer at rungs 0-1 (looped, or unrolled for the
-        # "two-pass" schedule); only if some head of some layer needs a higher rung, the step again from its start
-        # with the whole ladder, in a loop over layers, so the ladder is compiled once rather than once per layer.
-        first_pass = {"looped": _layers_looped, "straight-looped": _layers_looped_stacked}.get(
-            getattr(fast, "schedule", ""), _layers_unrolled)
-        x_fast, c_fast = first_pass(params, config, x, fast, cos, sin, new_lengths)
-        x, cache = jax.lax.cond(
-            c_fast.needs_slow_path(),
-            lambda: _layers_looped(params, config, x, cache, cos, sin, new_lengths),
-            lambda: (x_fast, c_fast.fast_path_done()))
+        # "two-pass" schedule; at rung 0 alone for the "straight" ones; "adaptive" picks per step); only if some
+        # head of some layer needs a higher rung, the step again from its start with the whole ladder, in a loop
+        # over layers, so the ladder is compiled once rather than once per layer.
+        def two_passes(first_pass, fast_cache):
+            x_fast, c_fast = first_pass(params, config, x, fast_cache, cos, sin, new_lengths)
+            return jax.lax.cond(
+                c_fast.needs_slow_path(),
+                lambda: _layers_looped(params, config, x, cache, cos, sin, new_lengths),
+                lambda: (x_fast, c_fast.fast_path_done()))
+
+        schedule = getattr(fast, "schedule", "")
+        if schedule == "adaptive":  # rung 1 in the first pass only where the last step needed it
+            x, cache = jax.lax.cond(cache.left_rung0_last_step(),
+                                    lambda: two_passes(_layers_looped, cache.decode_fast_path(1)),
+                                    lambda: two_passes(_layers_looped_stacked, cache.decode_fast_path(0)))
+        else:
+            first_pass = {"looped": _layers_looped, "straight-looped": _layers_looped_stacked}.get(
+                schedule, _layers_unrolled)
+            x, cache = two_passes(first_pass, fast)
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     # Never return a silent wrong answer: a sequence that overflowed the cache gets NaN outputs.
     bad = overflow_mask(new_lengths, cache.capacity)

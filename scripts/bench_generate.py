@@ -56,7 +56,7 @@ CACHES = ("dense", "naive", "certified")
 # (the names of certattn_jax.model_cache.SCHEDULES, kept here so that argument parsing does not import jax;
 # tests/test_bench_scripts.py checks that they agree)
 VARIANTS = ("certified_looped", "certified_two-pass", "certified_straight", "certified_straight-looped",
-            "certified_unrolled")
+            "certified_adaptive", "certified_unrolled")
 def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_chunk: int, repeats: int,
                    ) -> list[float]:
     """Seconds of `repeats` prefills of ids (to the first token's logits, the cache ready on the device), one

@@ -249,7 +249,7 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
                                                                               policy, schedule=schedule), **kw)
 
     # on the CPU: weights in place
-    runs = {s: run(s) for s in ("unrolled", "two-pass", "straight", "straight-looped", "looped")}
+    runs = {s: run(s) for s in ("unrolled", "two-pass", "straight", "straight-looped", "adaptive", "looped")}
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
     runs["looped, weights copied"] = run("looped")
@@ -446,3 +446,21 @@ def test_stacked_weights_are_built_once_outside_the_step(params):
     assert stacks(params) == len(params["layers"][0]) and stacks(stacked) == 0
     run = jax.jit(step)
     np.testing.assert_array_equal(np.asarray(run(stacked, fast)), np.asarray(run(params, fast)))
+
+
+def test_the_adaptive_schedule_picks_its_first_pass_from_the_last_certificates():
+    """"adaptive" runs the rung-0 fast pass after a step where every head answered at rung 0 (and on a fresh
+    cache), and the rungs-0-1 fast pass after a step where some head of some layer needed rung 1 or more."""
+    from certattn_jax.certificate import PACKED_FIELDS
+
+    cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="adaptive")(2, 64)
+    assert not bool(cache.left_rung0_last_step())
+    assert cache.decode_fast_path().fast_top_rung == 1 and cache.decode_fast_path(0).fast_top_rung == 0
+    rung = PACKED_FIELDS.index("rung")
+    for value, want in ((0.0, False), (1.0, True), (4.0, True)):
+        c = cache.replace(cert_packed=cache.cert_packed.at[1, 1, 3, rung].set(value))
+        assert bool(c.left_rung0_last_step()) == want, value
+    straight = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="straight-looped")(1, 64)
+    assert straight.decode_fast_path().fast_top_rung == 0
+    done = straight.decode_fast_path().fast_path_done()
+    assert jax.tree.structure(done) == jax.tree.structure(straight)  # the conditional's branches must agree

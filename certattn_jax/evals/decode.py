@@ -102,12 +102,15 @@ class EvalCache:
                               exact_norm=self.exact_norm.at[layer].set(jnp.sqrt(jnp.sum(ref * ref, axis=-1))))
         return out, new
 
-    def decode_fast_path(self) -> EvalCache | None:
+    def decode_fast_path(self, top_rung: int | None = None) -> EvalCache | None:
         """The inner cache's two-pass decode step (models.llama), where it has one (the tiered variant)."""
         if self.variant != "tiered":
             return None
-        fast = self.inner.decode_fast_path()
+        fast = self.inner.decode_fast_path(top_rung)
         return None if fast is None else self.replace(inner=fast)
+
+    def left_rung0_last_step(self) -> jax.Array:
+        return self.inner.left_rung0_last_step()
 
     def needs_slow_path(self) -> jax.Array:
         return self.inner.needs_slow_path()
