@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--k-max", type=int, default=None)
     ap.add_argument("--hot-slots", type=int, default=None, help="CertPolicy.hot_slots (default: k_max)")
+    ap.add_argument("--schedule", default=None, help="the cache's layer schedule (default: the library's)")
     ap.add_argument("--out", default=str(ROOT / "results/probe_rung1.json"))
     args = ap.parse_args(argv)
 
@@ -43,6 +44,7 @@ def main(argv=None) -> int:
     from certattn_jax import ladder, select
     from certattn_jax.evals import decode, ppl
     from certattn_jax.policy import CertPolicy
+    from models import llama
     from models.pretrained import load_pretrained
 
     events = []  # (kv heads widening, of which reading tier 2) per rung-1 branch run
@@ -65,8 +67,12 @@ def main(argv=None) -> int:
     policy = policy if args.hot_slots is None else dataclasses.replace(policy, hot_slots=args.hot_slots)
     rows, windows = [], []
 
+    if args.schedule in ("straight-looped", "adaptive"):  # their loops read the layer weights stacked
+        pre = dataclasses.replace(pre, params=llama.with_stacked_layers(pre.params))
+
     def fresh():
-        return decode.make_cache("certified", pre.params, pre.config, args.length + args.steps + 64, policy)
+        return decode.make_cache("certified", pre.params, pre.config, args.length + args.steps + 64, policy,
+                                 schedule=args.schedule)
 
     for i, ids in enumerate(ppl.windows(pre.tokenizer, args.length + args.steps + 1, args.samples, seed=3)):
         ids = np.asarray(ids, np.int32)
@@ -113,6 +119,7 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps({"model": args.model, "device": str(jax.devices()[0].device_kind),
                                           "jax": jax.__version__, "length": args.length, "k_max": policy.k_max,
                                           "hot_slots": policy.slots, "hot_refresh": policy.hot_refresh,
+                                          "schedule": args.schedule or "default",
                                           "fetch_unroll_up_to": select.FETCH_UNROLL_UP_TO,
                                           "fetch_whole_below_bytes": select.FETCH_WHOLE_LAYER_BELOW_BYTES,
                                           "tau_cov": policy.tau_cov, "eps": policy.eps,

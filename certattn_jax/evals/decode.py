@@ -155,8 +155,9 @@ def for_decode(variant: str, cache):
 
 
 def make_cache(variant: str, params: Params, config: LlamaConfig, capacity: int, policy: CertPolicy | None = None,
-               audit: bool = False, batch: int = 1):
-    """A fresh cache of `variant` (see module docstring). audit needs a tiered variant."""
+               audit: bool = False, batch: int = 1, schedule: str | None = None):
+    """A fresh cache of `variant` (see module docstring). audit needs a tiered variant. schedule: the tiered
+    cache's layer schedule (`TieredModelCache.schedule`; default the library's)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown cache variant {variant!r}; choose from {VARIANTS}")
     if variant in EXACT_VARIANTS:
@@ -166,7 +167,8 @@ def make_cache(variant: str, params: Params, config: LlamaConfig, capacity: int,
     mode = "certified" if variant == "certified" else "naive"
     inner = TieredModelCache.init(num_layers=config.num_layers, batch=batch, capacity=capacity,
                                   num_kv_heads=config.num_kv_heads, num_q_heads=config.num_heads,
-                                  head_dim=config.head_dim, dtype=params["embed"].dtype, policy=policy, mode=mode)
+                                  head_dim=config.head_dim, dtype=params["embed"].dtype, policy=policy, mode=mode,
+                                  **({"schedule": schedule} if schedule else {}))
     shape = (config.num_layers, batch, config.num_heads)
     inner_variant = {"naive-exact-values": "exact-values", "naive-exact-keys": "exact-keys"}.get(variant, "tiered")
     return commit_arrays(EvalCache(inner=inner, true_error=jnp.zeros(shape, jnp.float32),
