@@ -25,7 +25,7 @@ import numpy as np
 from certattn_jax.kv_cache import KVCache, commit_arrays
 from certattn_jax.model_cache import CacheSpec, cache_spec
 from models.config import LlamaConfig
-from models.llama import Params, forward_hidden, logits_from_hidden, with_stacked_layers
+from models.llama import Params, forward_hidden, logits_from_hidden, params_for_decoding
 from models.sampling import select_next
 
 CAPACITY_BUCKET = 256
@@ -193,8 +193,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     prefill_s = time.perf_counter() - t0
 
     # ---- decode, one jit (compiled ahead so that the timing below is the decode alone) ----
-    if getattr(cache, "schedule", None) in ("straight-looped", "adaptive"):  # loops reading stacked weights: stack once
-        params = with_stacked_layers(params)
+    params = params_for_decoding(params, cache)  # stacked weights, once, for the schedules that read them
     args = (params, cache, last_logits, jnp.int32(max_new_tokens), eos_arr, jax.random.key(seed),
             jnp.float32(temperature), jnp.float32(top_p))
     t0 = time.perf_counter()

@@ -260,6 +260,15 @@ def with_stacked_layers(params: Params) -> Params:
     return {**params, STACKED_LAYERS: stacked}
 
 
+STACKED_SCHEDULES = ("straight-looped", "adaptive")  # cache schedules whose loops read the weights stacked
+
+
+def params_for_decoding(params: Params, cache: Any) -> Params:
+    """params ready for a decode loop over `cache`: with the stacked layer weights when the cache's schedule
+    reads them (`STACKED_SCHEDULES`), built here once, outside the loop; else params unchanged."""
+    return with_stacked_layers(params) if getattr(cache, "schedule", None) in STACKED_SCHEDULES else params
+
+
 def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
                            sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
     """Every layer in a `lax.fori_loop` whose body holds no conditional: layer i's weights are row i of the

@@ -44,7 +44,6 @@ def main(argv=None) -> int:
     from certattn_jax import ladder, select
     from certattn_jax.evals import decode, ppl
     from certattn_jax.policy import CertPolicy
-    from models import llama
     from models.pretrained import load_pretrained
 
     events = []  # (kv heads widening, of which reading tier 2) per rung-1 branch run
@@ -66,9 +65,6 @@ def main(argv=None) -> int:
     policy = policy if args.k_max is None else dataclasses.replace(policy, k_max=args.k_max)
     policy = policy if args.hot_slots is None else dataclasses.replace(policy, hot_slots=args.hot_slots)
     rows, windows = [], []
-
-    if args.schedule in ("straight-looped", "adaptive"):  # their loops read the layer weights stacked
-        pre = dataclasses.replace(pre, params=llama.with_stacked_layers(pre.params))
 
     def fresh():
         return decode.make_cache("certified", pre.params, pre.config, args.length + args.steps + 64, policy,

@@ -443,6 +443,9 @@ def test_stacked_weights_are_built_once_outside_the_step(params):
 
     stacked = llama.with_stacked_layers(params)
     assert llama.with_stacked_layers(stacked) is stacked
+    assert llama.STACKED_LAYERS in llama.params_for_decoding(params, cache)  # what generate and the eval do
+    looped = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
+    assert llama.params_for_decoding(params, looped) is params
     assert stacks(params) == len(params["layers"][0]) and stacks(stacked) == 0
     run = jax.jit(step)
     np.testing.assert_array_equal(np.asarray(run(stacked, fast)), np.asarray(run(params, fast)))

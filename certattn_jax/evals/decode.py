@@ -32,7 +32,7 @@ from certattn_jax.model_cache import TieredModelCache, convert_staging
 from certattn_jax.policy import CertPolicy
 from certattn_jax.step import dense_attention_f32, exact_keys_values, overlay_residual
 from models.config import LlamaConfig
-from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden
+from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden, params_for_decoding
 
 VARIANTS = ("dense", "naive", "certified", "naive-exact-values", "naive-exact-keys", "dense-reduce")
 # Exact caches: "dense-reduce" is the dense cache attending with the other exact float32 implementation
@@ -270,6 +270,7 @@ def teacher_forced(params: Params, config: LlamaConfig, cache, inputs: jax.Array
     """Feed inputs [B, S] one token per decode step; returns (nll [B, S] float32 of targets [B, S] under the
     step's logits, argmax-correct [B, S] bool, cache). With stream, each step's record goes to the sink."""
     TRACE_COUNTS["teacher"] += 1
+    params = params_for_decoding(params, cache)  # once per call, outside the loop over steps
 
     def body(cache, xs):
         step, tok, tgt = xs
@@ -291,6 +292,7 @@ def greedy(params: Params, config: LlamaConfig, cache, first_logits: jax.Array, 
     """Greedy decoding: the first token from first_logits [B, V], then num_steps - 1 decode steps.
     Returns (tokens [B, num_steps] int32, cache). No early stop: callers cut at EOS (fixed shapes)."""
     TRACE_COUNTS["greedy"] += 1
+    params = params_for_decoding(params, cache)  # once per call, outside the loop over steps
     tok0 = jnp.argmax(first_logits, axis=-1).astype(jnp.int32)
 
     def body(carry, step):
