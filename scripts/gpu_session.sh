@@ -73,6 +73,7 @@ for s in "$@"; do
     gen_adaptive) step gen_adaptive 300 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_adaptive certified --rung0 fused --out $W/gen_adaptive.json" ;;
     rung1_adaptive) step rung1_adaptive 300 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/rung1_16_looped.json && \$R --schedule adaptive --out $W/rung1_16_adaptive.json && \$R --schedule straight-looped --out $W/rung1_16_straight_looped.json" ;;
     gen_sched) step gen_sched 420 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive certified --rung0 fused --out $W/gen_sched.json" ;;
+    ttft) step ttft 300 "python3 scripts/bench_ttft.py --models smollm2 --prompts 1024 4096 --rounds 15 --out $W/bench_ttft.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;

@@ -164,3 +164,13 @@ def test_batch_limits_count_tier_2_against_the_host():
                                          host_margin_gib=0.0)}
     assert rows["certified"]["binding"] == "host"
     assert rows["certified"]["max_batch"] == rows["certified"]["max_batch_by_host"] < rows["dense"]["max_batch"]
+
+
+def test_bench_ttft_interleaves_the_caches_and_reports_ratios_against_dense():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_ttft import measure
+
+    row = measure("tiny", 40, ["dense", "certified"], rounds=2, new_tokens=4, prefill_chunk=32)
+    dense, cert = row["caches"]["dense"], row["caches"]["certified"]
+    assert dense["ratio_median"] == 1.0 and cert["min_s"] <= cert["median_s"] <= cert["max_s"]
+    assert cert["ratio_p10_p90"][0] <= cert["ratio_median"] <= cert["ratio_p10_p90"][1]
