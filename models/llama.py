@@ -26,6 +26,7 @@ instead of once per layer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -249,15 +250,20 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
 STACKED_LAYERS = "layers_stacked"  # params key of the stacked layer weights (`with_stacked_layers`)
 
 
+def _stack_layer_weights(layers: Sequence[Params]) -> Params:
+    """Per-layer weight dicts -> one dict of [L, ...] arrays."""
+    return jax.tree.map(lambda *w: jnp.stack(w), *layers)
+
+
 def with_stacked_layers(params: Params) -> Params:
     """params plus a stacked copy of the layer weights, `params["layers_stacked"]` (each weight [L, ...]), which
-    the "straight-looped" schedule reads by index. Build it once, outside the decode loop (`generate` does): a
-    loop given only the per-layer weights stacks them on every step (476 µs of a 3.9 ms SmolLM2 step on the
-    H200, docs/performance.md, 2026-12-02). It costs the layer weights' bytes once more on the device."""
+    the "straight-looped" and "adaptive" schedules read by index. Build it once, outside the decode loop
+    (`params_for_decoding`; `generate` and the eval's loops do): a loop given only the per-layer weights stacks
+    them on every step (476 µs per SmolLM2 step on the H200, traced; docs/performance.md, 2026-12-02). It costs
+    the layer weights' bytes once more on the device."""
     if STACKED_LAYERS in params:
         return params
-    stacked = jax.jit(lambda layers: jax.tree.map(lambda *w: jnp.stack(w), *layers))(params["layers"])
-    return {**params, STACKED_LAYERS: stacked}
+    return {**params, STACKED_LAYERS: jax.jit(_stack_layer_weights)(params["layers"])}
 
 
 STACKED_SCHEDULES = ("straight-looped", "adaptive")  # cache schedules whose loops read the weights stacked
@@ -276,8 +282,8 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
     the "straight-looped" schedule, whose attention at rung 0 has no conditional either (docs/performance.md,
     2026-12-02)."""
     stacked = params.get(STACKED_LAYERS)
-    if stacked is None:
-        stacked = jax.tree.map(lambda *w: jnp.stack(w), *params["layers"])
+    if stacked is None:  # a caller's own loop without `params_for_decoding`: stacked on every call
+        stacked = _stack_layer_weights(params["layers"])
 
     def body(i, carry):
         x, cache = carry
