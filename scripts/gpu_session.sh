@@ -66,14 +66,14 @@ for s in "$@"; do
     trace_sl) step trace_sl 250 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified_straight-looped:pallas:fused certified:pallas:fused --steps 16 --out $W/trace_sl.json" ;;
     gen_sl_off) step gen_sl_off 200 "XLA_FLAGS=--xla_gpu_enable_command_buffer= ${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 --caches dense certified_straight-looped --rung0 fused --out $W/gen_sl_off.json" ;;
     gen_sl_fc) step gen_sl_fc 200 "XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN ${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 --caches dense certified_straight-looped --rung0 fused --out $W/gen_sl_fc.json" ;;
-    gen_sl_jnp) step gen_sl_jnp 200 "${B/--timeout 150/--timeout 180} --models smollm2 --prompts 1024 4096 --caches certified_straight-looped certified --rung0 jnp --out $W/gen_sl_jnp.json" ;;
+    gen_sl_jnp) step gen_sl_jnp 150 "${B/--timeout 150/--timeout 140} --models smollm2 --prompts 1024 --caches certified_straight-looped certified --rung0 jnp --out $W/gen_sl_jnp.json" ;;
     rung1_modes) step rung1_modes 330 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; CERTATTN_HOT_REFRESH=immediate \$R --out $W/rung1_16_immediate.json && CERTATTN_HOT_REFRESH=immediate CERTATTN_FETCH_UNROLL=64 \$R --out $W/rung1_16_immediate_unrolled.json && CERTATTN_FETCH_UNROLL=64 \$R --out $W/rung1_16_unrolled.json" ;;
     att_rung1_fetch) step att_rung1_fetch 240 "B2='python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_rung1'; \$B2 --out $W/att_rung1_loop.json && CERTATTN_FETCH_UNROLL=256 \$B2 --out $W/att_rung1_unrolled.json" ;;
     probe_host) step probe_host 200 "python3 scripts/probe_host_kernel.py --out $W/probe_host_kernel.json" ;;
     gen_adaptive) step gen_adaptive 300 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_adaptive certified --rung0 fused --out $W/gen_adaptive.json" ;;
     rung1_adaptive) step rung1_adaptive 300 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/rung1_16_looped.json && \$R --schedule adaptive --out $W/rung1_16_adaptive.json && \$R --schedule straight-looped --out $W/rung1_16_straight_looped.json" ;;
-    gen_sched) step gen_sched 420 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive certified --rung0 fused --out $W/gen_sched.json" ;;
-    ttft) step ttft 300 "python3 scripts/bench_ttft.py --models smollm2 --prompts 1024 4096 --rounds 15 --out $W/bench_ttft.json" ;;
+    gen_sched) step gen_sched 290 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive certified --rung0 fused --out $W/gen_sched.json" ;;
+    ttft) step ttft 130 "python3 scripts/bench_ttft.py --models smollm2 --prompts 1024 4096 --rounds 15 --out $W/bench_ttft.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
