@@ -14,6 +14,8 @@ For tier-2 arrays [N, Bk, d] of two sizes (--mib), S wanted blocks gathered into
   kernel_device  the same kernel given a device copy made outside the timed call (the reference speed)
   loop           `select.fetch_blocks`: a dynamic slice + transfer per block in a loop counted on the device
   unrolled       the same per slot in straight-line code (`select.FETCH_UNROLL_UP_TO`)
+  host_compute   the gather computed by the host CPU (`jax.experimental.compute_on("device_host")`) on the
+                 pinned-host array, then one host-to-device copy of the S gathered blocks
 Per variant and size: compiled or the error, correct (equals the numpy gather), µs per call (device-timed from
 the difference of two loop lengths in one jit), and whether the compiled HLO holds an instruction of the
 array's whole shape that moves it (a copy / transfer of all of tier 2). kernel_host correct, its time flat in the
@@ -72,6 +74,19 @@ def block_fetch(x, ids, unroll: bool):
     return got.reshape(S, Bk, d)
 
 
+def host_compute_gather(x, ids):
+    """x [N, Bk, d] in pinned host memory: gather blocks ids [S] on the host CPU, then one transfer of [S, Bk, d]."""
+    import jax
+    from jax.experimental.compute_on import compute_on
+
+    @compute_on("device_host")
+    @jax.jit
+    def take(xh, ih):
+        return xh.at[ih].get(mode="promise_in_bounds")  # no bounds check: its constants would be device-placed
+
+    return jax.device_put(take(x, jax.device_put(ids, jax.memory.Space.Host)), jax.memory.Space.Device)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", nargs="+", type=int, default=[64, 512], help="tier-2 array sizes, MiB")
@@ -112,7 +127,8 @@ def main() -> None:
         variants = {"kernel_host": (lambda x, ids: kernel_gather(x, ids, interpret), x_host),
                     "kernel_device": (lambda x, ids: kernel_gather(x, ids, interpret), x_dev),
                     "loop": (lambda x, ids: block_fetch(x, ids, False), x_host),
-                    "unrolled": (lambda x, ids: block_fetch(x, ids, True), x_host)}
+                    "unrolled": (lambda x, ids: block_fetch(x, ids, True), x_host),
+                    "host_compute": (host_compute_gather, x_host)}
         whole = re.compile(rf"\[{N},{Bk},{d}\]")
         for name, (fn, x) in variants.items():
             row = {"variant": name, "mib": mib, "blocks_total": N}
