@@ -14,7 +14,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.compute_on import compute_on
 
 
 @functools.cache
@@ -81,11 +80,19 @@ def write_block(host: jax.Array, blk: jax.Array, b: jax.Array, block: jax.Array,
     return jax.lax.dynamic_update_slice(host, upd, _start(host, layer, b, 0, block))
 
 
-@compute_on("device_host")
-@jax.jit
-def _take_rows_on_host(rows: jax.Array, idx: jax.Array) -> jax.Array:
+def on_host_cpu(fn):
+    """fn (jitted) computed by the host CPU inside a device computation, its outputs left in host memory:
+    `compute_on(compute_type="device_host")` (jax 0.11's function transform; jax 0.10 names it compute_on2)."""
+    from jax.experimental import compute_on as co
+
+    transform = getattr(co, "compute_on2", None) or co.compute_on
+    return transform(jax.jit(fn), compute_type="device_host", out_memory_spaces=jax.memory.Space.Host)
+
+
+@functools.cache
+def _take_rows_on_host():
     # no bounds check: its comparison constants would live in device memory, beside host operands
-    return rows.at[idx].get(mode="promise_in_bounds")
+    return on_host_cpu(lambda rows, idx: rows.at[idx].get(mode="promise_in_bounds"))
 
 
 def gather_blocks_on_host(host: jax.Array, ids: jax.Array, layer=None) -> jax.Array:
@@ -107,7 +114,7 @@ def gather_blocks_on_host(host: jax.Array, ids: jax.Array, layer=None) -> jax.Ar
         head = head + jnp.asarray(layer, jnp.int32) * (B * H)
     flat = (head * nb + ids.astype(jnp.int32)).reshape(-1)  # rows of host viewed as [(L) B H nb, Bk, d]
     rows = host.reshape(-1, Bk, d)
-    got = _take_rows_on_host(rows, to_host(flat))
+    got = _take_rows_on_host()(rows, to_host(flat))
     return to_device(got).reshape(B, H, S, Bk, d)
 
 

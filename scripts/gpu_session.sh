@@ -72,6 +72,7 @@ for s in "$@"; do
       step k4v2 250 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval aggressive --lengths 2048,8192 --samples 3 --ppl-steps 128 --depths 0,50,100 --niah-new-tokens 16 --out $W/eval_h200_k4v2.json --plots $W/plots_k4v2" ;;
     k4v2) step k4v2 330 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval aggressive --lengths 2048,8192 --samples 3 --ppl-steps 128 --depths 0,50,100 --niah-new-tokens 16 --out $W/eval_h200_k4v2.json --plots $W/plots_k4v2" ;;
     att_rung1_fetch) step att_rung1_fetch 240 "B2='python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_rung1'; \$B2 --out $W/att_rung1_loop.json && CERTATTN_FETCH_UNROLL=256 \$B2 --out $W/att_rung1_unrolled.json" ;;
+    att_rung1_hg) step att_rung1_hg 200 "B2='python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_rung1'; CERTATTN_FETCH_HOST_GATHER=1 \$B2 --out $W/att_rung1_host_gather.json && \$B2 --out $W/att_rung1_loop.json" ;;
     probe_host) step probe_host 70 "python3 scripts/probe_host_kernel.py --out $W/probe_host_kernel.json" ;;
     gen_adaptive) step gen_adaptive 300 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_adaptive certified --rung0 fused --out $W/gen_adaptive.json" ;;
     rung1_adaptive) step rung1_adaptive 170 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/rung1_16_looped.json && \$R --schedule adaptive --out $W/rung1_16_adaptive.json" ;;
@@ -79,6 +80,10 @@ for s in "$@"; do
     gen_sched) step gen_sched 290 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive certified --rung0 fused --out $W/gen_sched.json" ;;
     ttft) step ttft 130 "python3 scripts/bench_ttft.py --models smollm2 --prompts 1024 4096 --rounds 15 --out $W/bench_ttft.json" ;;
     probe_selftest) step probe_selftest 150 "python3 scripts/probe_selftest.py --block-sizes 16 64 --head-dims 32 64 --k-max 1 2 8 --out $W/probe_selftest.json" ;;
+    kgather) step kgather 150 "python3 -m pytest -q -n 4 tests/test_pallas_gather.py && CERTATTN_FETCH_KERNEL=1 python3 -m pytest -q -n 8 tests/test_certified_cache.py" ;;
+    att_rung1_k) step att_rung1_k 200 "B2='python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_rung1'; CERTATTN_FETCH_KERNEL=1 \$B2 --out $W/att_rung1_kernel.json && \$B2 --out $W/att_rung1_loop.json" ;;
+    rung1_kernel) step rung1_kernel 240 "export JAX_PLATFORMS=cuda,cpu CERTATTN_FETCH_KERNEL=1; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/rung1_16_looped_kernel.json && CERTATTN_HOT_REFRESH=immediate \$R --schedule looped --out $W/rung1_16_looped_kernel_immediate.json && \$R --schedule adaptive --out $W/rung1_16_adaptive_kernel.json" ;;
+    gen_cache) step gen_cache 200 "export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcc JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0; G='${B/--timeout 150/--timeout 150} --models smollm2 --prompts 1024 --caches dense certified_adaptive --rung0 fused'; \$G --out $W/gen_cache_first.json && \$G --out $W/gen_cache_second.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -14,6 +14,8 @@ For tier-2 arrays [N, Bk, d] of two sizes (--mib), S wanted blocks gathered into
   kernel_device  the same kernel given a device copy made outside the timed call (the reference speed)
   loop           `select.fetch_blocks`: a dynamic slice + transfer per block in a loop counted on the device
   unrolled       the same per slot in straight-line code (`select.FETCH_UNROLL_UP_TO`)
+  gather_blocks  `pallas_kernels.gather_blocks` (rung 1's fetch kernel: one program per slot, outputs aliased to
+                 the slots) on the pinned-host array (on the CPU: interpreted over a device copy)
   host_compute   the gather computed by the host CPU (`jax.experimental.compute_on("device_host")`) on the
                  pinned-host array, then one host-to-device copy of the S gathered blocks
 Per variant and size: compiled or the error, correct (equals the numpy gather), µs per call (device-timed from
@@ -77,14 +79,28 @@ def block_fetch(x, ids, unroll: bool):
 def host_compute_gather(x, ids):
     """x [N, Bk, d] in pinned host memory: gather blocks ids [S] on the host CPU, then one transfer of [S, Bk, d]."""
     import jax
-    from jax.experimental.compute_on import compute_on
 
-    @compute_on("device_host")
-    @jax.jit
-    def take(xh, ih):
-        return xh.at[ih].get(mode="promise_in_bounds")  # no bounds check: its constants would be device-placed
+    from certattn_jax import tiers
 
+    take = tiers.on_host_cpu(lambda xh, ih: xh.at[ih].get(mode="promise_in_bounds"))
     return jax.device_put(take(x, jax.device_put(ids, jax.memory.Space.Host)), jax.memory.Space.Device)
+
+
+def product_kernel(x, ids):
+    """`pallas_kernels.gather_blocks` of blocks ids [S] of x [N, Bk, d] (tier 2 of one head)."""
+    import jax.numpy as jnp
+
+    from certattn_jax import tiers
+    from pallas_kernels import backend, gather_blocks
+
+    N, Bk, d = x.shape
+    S = ids.shape[0]
+    h5 = x.reshape(1, 1, N, Bk, d)
+    if backend.interpret():
+        h5 = tiers.to_device(h5)
+    dst = jnp.zeros((1, 1, S, Bk, d), x.dtype)
+    got, _ = gather_blocks.gather_blocks(dst, dst, h5, h5, ids.reshape(1, 1, S))
+    return got.reshape(S, Bk, d)
 
 
 def main() -> None:
@@ -128,6 +144,7 @@ def main() -> None:
                     "kernel_device": (lambda x, ids: kernel_gather(x, ids, interpret), x_dev),
                     "loop": (lambda x, ids: block_fetch(x, ids, False), x_host),
                     "unrolled": (lambda x, ids: block_fetch(x, ids, True), x_host),
+                    "gather_blocks": (product_kernel, x_host),
                     "host_compute": (host_compute_gather, x_host)}
         whole = re.compile(rf"\[{N},{Bk},{d}\]")
         for name, (fn, x) in variants.items():
