@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from certattn_jax import bounds, quant, select
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.kv_cache import masked_attention_f32
-from certattn_jax.policy import CertPolicy
+from certattn_jax.policy import CertPolicy, tier1_impl
 
 _HI = "highest"
 
@@ -456,12 +456,13 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
 
 
 def tier1_kernel_runs(cache: TieredKVCache, impl: str) -> bool:
-    """Whether `tier1_partials` takes the Pallas kernel for this cache: impl "pallas", shapes it supports, and a
-    compiled kernel that passed its known-answer check for this configuration (`pallas_kernels.selftest`)."""
+    """Whether `tier1_partials` takes the Pallas kernel for this cache: impl "pallas" (or "auto" on a GPU:
+    `policy.tier1_impl`), shapes it supports, and a compiled kernel that passed its known-answer check for this
+    configuration (`pallas_kernels.selftest`)."""
     from pallas_kernels import selftest
     from pallas_kernels import tier1_pass as kernel
 
-    return (impl == "pallas" and kernel.supports(cache.block_size, cache.head_dim, cache.group_size)
+    return (tier1_impl(impl) == "pallas" and kernel.supports(cache.block_size, cache.head_dim, cache.group_size)
             and selftest.tier1_trusted(cache.block_size, cache.head_dim, cache.group_size, cache.key_bits,
                                        cache.value_bits))
 

@@ -166,3 +166,21 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", "off")
     assert selftest._trusted("kernel A", cfg, check(None), "")
     assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 6
+
+
+def test_auto_takes_the_kernels_only_where_they_compile_and_the_fused_rung0_only_at_short_contexts(monkeypatch):
+    """CertPolicy's default "auto": the Pallas tier-1 kernel on a GPU, jnp where kernels would be interpreted; the
+    fused rung 0 on a GPU up to AUTO_FUSED_MAX_BLOCKS key blocks (where the H200 measured it faster), jnp beyond."""
+    from certattn_jax import policy as pol
+    from pallas_kernels import backend
+
+    assert CertPolicy().tier1 in pol.TIER1_IMPLS and CertPolicy().rung0 in pol.RUNG0_IMPLS
+    with pytest.raises(ValueError, match="tier-1"):
+        CertPolicy(tier1="triton")
+    short, long = pol.AUTO_FUSED_MAX_BLOCKS, pol.AUTO_FUSED_MAX_BLOCKS + 1
+    monkeypatch.setattr(backend, "interpret", lambda: True)
+    assert (pol.tier1_impl("auto"), pol.rung0_impl("auto", short)) == ("jnp", "jnp")
+    monkeypatch.setattr(backend, "interpret", lambda: False)
+    assert pol.tier1_impl("auto") == "pallas"
+    assert (pol.rung0_impl("auto", short), pol.rung0_impl("auto", long)) == ("fused", "jnp")
+    assert (pol.tier1_impl("jnp"), pol.rung0_impl("jnp", 1), pol.rung0_impl("fused", 10**6)) == ("jnp", "jnp", "fused")
