@@ -84,6 +84,8 @@ for s in "$@"; do
     att_rung1_k) step att_rung1_k 200 "B2='python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_rung1'; CERTATTN_FETCH_KERNEL=1 \$B2 --out $W/att_rung1_kernel.json && \$B2 --out $W/att_rung1_loop.json" ;;
     rung1_kernel) step rung1_kernel 240 "export JAX_PLATFORMS=cuda,cpu CERTATTN_FETCH_KERNEL=1; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/rung1_16_looped_kernel.json && CERTATTN_HOT_REFRESH=immediate \$R --schedule looped --out $W/rung1_16_looped_kernel_immediate.json && \$R --schedule adaptive --out $W/rung1_16_adaptive_kernel.json" ;;
     gen_cache) step gen_cache 200 "export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcc JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0; G='${B/--timeout 150/--timeout 150} --models smollm2 --prompts 1024 --caches dense certified_adaptive --rung0 fused'; \$G --out $W/gen_cache_first.json && \$G --out $W/gen_cache_second.json" ;;
+    kfail) step kfail 150 "T='tests/test_certified_cache.py -k rung_3_exact_head_and_rung_4_exact_layer or refreshes_hot_sets_after_the_step'; CERTATTN_FETCH_KERNEL=0 python3 -m pytest -q -n 8 \$T > $W/kfail_loop.log 2>&1; tail -3 $W/kfail_loop.log; CERTATTN_FETCH_KERNEL=1 python3 -m pytest -q -n 8 \$T > $W/kfail_kernel.log 2>&1; tail -3 $W/kfail_kernel.log" ;;
+    gen_auto) step gen_auto 200 "python3 scripts/bench_generate.py --timeout 120 --new-tokens 32 --models smollm2 --prompts 1024 --caches dense certified certified_adaptive --out $W/gen_auto.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
