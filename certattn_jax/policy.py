@@ -19,11 +19,12 @@ _static = {"pytree_node": False}
 TIER1_IMPLS = ("auto", "jnp", "pallas")
 RUNG0_IMPLS = ("auto", "jnp", "fused")
 HOT_REFRESH = ("deferred", "immediate")
-# The default implementations: "auto" (`tier1_impl`, `rung0_impl`). CERTATTN_TIER1=pallas (CERTATTN_RUNG0=fused)
-# runs e.g. the whole soundness suite through the tier-1 kernel (the fused rung-0 kernel) in interpret mode.
+# The default implementations: tier 1 "auto" (`tier1_impl`), rung 0 "jnp" (`rung0_impl` says why not "auto").
+# CERTATTN_TIER1=pallas (CERTATTN_RUNG0=fused) runs e.g. the whole soundness suite through the tier-1 kernel (the
+# fused rung-0 kernel) in interpret mode.
 _DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "auto").strip() or "auto"
-_DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "auto").strip() or "auto"
-# "auto" takes the fused rung 0 up to this many key blocks per layer. On the H200 it decodes SmolLM2 faster than
+_DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "jnp").strip() or "jnp"
+# rung0="auto" takes the fused rung 0 up to this many key blocks per layer. On the H200 it decodes SmolLM2 faster than
 # the jnp rung 0 at 1K (16 blocks: 361 against 235 tokens/s, straight-looped) and 4K (64 blocks: +9 %), and
 # is slower at the 8B shape's 32K (512 blocks: 351 against 247 µs per layer), where its one program per KV
 # head walks every block (docs/performance.md, 2026-12-01 third session and 2026-12-02 second session).
@@ -42,7 +43,12 @@ def tier1_impl(impl: str) -> str:
 
 def rung0_impl(impl: str, num_blocks: int) -> str:
     """The rung-0 implementation `impl` stands for on a layer of `num_blocks` key blocks: "auto" is "fused" where
-    the kernels are compiled and the layer has at most AUTO_FUSED_MAX_BLOCKS blocks, else "jnp"."""
+    the kernels are compiled and the layer has at most AUTO_FUSED_MAX_BLOCKS blocks, else "jnp".
+
+    Not the default: the fused kernel decodes SmolLM2 1K ~1.4x faster than the jnp rung 0 but compiles ~17 s
+    longer (~30 against ~13 s) and checks itself once per machine (~26 s; pallas_kernels/selftest.py), so it
+    pays only from several thousand generated tokens per compile (docs/performance.md, 2026-12-02 second
+    session)."""
     if impl != "auto":
         return impl
     from pallas_kernels import backend
@@ -84,9 +90,11 @@ class CertPolicy:
       rung0:       how rung 0 (selection, promotion of resident blocks, merge, bound, ranking check) is computed:
                    "jnp" (XLA, ~60 small kernels per layer) or "fused" (`pallas_kernels.certify_rung0`, one
                    kernel per layer; a higher rung then builds its context inside its own branch). Same
-                   arithmetic up to the order of float32 sums. Default "auto" (`rung0_impl`: "fused" on a GPU
-                   up to AUTO_FUSED_MAX_BLOCKS key blocks, where it is faster; "jnp" at longer contexts, where it
-                   is slower today, and off the GPU: docs/performance.md), or CERTATTN_RUNG0.
+                   arithmetic up to the order of float32 sums. "auto" (`rung0_impl`) takes "fused" on a GPU up to
+                   AUTO_FUSED_MAX_BLOCKS key blocks, where it decodes faster, and "jnp" at longer contexts, where
+                   it is slower today, and off the GPU. Default "jnp" (the fused kernel's compile and first-run
+                   self-check cost more than it saves in short generations: docs/performance.md), or
+                   CERTATTN_RUNG0.
       hot_refresh: when a model's cache makes rung 1's candidates resident: "deferred" (once per step, after
                    the last layer: `TieredKVCache.apply_pending_hot_sets` reads the blocks from tier 2 again) or
                    "immediate" (inside rung 1, from the blocks it has just fetched: no second read of tier 2,

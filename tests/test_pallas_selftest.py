@@ -169,12 +169,13 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
 
 
 def test_auto_takes_the_kernels_only_where_they_compile_and_the_fused_rung0_only_at_short_contexts(monkeypatch):
-    """CertPolicy's default "auto": the Pallas tier-1 kernel on a GPU, jnp where kernels would be interpreted; the
-    fused rung 0 on a GPU up to AUTO_FUSED_MAX_BLOCKS key blocks (where the H200 measured it faster), jnp beyond."""
+    """"auto" (tier 1's default): the Pallas tier-1 kernel on a GPU, jnp where kernels would be interpreted; rung 0's
+    "auto": the fused kernel on a GPU up to AUTO_FUSED_MAX_BLOCKS key blocks (where the H200 measured it faster),
+    jnp beyond."""
     from certattn_jax import policy as pol
     from pallas_kernels import backend
 
-    assert CertPolicy().tier1 in pol.TIER1_IMPLS and CertPolicy().rung0 in pol.RUNG0_IMPLS
+    assert CertPolicy().tier1 in pol.TIER1_IMPLS and CertPolicy(rung0="auto").rung0 == "auto"
     with pytest.raises(ValueError, match="tier-1"):
         CertPolicy(tier1="triton")
     short, long = pol.AUTO_FUSED_MAX_BLOCKS, pol.AUTO_FUSED_MAX_BLOCKS + 1
