@@ -193,7 +193,11 @@ def test_rung_3_exact_head_and_rung_4_exact_layer():
     assert np.all(np.asarray(c3.k_star) == 150 // 16)
     out4, c4 = cert_attn(q, cache, _escalation_policy(eps=0.0, layer_fallback_fraction=0.5))
     assert np.all(np.asarray(c4.rung) == 4)
-    np.testing.assert_array_equal(np.asarray(out4), np.asarray(dense_attention(q, cache)))
+    dense = np.asarray(dense_attention(q, cache))
+    if jax.default_backend() == "cpu":  # the dense path's computation, bit for bit
+        np.testing.assert_array_equal(np.asarray(out4), dense)
+    else:  # a GPU compiles the same float32 math in another program with its sums associated differently
+        np.testing.assert_allclose(np.asarray(out4), dense, rtol=1e-4, atol=1e-6)  # H200: <= 1.6e-5 relative
     assert np.all(_errors(out4, ref) <= np.asarray(c4.error_bound))
     assert np.all(np.asarray(c4.ranking_ok))
 
