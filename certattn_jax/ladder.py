@@ -163,16 +163,18 @@ def refresh_hot_set(cache: TieredKVCache, cand: jax.Array, ids: jax.Array, xk: j
 
 
 def rung1_widen(ctx: StepContext, cache: TieredKVCache, sel: Selection, failing: jax.Array, out_dtype,
-                policy: CertPolicy, defer: bool = False) -> tuple[StageResult, ExactItems, TieredKVCache]:
+                policy: CertPolicy, defer: bool = False, prefetch: bool = False,
+                ) -> tuple[StageResult, ExactItems, TieredKVCache]:
     """Every one of the top 2 k_max candidates exact, for the KV heads with a failing head: the resident ones from
     the hot set, the others fetched from tier 2 (which also refreshes the hot set for later steps; with `defer`,
     the candidates are only recorded in `hot_pending`, for `TieredKVCache.apply_pending_hot_sets` to make
-    resident after the step's last layer)."""
+    resident after the step's last layer -- with `prefetch`, every KV head's candidates, not only the widened
+    heads')."""
     need = jnp.any(failing, axis=-1, keepdims=True)
     ids = jnp.where(need, sel.wide_missing, -1)
     extra, xk, xv = _fetch_exact(ctx, cache, ids)
     if defer:
-        cache = cache.replace(hot_pending=jnp.where(need, sel.cand, -1))
+        cache = cache.replace(hot_pending=sel.cand if prefetch else jnp.where(need, sel.cand, -1))
     else:
         cache = refresh_hot_set(cache, sel.cand, ids, xk, xv)
     return evaluate_stage(ctx, [sel.hot_wide, extra], out_dtype, policy), extra, cache
@@ -302,7 +304,9 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     # hot set is never written back on the per-layer path, at the price of reading the fetched blocks from tier 2
     # a second time after the last layer. Its pending list is -1 here (it is cleared after every step), so the
     # skipped branch returns a constant.
-    defer = cache.layer is not None and policy.hot_refresh == "deferred"
+    defer = cache.layer is not None and policy.hot_refresh in ("deferred", "prefetch")
+    # "prefetch": every KV head's candidates become resident after the step, not only rung 1's
+    prefetch = defer and policy.hot_refresh == "prefetch"
     changed = ("hot_pending",) if defer else HOT_FIELDS
 
     def widen():
@@ -310,12 +314,17 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
         # a step that skips rung 1 does not materialise them for it
         c = cache.resliced()
         ctx = context(c)
-        st, items, new = rung1_widen(ctx, c, selection(ctx, c), ~ok0, q.dtype, policy, defer=defer)
+        st, items, new = rung1_widen(ctx, c, selection(ctx, c), ~ok0, q.dtype, policy, defer=defer,
+                                     prefetch=prefetch)
         return st, items, {f: getattr(new, f) for f in changed}
 
     def skip():
-        kept = {"hot_pending": jnp.full_like(cache.hot_pending, -1)} if defer else \
-            {f: getattr(cache, f) for f in HOT_FIELDS}
+        if prefetch:
+            kept = {"hot_pending": selection(context()).cand}
+        elif defer:
+            kept = {"hot_pending": jnp.full_like(cache.hot_pending, -1)}
+        else:
+            kept = {f: getattr(cache, f) for f in HOT_FIELDS}
         return _skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), kept
 
     if top_rung >= 1:

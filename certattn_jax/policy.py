@@ -18,7 +18,7 @@ from certattn_jax.kv_cache import is_concrete
 _static = {"pytree_node": False}
 TIER1_IMPLS = ("auto", "jnp", "pallas")
 RUNG0_IMPLS = ("auto", "jnp", "fused")
-HOT_REFRESH = ("deferred", "immediate")
+HOT_REFRESH = ("deferred", "immediate", "prefetch")
 # The default implementations: tier 1 "auto" (`tier1_impl`), rung 0 "jnp" (`rung0_impl` says why not "auto").
 # CERTATTN_TIER1=pallas (CERTATTN_RUNG0=fused) runs e.g. the whole soundness suite through the tier-1 kernel (the
 # fused rung-0 kernel) in interpret mode.
@@ -100,8 +100,12 @@ class CertPolicy:
                    "immediate" (inside rung 1, from the blocks it has just fetched: no second read of tier 2,
                    a few more writes per layer-step). Both leave the same hot sets. On real text rung 1 runs in
                    ~40 % of layer-steps and each tier-2 block read costs a host round trip on the GPU
-                   (docs/performance.md, 2026-12-02). Default "deferred" until the H200 prices the two, or
-                   CERTATTN_HOT_REFRESH. Single-layer caches always refresh immediately.
+                   (docs/performance.md, 2026-12-02). "prefetch": as "deferred", but every KV head's top k_max
+                   candidates of the step are made resident after the last layer, not only those of heads that
+                   ran rung 1, so that the hot set follows the attention from step to step and the next step's
+                   rung 0 finds its candidates resident (a tier-2 read of the blocks that changed, every step).
+                   Default "deferred" until the H200 prices them, or CERTATTN_HOT_REFRESH. Single-layer caches
+                   always refresh immediately.
     A compiled kernel needs power-of-two shapes (block size, head dim, value group, hot slots); for other
     shapes the step falls back to the jnp computation of that part (same bound).
     Tolerances

@@ -356,6 +356,47 @@ def test_certificates_pack_into_one_array_exactly():
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+@pytest.mark.parametrize("slots", [0, 8], ids=["k_max slots", "8 hot slots"])
+def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots):
+    """hot_refresh "prefetch": after every step, each KV head's candidates of that step are resident -- the hot set
+    that a deferred rung 1 leaves when every head widens (eps = 0 makes every head fail rung 0), step after step,
+    although with a reachable eps almost every head answers at rung 0."""
+    from certattn_jax.model_cache import TieredModelCache
+
+    L, B, H, G, d, steps = 2, 2, 2, 2, 32, 8
+    caches = {}
+    for name, refresh, eps in (("prefetch", "prefetch", 0.05), ("every head at rung 1", "deferred", 0.0)):
+        policy = dataclasses.replace(POLICY, eps=eps, abs_tol=0.0, hot_slots=slots, hot_refresh=refresh)
+        singles = []
+        for layer in range(L):
+            _, k, v = _data(40 + layer, B=B, T=75, H=H, G=G, d=d)
+            singles.append(TieredKVCache.from_dense(k, v, policy, capacity=96))
+        caches[name] = TieredModelCache.from_layers(singles, num_q_heads=H * G, policy=policy).decode_fast_path()
+
+    @jax.jit
+    def model_step(model, q, k, v):
+        for layer in range(L):
+            _, model = model.attend(layer, q[layer][:, None], k[layer], v[layer], model.lengths + 1)
+        return model.with_lengths(model.lengths + 1), model.last_certificate.rung
+
+    at_rung0 = []
+    for step in range(steps):
+        keys = jax.random.split(jax.random.key(200 + step), 3)
+        q = 3.0 * jax.random.normal(keys[0], (L, B, H * G, d))
+        k = jax.random.normal(keys[1], (L, B, 1, H, d))
+        v = jax.random.normal(keys[2], (L, B, 1, H, d))
+        rungs = {}
+        for name in caches:
+            caches[name], rungs[name] = model_step(caches[name], q, k, v)
+        at_rung0.append(float(np.mean(np.asarray(rungs["prefetch"]) == 0)))
+        assert np.all(np.asarray(rungs["every head at rung 1"]) >= 1)
+        a, b = caches["prefetch"].store, caches["every head at rung 1"].store
+        assert np.all(np.asarray(a.hot_pending) == -1)
+        for f in ("hot_ids", "hot_k", "hot_v"):
+            np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f"{f} {step}")
+    assert np.mean(at_rung0) > 0.5, at_rung0  # the prefetching cache answered mostly at rung 0 meanwhile
+
+
 @pytest.mark.parametrize("fast,slots,refresh", [(False, 0, "deferred"), (True, 0, "deferred"),
                                                 (True, 8, "deferred"), (True, 8, "immediate"),
                                                 (False, 0, "immediate")],
