@@ -358,12 +358,7 @@ class TieredKVCache:
             raise ValueError("apply_pending_hot_sets works on a model's stacked cache (single-layer caches refresh "
                              "their hot set inside rung 1)")
         new_ids, _, fetch_into = select.plan_residency(self.hot_ids, self.hot_pending, self.hot_used)
-
-        def one_layer(i, hot):
-            hk, hv = select.fetch_blocks(hot[0][i], hot[1][i], self.host_k, self.host_v, fetch_into[i], i)
-            return hot[0].at[i].set(hk), hot[1].at[i].set(hv)
-
-        hot_k, hot_v = jax.lax.fori_loop(0, self.hot_k.shape[0], one_layer, (self.hot_k, self.hot_v))
+        hot_k, hot_v = select.fetch_blocks_every_layer(self.hot_k, self.hot_v, self.host_k, self.host_v, fetch_into)
         take = fetch_into >= 0
         return self.replace(hot_k=hot_k, hot_v=hot_v, hot_ids=jnp.where(take, new_ids, self.hot_ids),
                             hot_used=jnp.where(take, self.lengths[:, :, None, None], self.hot_used),

@@ -118,16 +118,7 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
     flat = fetch_ids.reshape(-1)
     count = jnp.sum(flat >= 0)
     if FETCH_KERNEL:
-        from pallas_kernels import backend, gather_blocks
-
-        if not backend.interpret():  # a slot with nothing to fetch costs its program one compare: no conditional
-            return gather_blocks.gather_blocks(dst_k, dst_v, host_k, host_v, fetch_ids, layer)
-
-        def gather_interpreted(dst):  # the interpreter cannot read host operands: this layer's tier 2 copied over
-            return gather_blocks.gather_blocks(dst[0], dst[1], tiers.read_all(host_k, layer),
-                                               tiers.read_all(host_v, layer), fetch_ids)
-
-        return jax.lax.cond(count > 0, gather_interpreted, lambda d: d, (dst_k, dst_v))
+        return _fetch_by_kernel(dst_k, dst_v, host_k, host_v, fetch_ids, layer, count)
     if FETCH_HOST_GATHER:
         def gather_on_host(dst):
             want = (fetch_ids >= 0)[..., None, None]
@@ -175,6 +166,35 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
         return jax.lax.fori_loop(0, count, body, dst)
 
     return jax.lax.cond(count > 0, copy_all, lambda d: d, (dst_k, dst_v))
+
+
+def fetch_blocks_every_layer(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: jax.Array,
+                             fetch_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`fetch_blocks` of every layer of a model's stacked cache: dst [L, B, H, S, Bk, d], host [L, B, H, nb, Bk, d],
+    fetch_ids [L, B, H, S]. With FETCH_KERNEL one kernel launch for all layers; else a loop over the layers."""
+    if FETCH_KERNEL:
+        return _fetch_by_kernel(dst_k, dst_v, host_k, host_v, fetch_ids, None, jnp.sum(fetch_ids >= 0))
+
+    def one_layer(i, hot):
+        hk, hv = fetch_blocks(hot[0][i], hot[1][i], host_k, host_v, fetch_ids[i], i)
+        return hot[0].at[i].set(hk), hot[1].at[i].set(hv)
+
+    return jax.lax.fori_loop(0, host_k.shape[0], one_layer, (dst_k, dst_v))
+
+
+def _fetch_by_kernel(dst_k, dst_v, host_k, host_v, fetch_ids, layer, count):
+    """`pallas_kernels.gather_blocks` (one layer, or every layer with layer None and a 4-D fetch_ids)."""
+    from pallas_kernels import backend, gather_blocks
+
+    if not backend.interpret():  # a slot with nothing to fetch costs its program one compare: no conditional
+        return gather_blocks.gather_blocks(dst_k, dst_v, host_k, host_v, fetch_ids, layer)
+
+    def gather_interpreted(dst):  # the interpreter cannot read host operands: tier 2 copied over first
+        hk = tiers.read_all(host_k, layer) if layer is not None or host_k.ndim == 5 else tiers.to_device(host_k)
+        hv = tiers.read_all(host_v, layer) if layer is not None or host_v.ndim == 5 else tiers.to_device(host_v)
+        return gather_blocks.gather_blocks(dst[0], dst[1], hk, hv, fetch_ids)
+
+    return jax.lax.cond(count > 0, gather_interpreted, lambda d: d, (dst_k, dst_v))
 
 
 def ranking_consistent(approx_lm: jax.Array, exact_lm: jax.Array, active: jax.Array, tail_upper: jax.Array,

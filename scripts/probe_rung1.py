@@ -6,7 +6,9 @@ SmolLM2-135M-Instruct on big.txt windows (the eval's prose), certified cache wit
 prompt prefilled and then `steps` tokens teacher-forced through decode steps. Counted, per layer-step where some
 head fails rung 0 (rung 1's branch runs): the KV heads that widen, and those among them whose top 2 k_max
 candidates are not all resident (rung 1 reads tier 2). Per step: whether any head of any layer left rung 0 --
-the share of steps that the "straight" schedule (a fast pass at rung 0 only) would send to its second pass.
+the share of steps that the "straight" schedule (a fast pass at rung 0 only) would send to its second pass; and
+the end-of-step hot-set refreshes (deferred / prefetch, `TieredKVCache.apply_pending_hot_sets`) with the blocks
+they read from tier 2.
 The answer decides whether rung 1's resident part belongs in a conditional-free fast pass
 (docs/performance.md, 2026-12-01 fifth session).
 """
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from certattn_jax import ladder, select
+    from certattn_jax.cache import TieredKVCache
     from certattn_jax.evals import decode, ppl
     from certattn_jax.policy import CertPolicy
     from models.pretrained import load_pretrained
@@ -53,13 +56,22 @@ def main(argv=None) -> int:
 
     real = ladder.rung1_widen
 
-    def counted(ctx, cache, sel, failing, out_dtype, policy, defer=False):
+    def counted(ctx, cache, sel, failing, out_dtype, policy, **kw):
         need = jnp.any(failing, axis=-1)  # [B, H]
         fetch = need & jnp.any(sel.wide_missing >= 0, axis=-1)
         jax.debug.callback(record, jnp.sum(need), jnp.sum(fetch))
-        return real(ctx, cache, sel, failing, out_dtype, policy, defer)
+        return real(ctx, cache, sel, failing, out_dtype, policy, **kw)
+
+    refreshed = []  # blocks read from tier 2 by each end-of-step refresh (deferred / prefetch hot sets)
+    real_apply = TieredKVCache.apply_pending_hot_sets
+
+    def counted_apply(self):
+        _, _, fetch_into = select.plan_residency(self.hot_ids, self.hot_pending, self.hot_used)
+        jax.debug.callback(lambda n: refreshed.append(int(n)), jnp.sum(fetch_into >= 0))
+        return real_apply(self)
 
     ladder.rung1_widen = counted
+    TieredKVCache.apply_pending_hot_sets = counted_apply
     pre = load_pretrained(args.model, dtype=jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     policy = CertPolicy()
     policy = policy if args.k_max is None else dataclasses.replace(policy, k_max=args.k_max)
@@ -83,7 +95,7 @@ def main(argv=None) -> int:
             out.append(np.asarray(rec["cert"].rung))
 
         decode.set_sink(sink)
-        before = len(events)
+        before, before_refresh = len(events), len(refreshed)
         decode.teacher_forced(pre.params, pre.config, cache, inputs, targets, stream=True)
         jax.effects_barrier()
         decode.set_sink(None)
@@ -96,12 +108,15 @@ def main(argv=None) -> int:
                      "layer_steps_with_rung1_branch": int(len(events) - before),
                      "layer_steps": int(rungs.shape[0] * L),
                      "kv_head_widenings": int(ev[:, 0].sum()), "kv_head_widenings_reading_tier2": int(ev[:, 1].sum()),
-                     "kv_head_layer_steps": int(rungs.shape[0] * L * H)})
+                     "kv_head_layer_steps": int(rungs.shape[0] * L * H),
+                     "end_of_step_refreshes": int(len(refreshed) - before_refresh),
+                     "end_of_step_blocks_read": int(sum(refreshed[before_refresh:]))})
         print(json.dumps(rows[-1]), flush=True)
         windows.append((ids, inputs, targets))
 
     # Timing, without the counting callbacks (recompiled): the first window's steps, compiled once, then timed
     ladder.rung1_widen = real
+    TieredKVCache.apply_pending_hot_sets = real_apply
     jax.clear_caches()
     ids, inputs, targets = windows[0]
     times = []

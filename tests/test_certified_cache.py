@@ -356,6 +356,13 @@ def test_certificates_pack_into_one_array_exactly():
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+def _model_step_inputs(seed: int, L: int, B: int, H: int, G: int, d: int):
+    """One decode step's random inputs for every layer of a model cache: q [L, B, H*G, d], k, v [L, B, 1, H, d]."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return (3.0 * jax.random.normal(keys[0], (L, B, H * G, d)), jax.random.normal(keys[1], (L, B, 1, H, d)),
+            jax.random.normal(keys[2], (L, B, 1, H, d)))
+
+
 @pytest.mark.parametrize("slots", [0, 8], ids=["k_max slots", "8 hot slots"])
 def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots):
     """hot_refresh "prefetch": after every step, each KV head's candidates of that step are resident -- the hot set
@@ -381,10 +388,7 @@ def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots)
 
     at_rung0 = []
     for step in range(steps):
-        keys = jax.random.split(jax.random.key(200 + step), 3)
-        q = 3.0 * jax.random.normal(keys[0], (L, B, H * G, d))
-        k = jax.random.normal(keys[1], (L, B, 1, H, d))
-        v = jax.random.normal(keys[2], (L, B, 1, H, d))
+        q, k, v = _model_step_inputs(200 + step, L, B, H, G, d)
         rungs = {}
         for name in caches:
             caches[name], rungs[name] = model_step(caches[name], q, k, v)
@@ -440,10 +444,7 @@ def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does
 
     rungs = []
     for step in range(steps):
-        keys = jax.random.split(jax.random.key(100 + step), 3)
-        q = 3.0 * jax.random.normal(keys[0], (L, B, H * G, d))
-        k = jax.random.normal(keys[1], (L, B, 1, H, d))
-        v = jax.random.normal(keys[2], (L, B, 1, H, d))
+        q, k, v = _model_step_inputs(100 + step, L, B, H, G, d)
         outs, model = model_step(model, q, k, v)
         assert np.all(np.asarray(model.store.hot_pending) == -1)
         certs = model.last_certificate

@@ -42,6 +42,22 @@ def test_the_kernel_fills_wanted_slots_and_leaves_the_rest(stacked, B, H, nb, S)
     assert np.all(np.isnan(np.asarray(got[0])[kept])) and not np.any(np.isnan(np.asarray(got[1])[~kept]))
 
 
+def test_every_layer_at_once():
+    """A stacked tier 2 without a layer index and fetch_ids [L, B, H, S]: each layer's slots from that layer."""
+    rng = np.random.default_rng(3)
+    L, B, H, nb, S, Bk, d = 3, 2, 2, 5, 4, 16, 32
+    host_k = _tier2(rng, (L, B, H, nb, Bk, d), jnp.bfloat16)
+    host_v = _tier2(rng, (L, B, H, nb, Bk, d), jnp.bfloat16)
+    ids = jnp.asarray(rng.integers(-1, nb, size=(L, B, H, S)), jnp.int32)
+    poison = jnp.full((L, B, H, S, Bk, d), jnp.nan, jnp.bfloat16)
+    got = jax.jit(gather_blocks)(poison, poison, host_k, host_v, ids)
+    dev = (lambda x: x) if backend.interpret() else tiers.to_device
+    for lay in range(L):
+        want = gather_reference(poison[lay], poison[lay], dev(host_k)[lay], dev(host_v)[lay], ids[lay])
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(g[lay], np.float32), np.asarray(w, np.float32))
+
+
 def test_no_wanted_block_changes_nothing():
     rng = np.random.default_rng(1)
     host = _tier2(rng, (1, 2, 4, 16, 32), jnp.bfloat16)
