@@ -104,6 +104,8 @@ class CertPolicy:
                    candidates of the step are made resident after the last layer, not only those of heads that
                    ran rung 1, so that the hot set follows the attention from step to step and the next step's
                    rung 0 finds its candidates resident (a tier-2 read of the blocks that changed, every step).
+                   It pays only where the hot set holds the working set (SmolLM2, 1K, 16 slots: 2 instead of 14
+                   of 64 steps leave rung 0); at 2K real text it does not (docs/performance.md).
                    Default "deferred" until the H200 prices them, or CERTATTN_HOT_REFRESH. Single-layer caches
                    always refresh immediately.
     A compiled kernel needs power-of-two shapes (block size, head dim, value group, hot slots); for other
