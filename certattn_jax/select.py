@@ -23,10 +23,6 @@ FETCH_WHOLE_LAYER_BELOW_BYTES = int(os.environ.get("CERTATTN_FETCH_WHOLE_BELOW",
 # loop, docs/performance.md 2026-12-02), at the price of reading a block for every slot, wanted or not. Off (0)
 # until the H200 prices it; CERTATTN_FETCH_UNROLL sets it.
 FETCH_UNROLL_UP_TO = int(os.environ.get("CERTATTN_FETCH_UNROLL", "0") or 0)
-# When set, `fetch_blocks` gathers the wanted blocks on the host CPU (`tiers.gather_blocks_on_host`) and brings them
-# over in one transfer per array: one host computation and two copies per fetch, whatever the number of blocks.
-# Off until the H200 says it pays (scripts/probe_host_kernel.py's host_compute); CERTATTN_FETCH_HOST_GATHER=1 sets it.
-FETCH_HOST_GATHER = (os.environ.get("CERTATTN_FETCH_HOST_GATHER", "0").strip() or "0") not in ("0", "false", "")
 # When set, `fetch_blocks` is one Pallas kernel (`pallas_kernels.gather_blocks`) that reads the wanted blocks out of
 # pinned host memory itself: one launch per fetch, no per-block transfer (on the H200 64 blocks in ~23 µs against
 # ~1,300 µs for the loop, scripts/probe_host_kernel.py). CERTATTN_FETCH_KERNEL=1 sets it.
@@ -110,23 +106,14 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
     it carries no per-iteration branch). Each iteration reads one block of keys and one of values from tier 2.
     A layer whose tier 2 is smaller than FETCH_WHOLE_LAYER_BELOW_BYTES is instead copied whole, in one transfer
     per array, and the wanted blocks gathered on the device; a fetch of at most FETCH_UNROLL_UP_TO slots copies
-    one block per slot in straight-line code (no loop); with FETCH_HOST_GATHER the host gathers every slot's block
-    (block 0 when unwanted) and one transfer per array brings them over; with FETCH_KERNEL one Pallas kernel reads
-    the wanted blocks out of tier 2 where it lives (`pallas_kernels.gather_blocks`).
+    one block per slot in straight-line code (no loop); with FETCH_KERNEL one Pallas kernel reads the wanted blocks
+    out of tier 2 where it lives (`pallas_kernels.gather_blocks`).
     """
     B, H, S = fetch_ids.shape
     flat = fetch_ids.reshape(-1)
     count = jnp.sum(flat >= 0)
     if FETCH_KERNEL:
         return _fetch_by_kernel(dst_k, dst_v, host_k, host_v, fetch_ids, layer, count)
-    if FETCH_HOST_GATHER:
-        def gather_on_host(dst):
-            want = (fetch_ids >= 0)[..., None, None]
-            ids = jnp.maximum(fetch_ids, 0)
-            return tuple(jnp.where(want, tiers.gather_blocks_on_host(host, ids, layer).astype(d.dtype), d)
-                         for host, d in ((host_k, dst[0]), (host_v, dst[1])))
-
-        return jax.lax.cond(count > 0, gather_on_host, lambda d: d, (dst_k, dst_v))
     layer_bytes = 2 * int(np.prod(host_k.shape[-5:])) * jnp.dtype(host_k.dtype).itemsize
     if layer_bytes < FETCH_WHOLE_LAYER_BELOW_BYTES:
         def copy_layer(dst):  # one transfer per array, then a gather on the device

@@ -4,8 +4,7 @@ Tier 2 (the original keys/values) lives in `pinned_host` memory when the backend
 too), else in device memory (`memory_report` says which). Inside jit a host array is read by
 `lax.dynamic_slice` + `jax.device_put(..., Space.Device)` and written by `dynamic_update_slice` with a
 host-placed update; gathers/scatters on host arrays do not compile as device code, so transfers go block by
-block -- or (`gather_blocks_on_host`) the gather runs on the host CPU (`compute_on("device_host")`) and one transfer
-brings the gathered blocks over.
+block, or a Pallas kernel reads the blocks in place (`pallas_kernels.gather_blocks`).
 """
 
 from __future__ import annotations
@@ -78,44 +77,6 @@ def write_block(host: jax.Array, blk: jax.Array, b: jax.Array, block: jax.Array,
         return jax.lax.dynamic_update_slice(host, upd, (0, b, 0, block, 0, 0))
     upd = to_host(blk.reshape((1,) * (host.ndim - 5) + (1, blk.shape[0], 1) + blk.shape[1:]).astype(host.dtype))
     return jax.lax.dynamic_update_slice(host, upd, _start(host, layer, b, 0, block))
-
-
-def on_host_cpu(fn):
-    """fn (jitted) computed by the host CPU inside a device computation, its outputs left in host memory:
-    `compute_on(compute_type="device_host")` (jax 0.11's function transform; jax 0.10 names it compute_on2)."""
-    from jax.experimental import compute_on as co
-
-    transform = getattr(co, "compute_on2", None) or co.compute_on
-    return transform(jax.jit(fn), compute_type="device_host", out_memory_spaces=jax.memory.Space.Host)
-
-
-@functools.cache
-def _take_rows_on_host():
-    # no bounds check: its comparison constants would live in device memory, beside host operands
-    return on_host_cpu(lambda rows, idx: rows.at[idx].get(mode="promise_in_bounds"))
-
-
-def gather_blocks_on_host(host: jax.Array, ids: jax.Array, layer=None) -> jax.Array:
-    """host [B, H, nb, Bk, d] (or a model's stacked [L, B, H, nb, Bk, d] with `layer`), ids [B, H, S] block ids
-    (each in [0, nb): callers clamp) -> device [B, H, S, Bk, d] = host[(layer,) b, h, ids[b, h, s]].
-
-    The gather runs on the host CPU over tier 2 where it lives; one host-to-device transfer of B*H*S blocks
-    follows (no loop, no per-block transfer). The flat row index is computed on the device and moved to the host
-    first, so that the host computation mixes no device operands."""
-    if host_memory_kind() is None:  # tier 2 on the device: an ordinary gather
-        x = host if host.ndim == 5 else jax.lax.dynamic_index_in_dim(host, layer, 0, keepdims=False)
-        return jnp.take_along_axis(x, ids[..., None, None], axis=2)
-    if host.ndim == 6 and layer is None:
-        raise ValueError("a stacked tier 2 [L, B, H, nb, Bk, d] needs a layer index")
-    B, H, S = ids.shape
-    nb, Bk, d = host.shape[-3:]
-    head = jnp.arange(B * H, dtype=jnp.int32).reshape(B, H, 1)
-    if host.ndim == 6:
-        head = head + jnp.asarray(layer, jnp.int32) * (B * H)
-    flat = (head * nb + ids.astype(jnp.int32)).reshape(-1)  # rows of host viewed as [(L) B H nb, Bk, d]
-    rows = host.reshape(-1, Bk, d)
-    got = _take_rows_on_host()(rows, to_host(flat))
-    return to_device(got).reshape(B, H, S, Bk, d)
 
 
 def zeros_on_host(shape: tuple[int, ...], dtype) -> jax.Array:

@@ -79,10 +79,13 @@ def block_fetch(x, ids, unroll: bool):
 def host_compute_gather(x, ids):
     """x [N, Bk, d] in pinned host memory: gather blocks ids [S] on the host CPU, then one transfer of [S, Bk, d]."""
     import jax
+    from jax.experimental import compute_on as co
 
-    from certattn_jax import tiers
-
-    take = tiers.on_host_cpu(lambda xh, ih: xh.at[ih].get(mode="promise_in_bounds"))
+    # jax 0.11's function transform compute_on(f, *, compute_type, out_memory_spaces); jax 0.10 names it compute_on2.
+    # No bounds check in the gather: its comparison constants would live in device memory, beside host operands.
+    transform = getattr(co, "compute_on2", None) or co.compute_on
+    take = transform(jax.jit(lambda xh, ih: xh.at[ih].get(mode="promise_in_bounds")), compute_type="device_host",
+                     out_memory_spaces=jax.memory.Space.Host)
     return jax.device_put(take(x, jax.device_put(ids, jax.memory.Space.Host)), jax.memory.Space.Device)
 
 

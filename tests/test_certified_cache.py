@@ -497,14 +497,13 @@ def test_more_hot_slots_keep_rung_1s_widened_set_resident():
     assert np.all(err <= np.asarray(cert.error_bound)), (err, cert.error_bound)
 
 
-@pytest.mark.parametrize("how", ["whole", "unrolled", "host_gather", "kernel"])
+@pytest.mark.parametrize("how", ["whole", "unrolled", "kernel"])
 @pytest.mark.parametrize("stacked", [False, True], ids=["one layer", "stacked layer 1"])
 def test_fetching_the_whole_layer_or_slot_by_slot_gives_what_the_block_loop_gives(monkeypatch, stacked, how):
     """select.fetch_blocks below FETCH_WHOLE_LAYER_BELOW_BYTES (one transfer of the layer's tier 2, a gather on
-    the device), up to FETCH_UNROLL_UP_TO slots (one copy per slot, no loop) or with FETCH_HOST_GATHER (a gather
-    on the host CPU, one transfer) or with FETCH_KERNEL (one Pallas kernel reading tier 2 in place; on the CPU
-    interpreted over a device copy) fills exactly the slots the per-block loop fills, and leaves the others
-    alone."""
+    the device), up to FETCH_UNROLL_UP_TO slots (one copy per slot, no loop) or with FETCH_KERNEL (one Pallas
+    kernel reading tier 2 in place; on the CPU interpreted over a device copy) fills exactly the slots the
+    per-block loop fills, and leaves the others alone."""
     from certattn_jax import select, tiers
 
     rng = np.random.default_rng(4)
@@ -516,8 +515,8 @@ def test_fetching_the_whole_layer_or_slot_by_slot_gives_what_the_block_loop_give
     layer = jnp.int32(1) if stacked else None
     fetch = jax.jit(select.fetch_blocks)
     loop = fetch(dst, dst, host_k, host_v, ids, layer)
-    if how in ("host_gather", "kernel"):
-        monkeypatch.setattr(select, "FETCH_HOST_GATHER" if how == "host_gather" else "FETCH_KERNEL", True)
+    if how == "kernel":
+        monkeypatch.setattr(select, "FETCH_KERNEL", True)
     else:
         monkeypatch.setattr(select, "FETCH_WHOLE_LAYER_BELOW_BYTES" if how == "whole" else "FETCH_UNROLL_UP_TO",
                             1 << 30)
