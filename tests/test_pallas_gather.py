@@ -85,3 +85,22 @@ def test_bad_shapes_are_named():
         gather_blocks(x[:, :, :3], x[:, :, :3], x[None], x[None], jnp.zeros((1, 2, 3), jnp.int32))
     with pytest.raises(ValueError, match="disagree"):
         gather_blocks(x[:, :, :3], x[:, :, :3], x, x, jnp.zeros((1, 3, 3), jnp.int32))
+
+
+@pytest.mark.parametrize("every_layer", [False, True], ids=["one layer of a stack", "every layer"])
+def test_the_kernel_lowers_to_triton(every_layer, monkeypatch):
+    """Cross-lower the compiled kernel for CUDA on this machine (what the Pallas Triton lowering rejects shows
+    here without a GPU; Triton's own compile to PTX runs only on the GPU)."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    host = jnp.zeros((3, 2, 2, 5, 16, 32), jnp.bfloat16)  # [L, B, H, nb, Bk, d]
+    if every_layer:
+        dst, ids = jnp.zeros((3, 2, 2, 4, 16, 32), jnp.bfloat16), jnp.zeros((3, 2, 2, 4), jnp.int32)
+        f = jax.jit(lambda d, h, i: gather_blocks(d, d, h, h, i, interpret=False))
+        args = (dst, host, ids)
+    else:
+        dst, ids = jnp.zeros((2, 2, 4, 16, 32), jnp.bfloat16), jnp.zeros((2, 2, 4), jnp.int32)
+        f = jax.jit(lambda d, h, i, lay: gather_blocks(d, d, h, h, i, lay, interpret=False))
+        args = (dst, host, ids, jnp.int32(1))
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(*args).mlir_module()
+    assert "xla.gpu.triton" in text
