@@ -103,8 +103,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     import jax.numpy as jnp
     import numpy as np
 
+    from certattn_jax import select
     from certattn_jax.model_cache import cache_spec
-    from certattn_jax.policy import CertPolicy
+    from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
     from models import generate as gen
     from models import llama
 
@@ -154,7 +155,12 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
             "k_max": policy.k_max, "hot_slots": policy.slots, "tier1": policy.tier1, "rung0": policy.rung0,
-            "hot_refresh": policy.hot_refresh, "device": jax.devices()[0].device_kind,
+            # what "auto" resolved to here (rung 0 at this cache's key blocks per layer)
+            "tier1_impl": tier1_impl(policy.tier1),
+            "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
+            else None,
+            "hot_refresh": policy.hot_refresh, "fetch_kernel": select.FETCH_KERNEL,
+            "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
