@@ -24,6 +24,7 @@ HOT_REFRESH = ("deferred", "immediate", "prefetch")
 # fused rung-0 kernel) in interpret mode.
 _DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "auto").strip() or "auto"
 _DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "jnp").strip() or "jnp"
+_DEFAULT_HOT_REFRESH = os.environ.get("CERTATTN_HOT_REFRESH", "deferred").strip() or "deferred"
 # rung0="auto" takes the fused rung 0 up to this many key blocks per layer. On the H200 it decodes SmolLM2 faster than
 # the jnp rung 0 at 1K (16 blocks: 361 against 235 tokens/s, straight-looped) and 4K (64 blocks: +9 %), and
 # is slower at the 8B shape's 32K (512 blocks: 351 against 247 µs per layer), where its one program per KV
@@ -54,7 +55,6 @@ def rung0_impl(impl: str, num_blocks: int) -> str:
     from pallas_kernels import backend
 
     return "fused" if not backend.interpret() and num_blocks <= AUTO_FUSED_MAX_BLOCKS else "jnp"
-_DEFAULT_HOT_REFRESH = os.environ.get("CERTATTN_HOT_REFRESH", "deferred").strip() or "deferred"
 
 
 def _is_number(x: object) -> bool:

@@ -5,6 +5,7 @@ Shapes: B sequences, H KV heads, G query heads per KV head, nb key blocks, K = k
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -176,10 +177,9 @@ def _fetch_by_kernel(dst_k, dst_v, host_k, host_v, fetch_ids, layer, count):
     if not backend.interpret():  # a slot with nothing to fetch costs its program one compare: no conditional
         return gather_blocks.gather_blocks(dst_k, dst_v, host_k, host_v, fetch_ids, layer)
 
-    def gather_interpreted(dst):  # the interpreter cannot read host operands: tier 2 copied over first
-        hk = tiers.read_all(host_k, layer) if layer is not None or host_k.ndim == 5 else tiers.to_device(host_k)
-        hv = tiers.read_all(host_v, layer) if layer is not None or host_v.ndim == 5 else tiers.to_device(host_v)
-        return gather_blocks.gather_blocks(dst[0], dst[1], hk, hv, fetch_ids)
+    def gather_interpreted(dst):  # the interpreter cannot read host operands: tier 2 (that layer's) copied over
+        copy = tiers.to_device if layer is None else functools.partial(tiers.read_all, layer=layer)
+        return gather_blocks.gather_blocks(dst[0], dst[1], copy(host_k), copy(host_v), fetch_ids)
 
     return jax.lax.cond(count > 0, gather_interpreted, lambda d: d, (dst_k, dst_v))
 

@@ -22,6 +22,8 @@ kernel a device copy of the layer's tier 2: the same kernel code and index arith
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -85,10 +87,6 @@ def gather_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v:
                   layer: jax.Array | None = None, *, interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:
     """See the module docstring. One program per slot (grid (B, H, S), or (L * B, H, S) for every layer);
     1 warp (a copy of one block)."""
-    import functools
-
-    if fetch_ids.ndim not in (3, 4):
-        raise ValueError(f"fetch_ids must be [B, H, S] ([L, B, H, S] for every layer), got {fetch_ids.shape}")
     stacked, every_layer = _check(dst_k, dst_v, host_k, host_v, fetch_ids, layer)
     interpret = backend.interpret() if interpret is None else interpret
     nb, Bk, d = host_k.shape[-3:]
