@@ -86,6 +86,7 @@ for s in "$@"; do
     kfail) step kfail 150 "for k in 0 1; do CERTATTN_FETCH_KERNEL=\$k python3 -m pytest -q -n 8 tests/test_certified_cache.py -k 'rung_3_exact_head_and_rung_4_exact_layer or refreshes_hot_sets_after_the_step' > $W/kfail_\$k.log 2>&1; echo fetch_kernel=\$k; tail -2 $W/kfail_\$k.log; done" ;;
     gen_auto) step gen_auto 170 "python3 scripts/bench_generate.py --timeout 120 --new-tokens 32 --models smollm2 --prompts 1024 --caches dense certified certified_adaptive --out $W/gen_auto.json" ;;
     sound_k) step sound_k 460 "CERTATTN_FETCH_KERNEL=1 python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certified_cache.py tests/test_pallas_gather.py" ;;
+    kcompile) step kcompile 260 "python3 scripts/probe_kernel_compile.py --shapes smol:1024 8b:32768 --k-max 8 2 --out $W/probe_kernel_compile.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
