@@ -24,10 +24,24 @@ FETCH_WHOLE_LAYER_BELOW_BYTES = int(os.environ.get("CERTATTN_FETCH_WHOLE_BELOW",
 # loop, docs/performance.md 2026-12-02), at the price of reading a block for every slot, wanted or not. Off (0)
 # until the H200 prices it; CERTATTN_FETCH_UNROLL sets it.
 FETCH_UNROLL_UP_TO = int(os.environ.get("CERTATTN_FETCH_UNROLL", "0") or 0)
-# When set, `fetch_blocks` is one Pallas kernel (`pallas_kernels.gather_blocks`) that reads the wanted blocks out of
+# Whether `fetch_blocks` is one Pallas kernel (`pallas_kernels.gather_blocks`) that reads the wanted blocks out of
 # pinned host memory itself: one launch per fetch, no per-block transfer (on the H200 64 blocks in ~23 µs against
-# ~1,300 µs for the loop, scripts/probe_host_kernel.py). CERTATTN_FETCH_KERNEL=1 sets it.
-FETCH_KERNEL = (os.environ.get("CERTATTN_FETCH_KERNEL", "0").strip() or "0") not in ("0", "false", "")
+# ~1,300 µs for the loop, scripts/probe_host_kernel.py; rung 1 at 32K 2,026 -> 360 µs). None ("auto", the
+# default): wherever compiled kernels run (a GPU) and the kernel passed its known-answer check for the
+# configuration (`pallas_kernels.selftest.gather_trusted`); in interpret mode (the CPU) the block loop, since the
+# interpreter needs a device copy of the layer's tier 2. CERTATTN_FETCH_KERNEL=1 / 0 forces it on / off.
+FETCH_KERNEL: bool | None = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}.get(
+    os.environ.get("CERTATTN_FETCH_KERNEL", "auto").strip().lower())
+
+
+def fetch_by_kernel(host: jax.Array, dst: jax.Array) -> bool:
+    """Whether a fetch from tier 2 `host` into slots `dst` runs the gather kernel (FETCH_KERNEL above)."""
+    if FETCH_KERNEL is not None:
+        return FETCH_KERNEL
+    from pallas_kernels import selftest
+
+    return selftest.runs_compiled_kernels() and selftest.gather_trusted(
+        int(host.shape[-2]), int(host.shape[-1]), str(host.dtype), str(dst.dtype))
 
 
 def select_candidates(block_mass: jax.Array, block_valid: jax.Array, residual_mass: jax.Array,
@@ -107,13 +121,13 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
     it carries no per-iteration branch). Each iteration reads one block of keys and one of values from tier 2.
     A layer whose tier 2 is smaller than FETCH_WHOLE_LAYER_BELOW_BYTES is instead copied whole, in one transfer
     per array, and the wanted blocks gathered on the device; a fetch of at most FETCH_UNROLL_UP_TO slots copies
-    one block per slot in straight-line code (no loop); with FETCH_KERNEL one Pallas kernel reads the wanted blocks
-    out of tier 2 where it lives (`pallas_kernels.gather_blocks`).
+    one block per slot in straight-line code (no loop); with the kernel (`fetch_by_kernel`) one Pallas kernel reads
+    the wanted blocks out of tier 2 where it lives (`pallas_kernels.gather_blocks`).
     """
     B, H, S = fetch_ids.shape
     flat = fetch_ids.reshape(-1)
     count = jnp.sum(flat >= 0)
-    if FETCH_KERNEL:
+    if fetch_by_kernel(host_k, dst_k):
         return _fetch_by_kernel(dst_k, dst_v, host_k, host_v, fetch_ids, layer, count)
     layer_bytes = 2 * int(np.prod(host_k.shape[-5:])) * jnp.dtype(host_k.dtype).itemsize
     if layer_bytes < FETCH_WHOLE_LAYER_BELOW_BYTES:
@@ -159,8 +173,9 @@ def fetch_blocks(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: 
 def fetch_blocks_every_layer(dst_k: jax.Array, dst_v: jax.Array, host_k: jax.Array, host_v: jax.Array,
                              fetch_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`fetch_blocks` of every layer of a model's stacked cache: dst [L, B, H, S, Bk, d], host [L, B, H, nb, Bk, d],
-    fetch_ids [L, B, H, S]. With FETCH_KERNEL one kernel launch for all layers; else a loop over the layers."""
-    if FETCH_KERNEL:
+    fetch_ids [L, B, H, S]. With the kernel (`fetch_by_kernel`) one launch for all layers; else a loop over the
+    layers."""
+    if fetch_by_kernel(host_k, dst_k):
         return _fetch_by_kernel(dst_k, dst_v, host_k, host_v, fetch_ids, None, jnp.sum(fetch_ids >= 0))
 
     def one_layer(i, hot):

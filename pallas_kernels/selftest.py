@@ -16,6 +16,10 @@ small random cache with a hot set, its promoted slots, K* and ranking check must
 output and bound terms agree to float32 rounding, and its bound may not be smaller; else the ladder takes the
 jnp rung 0 for that configuration.
 
+Rung 1's tier-2 read (`gather_blocks`, a kernel that dereferences pinned host memory) is checked the same way
+(`gather_trusted`): a few blocks copied out of a small tier 2 in pinned host memory, bit for bit against numpy;
+a difference sends rung 1 back to XLA's block transfers.
+
 Cost: a compile and run of each kernel and its reference per configuration: ~30 s for the two checks the
 fused rung 0 needs on the H200 (SmolLM2's decode compile, 29.6 -> 59.4 s; docs/performance.md, 2026-12-01
 fifth session). Verdicts are therefore kept on disk (`verdict_cache_path`: CERTATTN_SELFTEST_CACHE, default
@@ -83,7 +87,7 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-def _verdict_key(what: str, config: dict[str, int]) -> str:
+def _verdict_key(what: str, config: dict[str, int | str]) -> str:
     import jaxlib
 
     dev = jax.devices()[0]
@@ -112,7 +116,7 @@ def _store_verdict(path: Path, key: str, verdict: dict) -> None:
         pass  # a read-only home: the check simply runs again next time
 
 
-def _checked(what: str, config: dict[str, int], problem: Callable[[], str | None]) -> str | None:
+def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str | None]) -> str | None:
     """problem(), or the verdict kept on disk for the same key."""
     path = verdict_cache_path()
     if path is None:
@@ -127,7 +131,7 @@ def _checked(what: str, config: dict[str, int], problem: Callable[[], str | None
     return found
 
 
-def _trusted(what: str, config: dict[str, int], problem: Callable[[], str | None], fallback: str) -> bool:
+def _trusted(what: str, config: dict[str, int | str], problem: Callable[[], str | None], fallback: str) -> bool:
     """True where no compiled kernel executes or `problem()` finds nothing (or found nothing before, on this
     machine and code: `verdict_cache_path`); else warn (naming the configuration, the device and what
     disagrees) and False."""
@@ -301,3 +305,56 @@ def tier1_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
                value_bits=value_bits)
     return _trusted("the compiled tier-1 kernel", cfg, lambda: tier1_disagreement(**cfg),
                     "Certified and naive attention use the jnp tier-1 computation for this configuration instead.")
+
+
+def gather_disagreement(block_size: int, head_dim: int, host_dtype: str, dst_dtype: str,
+                        run: Callable | None = None) -> str | None:
+    """Run the gather kernel (`run`, default `gather_blocks`) on a small tier 2 placed where the product places
+    it (pinned host memory; a device copy in interpret mode, which cannot read host operands) -- one layer of a
+    stacked tier 2, and every layer at once -- and compare with numpy, bit for bit (a copy has no rounding).
+    Returns a description of the first difference, or None. Evaluated eagerly, like `tier1_disagreement`."""
+    from certattn_jax import tiers
+    from pallas_kernels import gather_blocks as gb
+
+    run = run or gb.gather_blocks
+
+    def check() -> str | None:
+        rng = np.random.default_rng(5)
+        L, B, H, nb, S = 2, 1, 2, 4, 3
+        host = [np.asarray(jnp.asarray(rng.normal(size=(L, B, H, nb, block_size, head_dim)), host_dtype)
+                           .astype(dst_dtype).astype(jnp.float32)) for _ in range(2)]
+        dst = [rng.normal(size=(L, B, H, S, block_size, head_dim)) for _ in range(2)]
+        dst = [np.asarray(jnp.asarray(x, dst_dtype).astype(jnp.float32)) for x in dst]
+        ids = np.array([[[[2, -1, 0], [-1, 3, 1]]], [[[1, 1, -1], [0, -1, 3]]]], np.int32)  # [L, B, H, S]
+        place = (lambda x: x) if backend.interpret() else tiers.to_host
+        hk, hv = (place(jnp.asarray(x, host_dtype)) for x in host)
+        dk, dv = (jnp.asarray(x, dst_dtype) for x in dst)
+        want = [y.copy() for y in dst]  # dst[l, b, h, s] = host[l, b, h, ids[l, b, h, s]] where the id is >= 0
+        for x, y in zip(host, want, strict=True):
+            for i in np.argwhere(ids >= 0):
+                i = tuple(int(j) for j in i)
+                y[i] = x[i[:3] + (ids[i],)]
+        one = jax.jit(lambda dk, dv, hk, hv, i, lay: run(dk, dv, hk, hv, i, lay))
+        every = jax.jit(lambda dk, dv, hk, hv, i: run(dk, dv, hk, hv, i))
+        cases = [("one layer of a stacked tier 2",
+                  one(dk[1], dv[1], hk, hv, jnp.asarray(ids[1]), jnp.asarray(1, jnp.int32)), [y[1] for y in want]),
+                 ("every layer", every(dk, dv, hk, hv, jnp.asarray(ids)), want)]
+        for name, got, ref in cases:
+            for which, g, r in zip(("keys", "values"), got, ref, strict=True):
+                g = np.asarray(g.astype(jnp.float32))
+                if g.shape != r.shape or not np.array_equal(g, r):
+                    return f"{name}: {which} differ in {int(np.sum(g != r)) if g.shape == r.shape else 'shape'}" \
+                           f" of {r.size} elements"
+        return None
+
+    return _eagerly(check)
+
+
+@functools.cache
+def gather_trusted(block_size: int, head_dim: int, host_dtype: str, dst_dtype: str) -> bool:
+    """Whether rung 1's fetch may use the compiled `gather_blocks` kernel for this configuration; True without
+    a check where no compiled kernel executes. Checked once per configuration and process (and machine and
+    code: `verdict_cache_path`)."""
+    cfg = dict(block_size=block_size, head_dim=head_dim, host_dtype=host_dtype, dst_dtype=dst_dtype)
+    return _trusted("the compiled tier-2 gather kernel", cfg, lambda: gather_disagreement(**cfg),
+                    "Rung 1 reads tier 2 with XLA's block transfers instead.")

@@ -159,7 +159,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "tier1_impl": tier1_impl(policy.tier1),
             "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
             else None,
-            "hot_refresh": policy.hot_refresh, "fetch_kernel": select.FETCH_KERNEL,
+            "hot_refresh": policy.hot_refresh,
+            "fetch_kernel": select.fetch_by_kernel(warm.cache.store.host_k, warm.cache.store.hot_k)
+            if hasattr(warm.cache, "store") else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 

@@ -501,7 +501,7 @@ def test_more_hot_slots_keep_rung_1s_widened_set_resident():
 @pytest.mark.parametrize("stacked", [False, True], ids=["one layer", "stacked layer 1"])
 def test_fetching_the_whole_layer_or_slot_by_slot_gives_what_the_block_loop_gives(monkeypatch, stacked, how):
     """select.fetch_blocks below FETCH_WHOLE_LAYER_BELOW_BYTES (one transfer of the layer's tier 2, a gather on
-    the device), up to FETCH_UNROLL_UP_TO slots (one copy per slot, no loop) or with FETCH_KERNEL (one Pallas
+    the device), up to FETCH_UNROLL_UP_TO slots (one copy per slot, no loop) or with the kernel (one Pallas
     kernel reading tier 2 in place; on the CPU interpreted over a device copy) fills exactly the slots the
     per-block loop fills, and leaves the others alone."""
     from certattn_jax import select, tiers
@@ -513,6 +513,7 @@ def test_fetching_the_whole_layer_or_slot_by_slot_gives_what_the_block_loop_give
     ids = jnp.asarray(rng.integers(-1, 5, size=(2, 2, 4)), jnp.int32)
     dst = jnp.full((2, 2, 4, 16, 32), 7.0, jnp.float32)
     layer = jnp.int32(1) if stacked else None
+    monkeypatch.setattr(select, "FETCH_KERNEL", False)  # the block loop, also where "auto" takes the kernel
     fetch = jax.jit(select.fetch_blocks)
     loop = fetch(dst, dst, host_k, host_v, ids, layer)
     if how == "kernel":

@@ -185,3 +185,39 @@ def test_auto_takes_the_kernels_only_where_they_compile_and_the_fused_rung0_only
     assert pol.tier1_impl("auto") == "pallas"
     assert (pol.rung0_impl("auto", short), pol.rung0_impl("auto", long)) == ("fused", "jnp")
     assert (pol.tier1_impl("jnp"), pol.rung0_impl("jnp", 1), pol.rung0_impl("fused", 10**6)) == ("jnp", "jnp", "fused")
+
+
+@pytest.mark.parametrize("cfg", [(16, 32, "bfloat16", "bfloat16"), (64, 64, "float32", "float32"),
+                                 (16, 64, "float16", "float32")])
+def test_the_gather_kernel_copies_tier2_blocks_bit_for_bit(cfg):
+    assert selftest.gather_disagreement(*cfg) is None
+
+
+def test_a_gather_that_corrupts_a_block_is_caught_and_named():
+    from pallas_kernels import gather_blocks as gb
+
+    def off_by_one_block(dk, dv, hk, hv, ids, layer=None):  # reads the next block when asked for block 0
+        return gb.gather_blocks(dk, dv, hk, hv, jnp.where(ids == 0, 1, ids), layer)
+
+    problem = selftest.gather_disagreement(16, 32, "bfloat16", "bfloat16", run=off_by_one_block)
+    assert problem is not None and "keys differ" in problem
+
+
+def test_the_fetch_takes_the_kernel_only_where_it_runs_compiled_and_passed_its_check(monkeypatch):
+    """select.FETCH_KERNEL None ("auto"): the kernel where compiled kernels run and its check passed, the block
+    loop in interpret mode (the CPU) or after a failed check; True / False force it."""
+    from certattn_jax import select
+
+    host, dst = jnp.zeros((1, 1, 4, 16, 32), jnp.bfloat16), jnp.zeros((1, 1, 2, 16, 32), jnp.bfloat16)
+    monkeypatch.setattr(select, "FETCH_KERNEL", None)
+    asked = []
+    monkeypatch.setattr(selftest, "gather_trusted", lambda *cfg: asked.append(cfg) or verdict[0])
+    verdict = [True]
+    assert not select.fetch_by_kernel(host, dst)  # the CPU: interpreted kernels, the loop is faster
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    assert select.fetch_by_kernel(host, dst) and asked[-1] == (16, 32, "bfloat16", "bfloat16")
+    verdict[0] = False
+    assert not select.fetch_by_kernel(host, dst)
+    for forced in (True, False):
+        monkeypatch.setattr(select, "FETCH_KERNEL", forced)
+        assert select.fetch_by_kernel(host, dst) is forced
