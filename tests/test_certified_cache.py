@@ -451,9 +451,12 @@ def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does
         for layer in range(L):
             out, cert, singles[layer] = single_step(singles[layer], q[layer], k[layer], v[layer])
             where = f"step {step} layer {layer}"
-            # (two compiled programs: float32 sums may be fused in another order)
-            np.testing.assert_allclose(np.asarray(outs[layer]), np.asarray(out), rtol=1e-5, atol=1e-6,
-                                       err_msg=where)
+            # Two compiled programs: float32 sums may be fused in another order. On the H200 that moved one element
+            # of 256 by 1.1e-6 (outputs of order 1), in a different parametrization from run to run, with either
+            # tier-2 fetch (docs/performance.md, 2026-12-02 third session); a different block or rung moves them by
+            # far more, and rungs, K* and hot sets are compared exactly below.
+            np.testing.assert_allclose(np.asarray(outs[layer]), np.asarray(out), rtol=1e-5,
+                                       atol=1e-5 * float(np.max(np.abs(np.asarray(out)))), err_msg=where)
             np.testing.assert_allclose(np.asarray(certs.error_bound[layer]), np.asarray(cert.error_bound),
                                        rtol=1e-5, err_msg=where)
             for field in ("rung", "k_star"):
