@@ -87,7 +87,7 @@ for s in "$@"; do
     gen_auto) step gen_auto 170 "python3 scripts/bench_generate.py --timeout 120 --new-tokens 32 --models smollm2 --prompts 1024 --caches dense certified certified_adaptive --out $W/gen_auto.json" ;;
     sound_k) step sound_k 460 "CERTATTN_FETCH_KERNEL=1 python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certified_cache.py tests/test_pallas_gather.py" ;;
     kcompile) step kcompile 260 "python3 scripts/probe_kernel_compile.py --shapes smol:1024 8b:32768 --k-max 8 2 --out $W/probe_kernel_compile.json" ;;
-    kgather2) step kgather2 200 "python3 -m pytest -q -n 4 tests/test_pallas_gather.py tests/test_pallas_selftest.py -k 'gather or fetch' && python3 -m pytest -q -n 8 tests/test_certified_cache.py" ;;
+    kgather2) step kgather2 200 "python3 -m pytest -q -n 4 tests/test_pallas_gather.py && python3 -m pytest -q -n 4 tests/test_pallas_selftest.py -k 'gather or fetch' && python3 -m pytest -q -n 8 tests/test_certified_cache.py" ;;
     rung1_default) step rung1_default 240 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/rung1_16_looped_default.json && CERTATTN_HOT_REFRESH=immediate \$R --schedule looped --out $W/rung1_16_looped_default_immediate.json && \$R --schedule adaptive --out $W/rung1_16_adaptive_default.json" ;;
     niah5) step niah5 330 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval niah --lengths 2048,8192 --depths 0,25,50,75,100 --samples 5 --niah-new-tokens 16 --out $W/eval_h200_niah_5_per_cell.json --plots $W/plots_niah5" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
