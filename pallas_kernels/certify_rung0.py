@@ -145,86 +145,102 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     est = jnp.exp(apx_lm - log_norm[:, None])
     covered = jnp.exp(res_lm - log_norm)  # [Gp]
 
-    # 2. top-k_max candidates (ties: lower block id first) and K*
+    # 2. top-k_max candidates (ties: lower block id first) and K*: one loop iteration per candidate (a rolled loop:
+    # unrolled, k_max = 8 made this kernel the fused rung 0's whole extra compile time, docs/performance.md)
     score = jnp.where(blk_valid, jnp.max(jnp.where(g_real2, est, _NEG_INF), axis=0, keepdims=True), -1.0)
 
     def min_real(x):
         return jnp.min(jnp.where(g_real, x, jnp.inf))
 
-    k_star = jnp.where(min_real(covered) >= tau, _i32(0), _i32(-1))
-    ranked = []
-    for j in range(kp):
+    KP = _pow2(kp)
+    jidx = jax.lax.broadcasted_iota(jnp.int32, (KP,), 0)
+
+    def pick(j, carry):
+        score, covered, k_star, ranked = carry
         best = jnp.max(score)
         idx = jnp.min(jnp.where(score == best, nidx, NBp))
         ok = best >= 0
         picked = (nidx == idx) & ok
         covered = covered + jnp.sum(jnp.where(picked, est, 0.0), axis=1)
-        k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), _i32(j + 1), k_star)
-        ranked.append(jnp.where(ok, idx, _i32(-1)))
-        score = jnp.where(nidx == idx, -2.0, score)
+        k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), j + 1, k_star)
+        ranked = jnp.where(jidx == j, jnp.where(ok, idx, _i32(-1)), ranked)
+        return jnp.where(nidx == idx, -2.0, score), covered, k_star, ranked
+
+    k_star = jnp.where(min_real(covered) >= tau, _i32(0), _i32(-1))
+    _, _, k_star, ranked = jax.lax.fori_loop(0, kp, pick, (score, covered, k_star, jnp.full((KP,), -1, jnp.int32)))
     n_cands = jnp.minimum(n_valid, _i32(2 * kp))  # the jnp path ranks 2 k_max candidates
     k_star = jnp.minimum(jnp.minimum(jnp.where(k_star >= 0, k_star, n_cands), n_cands), _i32(kp))
 
-    # 3. hot slots: promoted when they hold one of the top-K* blocks (their exact partials are inputs)
-    hot = []
-    for s in range(K):
-        hid = hid_ref[s]
-        rank = _i32(kp)
-        for j in reversed(range(kp)):
-            rank = jnp.where((ranked[j] == hid) & (hid >= 0), _i32(j), rank)
-        filled = hid >= 0
-        hot.append(dict(id=hid, active=(rank < k_star) & filled, m=hm_ref[:, s], l=hl_ref[:, s],
-                        acc=hacc_ref[:, s, :], delta=hdl_ref[:, s]))
+    # 3. hot slots, as vectors over the slot axis P (slots [0, K) the hot set; slot K, the residual, and the
+    # padding never promoted): promoted when they hold one of the top-K* blocks (their exact partials are inputs)
+    P = hm_ref.shape[1]
+    pidx = jax.lax.broadcasted_iota(jnp.int32, (P,), 0)
+    kidx = jax.lax.broadcasted_iota(jnp.int32, (K,), 0)
+    slot_of = pidx[:, None] == kidx[None, :]  # [P, K]
+    hid = jnp.max(jnp.where(slot_of, hid_ref[...][None, :], _i32(-1)), axis=1)  # [P], -1 beyond the hot set
+    filled = hid >= 0
+    match = (ranked[None, :] == hid[:, None]) & filled[:, None] & (jidx[None, :] < kp)  # [P, KP]
+    rank = jnp.min(jnp.where(match, jidx[None, :], _i32(kp)), axis=1)
+    active = (rank < k_star) & filled  # [P]
 
     def promoted(ids):  # [1, n] bool: the block is answered by a promoted hot slot
-        hit = jnp.zeros(ids.shape, jnp.bool_)
-        for h in hot:
-            hit = hit | ((ids == h["id"]) & h["active"])
-        return hit
+        hit = (ids == hid[:, None]) & active[:, None]  # [P, n]
+        return (jnp.max(hit.astype(jnp.int32), axis=0) > 0)[None, :]
 
     # 4. the merge (step.combine over [INT blocks not promoted, promoted slots, residual])
     keep = ~promoted(nidx)
     am = jnp.where(keep, m, _NEG_INF)
     al = jnp.where(keep, l, 0.0)
-    hm = [jnp.where(h["active"], h["m"], _NEG_INF) for h in hot]
-    hl = [jnp.where(h["active"], h["l"], 0.0) for h in hot]
-    big = jnp.maximum(jnp.max(am, axis=1), res_m)
-    for x in hm:
-        big = jnp.maximum(big, x)
+    act2 = active[None, :]
+    slot_m, slot_l = hm_ref[...], hl_ref[...]  # [Gp, P]
+    hm = jnp.where(act2, slot_m, _NEG_INF)
+    hl = jnp.where(act2, slot_l, 0.0)
+    big = jnp.maximum(jnp.maximum(jnp.max(am, axis=1), res_m), jnp.max(hm, axis=1))
     big = jnp.where(jnp.isfinite(big), big, 0.0)
 
     def weight(x):
         return jnp.where(jnp.isfinite(x), jnp.exp(x - big if x.ndim == 1 else x - big[:, None]), 0.0)
 
-    denom = jnp.sum(al * weight(am), axis=1) + res_l * weight(res_m)
-    num = weight(res_m)[:, None] * res_acc
-    for h, x, y in zip(hot, hm, hl, strict=True):
-        denom = denom + y * weight(x)
-        num = num + weight(x)[:, None] * jnp.where(h["active"], h["acc"], 0.0)
+    w_hot = weight(hm)  # [Gp, P]
+    denom = jnp.sum(al * weight(am), axis=1) + res_l * weight(res_m) + jnp.sum(hl * w_hot, axis=1)
+    hot_acc = jnp.where(act2[:, :, None], hacc_ref[...], 0.0)  # [Gp, P, d]
+    num = weight(res_m)[:, None] * res_acc + jnp.sum(w_hot[:, :, None] * hot_acc, axis=1)
+
+    # per hot slot, a loop: the INT log-mass of the slot's block (the ranking check) and, split layout, its INT
+    # value sum where the split accumulators left it out and the slot does not promote it
+    if split:
+        # a hot block that is not promoted adds its INT value sum once (the first slot holding its id), not where
+        # any slot promotes the block (hot ids are distinct by construction; were they not, a block must still
+        # never count both exact and INT)
+        earlier = pidx[None, :] < pidx[:, None]  # [P, P]: column t before row p
+        same = hid[None, :] == hid[:, None]
+        dup = jnp.max((same & earlier).astype(jnp.int32), axis=1) > 0
+        block_promoted = jnp.max((same & active[None, :]).astype(jnp.int32), axis=1) > 0
+        use = filled & ~dup & ~block_promoted & (hid < n_valid)  # [P]
+
+    def slot(s, carry):
+        num, a_blk = carry
+        at = pidx == s
+        blk = jnp.maximum(jnp.max(jnp.where(at, hid, _i32(-1))), 0)
+        on_blk = nidx == blk
+        at_block = jnp.max(jnp.where(on_blk, apx_lm, _NEG_INF), axis=1)  # [Gp]
+        a_blk = jnp.where(at, jnp.max(jnp.where(g_real, at_block - log_norm, _NEG_INF)), a_blk)
+        if split:
+            m_blk = jnp.max(jnp.where(on_blk, m, _NEG_INF), axis=1)  # [Gp]
+            use_s = jnp.max(jnp.where(at & use, _i32(1), _i32(0))) > 0
+            xa = jnp.sum(xa_ref[:, pl.ds(s, 1), :], axis=1)  # [Gp, d]
+            num = num + jnp.where(use_s, weight(m_blk)[:, None] * xa, 0.0)
+        return num, a_blk
 
     if split:
-        # the split accumulators hold every valid block that is not in the hot set; a hot block that is not
-        # promoted adds its INT value sum (once: the first slot holding its id)
         Sp = am_ref.shape[1]
         cs = min(Sp, 16)
 
-        def split_chunk(c, acc):
+        def split_chunk(c, acc):  # the split accumulators: every valid block that is not in the hot set
             sl = pl.ds(c * cs, cs)
             return acc + jnp.sum(weight(am_ref[:, sl])[:, :, None] * acc_ref[:, sl, :], axis=1)
 
         num = jax.lax.fori_loop(0, Sp // cs, split_chunk, num)
-        for s_, h in enumerate(hot):
-            first = h["id"] >= 0
-            for h2 in hot[:s_]:
-                first = first & (h2["id"] != h["id"])
-            # not where any slot promotes the block (hot ids are distinct by construction; were they not, a block
-            # must still never count both exact and INT)
-            block_promoted = jnp.array(False)
-            for h2 in hot:
-                block_promoted = block_promoted | (h2["active"] & (h2["id"] == h["id"]))
-            use = first & ~block_promoted & (h["id"] < n_valid)
-            m_blk = jnp.max(jnp.where(nidx == jnp.maximum(h["id"], 0), m, _NEG_INF), axis=1)  # [Gp]
-            num = num + jnp.where(use, weight(m_blk)[:, None] * xa_ref[:, s_, :], 0.0)
     else:
         def chunk(c, acc):  # the INT blocks' value sums, ch blocks at a time (only chunks holding valid blocks)
             sl = pl.ds(c * ch, ch)
@@ -233,14 +249,15 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
             return acc + jnp.sum(weight(mc)[:, :, None] * acc_ref[:, sl, :], axis=1)
 
         num = jax.lax.fori_loop(0, (n_valid + ch - 1) // ch, chunk, num)
+    num, a_blk = jax.lax.fori_loop(0, K, slot, (num, jnp.full((P,), _NEG_INF, _F32)))
     safe = jnp.where(denom > 0, denom, 1.0)
     out = num / safe[:, None]
     log_denom = jnp.log(safe)
     denom_ok = jnp.isfinite(denom)
-    items = [_item(am, al, big[:, None], log_denom[:, None], denom_ok[:, None], keep & blk_valid, dl_ref[...])]
-    items += [_item(x, y, big, log_denom, denom_ok, jnp.broadcast_to(h["active"], (Gp,)), h["delta"])
-              for h, x, y in zip(hot, hm, hl, strict=True)]
-    items.append(_item(res_m, res_l, big, log_denom, denom_ok, jnp.broadcast_to(r_count > 0, (Gp,)), res_delta))
+    items = [_item(am, al, big[:, None], log_denom[:, None], denom_ok[:, None], keep & blk_valid, dl_ref[...]),
+             _item(hm, hl, big[:, None], log_denom[:, None], denom_ok[:, None], jnp.broadcast_to(act2, (Gp, P)),
+                   hdl_ref[...]),
+             _item(res_m, res_l, big, log_denom, denom_ok, jnp.broadcast_to(r_count > 0, (Gp,)), res_delta)]
 
     # 5. the bound (bounds.tv_bound, key_error, weighted_sum with evaluate_stage's constants)
     n_items = nb + K + 1
@@ -251,18 +268,17 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     x_sum = jnp.zeros((Gp,), _F32)
     y_sum = jnp.zeros((Gp,), _F32)
     d_max = jnp.zeros((Gp,), _F32)
-    lm_up_blocks = None
+    lm_up_blocks = items[0].lm + items[0].err + lm_shift
     for it in items:
         lm_up = it.lm + it.err + lm_shift
         bad = it.valid & ~(it.ok & jnp.isfinite(it.lm) & jnp.isfinite(it.delta))
         lmv = jnp.where(it.valid, lm_up, 0.0)
         dlv = jnp.where(it.valid, it.delta, 0.0)
-        use = it.valid & (dlv > 0)
-        xs = jnp.where(use, bounds._exp_up(lmv + jnp.log(jnp.where(use, jnp.expm1(dlv), 1.0))), 0.0)
-        ys = jnp.where(use, bounds._exp_up(lmv + jnp.log(jnp.where(use, -jnp.expm1(-dlv), 1.0))), 0.0)
-        if it.lm.ndim == 2:  # the INT blocks: reduce over them
+        use_it = it.valid & (dlv > 0)
+        xs = jnp.where(use_it, bounds._exp_up(lmv + jnp.log(jnp.where(use_it, jnp.expm1(dlv), 1.0))), 0.0)
+        ys = jnp.where(use_it, bounds._exp_up(lmv + jnp.log(jnp.where(use_it, -jnp.expm1(-dlv), 1.0))), 0.0)
+        if it.lm.ndim == 2:  # the INT blocks, the hot slots: reduce over them
             bad, xs, ys, dlv = _any_row(bad), jnp.sum(xs, axis=1), jnp.sum(ys, axis=1), jnp.max(dlv, axis=1)
-            lm_up_blocks = lm_up
         broken = broken | bad
         x_sum = x_sum + xs
         y_sum = y_sum + ys
@@ -277,30 +293,20 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     e_key = bounds.key_error(tv, key_scale)
     eta = eta_ref[...]  # [Gp, NBp]
     blocks = items[0]
-    use = blocks.valid & (eta > 0)
-    terms = bounds._exp_up(jnp.where(use, lm_up_blocks, 0.0) + jnp.log(jnp.where(use, eta, 1.0)))
-    e_val = bounds.round_up_sum(jnp.sum(jnp.where(use, terms, 0.0), axis=1), nb) + (nb + 1) * bounds.TINY
+    use_b = blocks.valid & (eta > 0)
+    terms = bounds._exp_up(jnp.where(use_b, lm_up_blocks, 0.0) + jnp.log(jnp.where(use_b, eta, 1.0)))
+    e_val = bounds.round_up_sum(jnp.sum(jnp.where(use_b, terms, 0.0), axis=1), nb) + (nb + 1) * bounds.TINY
     e_val_bad = broken | _any_row(blocks.valid & ~jnp.isfinite(eta))
     e_val = jnp.where(e_val_bad | jnp.isnan(e_val), jnp.inf, e_val)
 
-    # the ranking-consistency check (select.ranking_consistent), per KV head
-    def max_real(x):
-        return jnp.max(jnp.where(g_real, x, _NEG_INF))
-
-    a_s, e_s = [], []
-    for h in hot:
-        at_block = jnp.max(jnp.where(nidx == jnp.maximum(h["id"], 0), apx_lm, _NEG_INF), axis=1)
-        a_s.append(max_real(at_block - log_norm))
-        e_s.append(max_real(_log_mass(h["m"], h["l"]) - log_norm))
+    # the ranking-consistency check (select.ranking_consistent), per KV head, over pairs of promoted slots
+    e_blk = jnp.max(jnp.where(g_real2, _log_mass(slot_m, slot_l) - log_norm[:, None], _NEG_INF), axis=0)  # [P]
     tail = jnp.max(jnp.where(g_real2 & keep & blk_valid, apx_lm + dl_ref[...] - log_norm[:, None], _NEG_INF))
-    inverted = jnp.array(False)
-    weakest = jnp.array(jnp.inf, _F32)
-    any_active = jnp.array(False)
-    for i, hi in enumerate(hot):
-        weakest = jnp.minimum(weakest, jnp.where(hi["active"], e_s[i], jnp.inf))
-        any_active = any_active | hi["active"]
-        for j, hj in enumerate(hot):
-            inverted = inverted | (hi["active"] & hj["active"] & (a_s[i] > a_s[j]) & (e_s[j] > e_s[i] + margin))
+    pair = active[:, None] & active[None, :]
+    inv = pair & (a_blk[:, None] > a_blk[None, :]) & (e_blk[None, :] > e_blk[:, None] + margin)
+    inverted = jnp.max(inv.astype(jnp.int32)) > 0
+    weakest = jnp.min(jnp.where(active, e_blk, jnp.inf))
+    any_active = jnp.max(active.astype(jnp.int32)) > 0
     ranking_ok = ~inverted & ~(any_active & (tail > weakest + margin))
 
     out_ref[...] = out
@@ -308,10 +314,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     eval_ref[...] = e_val
     broken_ref[...] = broken.astype(jnp.int32)
     rank_ref[...] = jnp.broadcast_to(ranking_ok.astype(jnp.int32), (Gp,))
-    slots = jax.lax.broadcasted_iota(jnp.int32, (K,), 0)
-    act = jnp.zeros((K,), jnp.int32)
-    for s, h in enumerate(hot):
-        act = jnp.where(slots == s, h["active"].astype(jnp.int32), act)
+    act = jnp.max(jnp.where(slot_of & active[:, None], _i32(1), _i32(0)), axis=0)  # [K]
     active_ref[...] = act
 
 
