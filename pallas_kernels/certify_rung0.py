@@ -36,6 +36,11 @@ that code, run by the tests):
 E_num depends on the value statistics only and is added by the caller with the output cast (XLA).
 Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots).
 
+Compile time: the candidate loop (k_max steps) and the per-slot work (K steps) are rolled loops and the hot slots
+vectors over the slot axis, so the kernel's code does not grow with k_max. (Unrolled in Python, k_max = 8 cost
+14.6 s of Triton compile at SmolLM2 1K on the H200 against 2.0 s at k_max = 2: the fused rung 0's whole extra
+compile time; `scripts/probe_kernel_compile.py`, docs/performance.md.)
+
 Rounding: the same float32 operations as the jnp path, in another order inside sums and dots; every bound
 term used is order-free (gamma_n) and the evaluation of the bound is rounded up as in `bounds`
 (docs/bounds.md section 12; the split layout's merge: section 14).
