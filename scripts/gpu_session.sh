@@ -90,9 +90,9 @@ for s in "$@"; do
     kgather2) step kgather2 200 "python3 -m pytest -q -n 4 tests/test_pallas_gather.py && python3 -m pytest -q -n 4 tests/test_pallas_selftest.py -k 'gather or fetch' && python3 -m pytest -q -n 8 tests/test_certified_cache.py" ;;
     rung1_default) step rung1_default 240 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/rung1_16_looped_default.json && CERTATTN_HOT_REFRESH=immediate \$R --schedule looped --out $W/rung1_16_looped_default_immediate.json && \$R --schedule adaptive --out $W/rung1_16_adaptive_default.json" ;;
     niah5) step niah5 330 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval niah --lengths 2048,8192 --depths 0,25,50,75,100 --samples 5 --niah-new-tokens 16 --out $W/eval_h200_niah_5_per_cell.json --plots $W/plots_niah5" ;;
-    rolled) step rolled_kernels 150 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py && python3 -m pytest -q -n 4 tests/test_pallas_selftest.py -k 'rung0 or fused'"
+    rolled) step rolled_kernels 150 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py; python3 -m pytest -q -n 4 tests/test_pallas_selftest.py -k 'gather or fetch'"
       step rolled_compile 90 "python3 scripts/probe_kernel_compile.py --shapes smol:1024 --k-max 8 --out $W/probe_kernel_compile_rolled.json"
-      step rolled_gen 300 "${B/--timeout 150/--timeout 200} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive --rung0 fused --out $W/gen_rolled.json" ;;
+      step rolled_gen 260 "${B/--timeout 150/--timeout 120} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive --rung0 fused --out $W/gen_rolled.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -213,7 +213,8 @@ def test_the_fetch_takes_the_kernel_only_where_it_runs_compiled_and_passed_its_c
     asked = []
     monkeypatch.setattr(selftest, "gather_trusted", lambda *cfg: asked.append(cfg) or verdict[0])
     verdict = [True]
-    assert not select.fetch_by_kernel(host, dst)  # the CPU: interpreted kernels, the loop is faster
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: False)
+    assert not select.fetch_by_kernel(host, dst)  # interpreted kernels (the CPU): the loop is faster
     monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
     assert select.fetch_by_kernel(host, dst) and asked[-1] == (16, 32, "bfloat16", "bfloat16")
     verdict[0] = False
