@@ -9,7 +9,9 @@ Each part is summarised by `certattn_jax.evals.runner.summarize`; perplexities m
 figures replacing every mode's at the lengths it ran (e.g. a larger 8K sample after a first run's; the modes of a
 length always come from the same windows; `ppl_source` names each length's file); the soundness section adds up
 every part's certified audit (head-steps, violations, rung histogram) and lists each part's median tightness and
-mean K* (medians of different runs do not combine into one median). `--keep-aggressive FILE` carries the
+mean K* (medians of different runs do not combine into one median); NIAH pools the needles of every part (each
+needle is one paired outcome per mode: accuracies and McNemar's exact test over all of them, each part's own
+figures under "niah_parts"). `--keep-aggressive FILE` carries the
 "aggressive" section of an earlier summary over (with its source) when this set of parts has none.
 """
 
@@ -25,6 +27,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from certattn_jax.evals.runner import summarize  # noqa: E402
+from certattn_jax.evals.stats import mcnemar_exact  # noqa: E402
+
+
+def pooled_niah(parts: dict[str, dict]) -> dict:
+    """Accuracy per mode and McNemar's exact test against dense over the needles of every NIAH part."""
+    samples = [x for r in parts.values() for x in r["niah"]["samples"]]
+    modes = [m for m in ("dense", "naive", "certified") if all(m in x for x in samples)]
+    out: dict = {m: float(np.mean([x[m]["correct"] for x in samples])) for m in modes}
+    out["n"] = len(samples)
+    for m in modes[1:]:
+        test = mcnemar_exact([x["dense"]["correct"] for x in samples], [x[m]["correct"] for x in samples])
+        out[f"mcnemar_p_{m}_vs_dense"] = test["p_value"]
+    return out
 
 
 def combine(parts: dict[str, dict]) -> dict:
@@ -34,9 +49,11 @@ def combine(parts: dict[str, dict]) -> dict:
     audits = {}
     for path, result in parts.items():
         s = summarize(result, result["model"], result["device"])
-        for key in ("niah", "ruler", "ruler_lengths", "aggressive"):
+        for key in ("ruler", "ruler_lengths", "aggressive"):
             if key in s:
                 out[key] = s[key]
+        if "niah" in s:
+            out.setdefault("niah_parts", {})[path] = s["niah"]
         if "ppl" in s and result.get("job") != "audit":  # audit: certified-only windows
             # merged per length: a later part's figures replace every mode's at the lengths it ran (the modes of
             # one length always come from the same windows, so that they compare)
@@ -51,6 +68,9 @@ def combine(parts: dict[str, dict]) -> dict:
         if cert and "violations" in cert:
             audits[path] = cert
         out["sources"][path] = result.get("command")
+    niah = {p: r for p, r in parts.items() if "niah" in r}
+    if niah:
+        out["niah"] = pooled_niah(niah)
     if audits:
         out["soundness"] = {
             "head_steps": sum(a["head_steps"] for a in audits.values()),
