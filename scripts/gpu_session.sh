@@ -93,6 +93,9 @@ for s in "$@"; do
     rolled) step rolled_kernels 150 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py; python3 -m pytest -q -n 4 tests/test_pallas_selftest.py -k 'gather or fetch'"
       step rolled_compile 90 "python3 scripts/probe_kernel_compile.py --shapes smol:1024 --k-max 8 --out $W/probe_kernel_compile_rolled.json"
       step rolled_gen 260 "${B/--timeout 150/--timeout 120} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive --rung0 fused --out $W/gen_rolled.json" ;;
+    rolled2)  # the rolled certify kernel's compile with the self-checks paid (process 1) and cached on disk (process 2)
+      step rolled_fresh 110 "${B/--timeout 150/--timeout 100} --models smollm2 --prompts 1024 --caches certified_straight-looped --rung0 fused --out $W/gen_rolled_fresh.json"
+      step rolled_cached 160 "${B/--timeout 150/--timeout 70} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive --rung0 fused --out $W/gen_rolled_cached.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
