@@ -46,10 +46,10 @@ def rung0_impl(impl: str, num_blocks: int) -> str:
     """The rung-0 implementation `impl` stands for on a layer of `num_blocks` key blocks: "auto" is "fused" where
     the kernels are compiled and the layer has at most AUTO_FUSED_MAX_BLOCKS blocks, else "jnp".
 
-    Not the default: the fused kernel decodes SmolLM2 1K ~1.4x faster than the jnp rung 0 but compiles ~14 s
-    longer (looped: 27.4 against 13.0 s) and checks itself once per machine (~30 s; pallas_kernels/selftest.py), so it
-    pays only from several thousand generated tokens per compile (docs/performance.md, 2026-12-02 second
-    session)."""
+    Not the default: the fused kernel decodes SmolLM2 1K ~1.4x faster than the jnp rung 0; it compiled ~14 s longer
+    (looped: 27.4 against 13.0 s) until its loops were rolled (certify kernel 14.6 -> 2.4 s; straight-looped now
+    17.1 s) and checks itself once per machine (~22 s; pallas_kernels/selftest.py). The looped schedule with the
+    rolled kernel is not yet timed (docs/performance.md, 2026-12-02 third session)."""
     if impl != "auto":
         return impl
     from pallas_kernels import backend
