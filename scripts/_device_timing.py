@@ -121,3 +121,19 @@ def hot_set(cache) -> dict:
 def q_at(q0: jax.Array, i: jax.Array) -> jax.Array:
     """A query that depends on the loop step (nothing can be hoisted out of a timing loop)."""
     return (q0.astype(jnp.float32) * (1 + 1e-3 * i.astype(jnp.float32))).astype(q0.dtype)
+
+
+LAYER_SHAPES = {"8b": (8, 4, 128), "smol": (3, 3, 64)}  # KV heads, query heads per KV head, head dim
+
+
+def random_layer(spec: str, batch: int = 1) -> tuple[str, int, int, jax.Array, jax.Array, jax.Array]:
+    """One attention layer's random bf16 inputs for "NAME:CONTEXT" (NAME in LAYER_SHAPES): (name, context T,
+    query heads per KV head G, keys and values [batch, T, H, d], query [batch, H * G, d]), seeded by T."""
+    name, T = spec.split(":")
+    T = int(T)
+    H, G, d = LAYER_SHAPES[name]
+    keys = jax.random.split(jax.random.key(T), 3)
+    k = jax.random.normal(keys[0], (batch, T, H, d), jnp.bfloat16)
+    v = jax.random.normal(keys[1], (batch, T, H, d), jnp.bfloat16)
+    q = jax.random.normal(keys[2], (batch, H * G, d), jnp.bfloat16)
+    return name, T, G, k, v, q

@@ -27,12 +27,13 @@ import jax.numpy as jnp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from _device_timing import random_layer  # noqa: E402
 
 from certattn_jax import step  # noqa: E402
 from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
-
-SHAPES = {"8b": (8, 4, 128), "smol": (3, 3, 64)}  # KV heads, query heads per KV head, head dim
 
 
 def compile_seconds(fn, *args) -> float:
@@ -99,13 +100,7 @@ def main() -> None:
     dev = jax.devices()[0]
     rows = []
     for spec in args.shapes:
-        name, T = spec.split(":")
-        T = int(T)
-        H, G, d = SHAPES[name]
-        keys = jax.random.split(jax.random.key(T), 3)
-        k = jax.random.normal(keys[0], (1, T, H, d), jnp.bfloat16)
-        v = jax.random.normal(keys[1], (1, T, H, d), jnp.bfloat16)
-        q = jax.random.normal(keys[2], (1, H * G, d), jnp.bfloat16)
+        name, T, G, k, v, q = random_layer(spec)
         for k_max in args.k_max:
             row = dict(shape=name, context=T, **probe(k, v, q, G, k_max))
             print(json.dumps(row), flush=True)

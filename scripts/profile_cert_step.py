@@ -27,15 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from _device_timing import hot_set, q_at  # noqa: E402
+from _device_timing import LAYER_SHAPES, hot_set, q_at, random_layer  # noqa: E402
 from bench_generate import count_launches  # noqa: E402
 
 from certattn_jax import ladder, step  # noqa: E402
 from certattn_jax.attention import naive_attention  # noqa: E402
 from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
-
-SHAPES = {"8b": (8, 4, 128), "smol": (3, 3, 64)}  # KV heads, query heads per KV head, head dim
 
 
 def _reduce(tree) -> jax.Array:
@@ -124,7 +122,7 @@ def dense_loop_us(k, v, q0, lengths, steps, reps):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["8b:32768", "smol:1024"], help="NAME:CONTEXT, NAME in "
-                    + ",".join(SHAPES))
+                    + ",".join(LAYER_SHAPES))
     ap.add_argument("--tier1", nargs="+", default=["jnp"], choices=("jnp", "pallas", "fused"),
                     help="jnp; pallas (the tier-1 kernel); fused (the tier-1 kernel and the fused rung 0)")
     ap.add_argument("--phases", nargs="+", default=None)
@@ -136,14 +134,8 @@ def main() -> None:
     dev = jax.devices()[0]
     rows = []
     for spec in args.shapes:
-        name, T = spec.split(":")
-        T = int(T)
-        H, G, d = SHAPES[name]
+        name, T, G, k, v, q0 = random_layer(spec)
         B = 1
-        keys = jax.random.split(jax.random.key(T), 3)
-        k = jax.random.normal(keys[0], (B, T, H, d), jnp.bfloat16)
-        v = jax.random.normal(keys[1], (B, T, H, d), jnp.bfloat16)
-        q0 = jax.random.normal(keys[2], (B, H * G, d), jnp.bfloat16)
         kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         lengths = jnp.full((B,), T, jnp.int32)
         dense_us = dense_loop_us(kh, vh, q0, lengths, args.steps, args.reps)
