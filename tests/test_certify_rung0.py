@@ -27,31 +27,37 @@ CASES = [
     dict(B=2, T=(700, 455), H=2, G=3, d=64, Bk=64, K=8, dtype=jnp.bfloat16, peaked=True),  # G, nb padded
     dict(B=1, T=(512,), H=2, G=4, d=32, Bk=32, K=4, dtype=jnp.float32, peaked=False),  # no residual tokens
     dict(B=3, T=(40, 300, 129), H=1, G=2, d=32, Bk=64, K=4, dtype=jnp.bfloat16, peaked=True),  # T < one block
+    # more hot slots than k_max (rung 1's widened set kept resident): k_max 3 pads the candidate loop's vector
+    dict(B=1, T=(900,), H=2, G=2, d=32, Bk=32, K=8, dtype=jnp.float32, peaked=True, k_max=3, hot_needles=True),
+    dict(B=2, T=(520, 333), H=1, G=4, d=64, Bk=32, K=4, dtype=jnp.bfloat16, peaked=True, k_max=1, hot_needles=True),
 ]
 
 
-def _cache(seed, B, T, H, G, d, Bk, K, dtype, peaked):
-    """A cache of fresh random keys/values (needle tokens aligned with the query when peaked), its hot set
-    holding exact copies of random blocks (some slots empty), and a query."""
+def _cache(seed, B, T, H, G, d, Bk, K, dtype, peaked, k_max=None, hot_needles=False):
+    """A cache of fresh random keys/values (needle tokens aligned with the query when peaked), its hot set of K
+    slots holding exact copies of random blocks (some slots empty; with hot_needles the needles' blocks first, in
+    random slots, so that a small k_max still promotes some), and a query; k_max (default K) <= K."""
     rng = np.random.default_rng(seed)
     Tmax = max(T)
-    policy = CertPolicy(tier1="pallas", block_size=Bk, group_size=min(32, d), k_max=K)
+    policy = CertPolicy(tier1="pallas", block_size=Bk, group_size=min(32, d), k_max=k_max or K, hot_slots=K)
     k = (rng.normal(size=(B, Tmax, H, d)) * rng.uniform(0.5, 3.0, size=d)).astype(np.float32)
     v = (rng.normal(size=(B, Tmax, H, d)) + 1.0).astype(np.float32)
     q = (rng.normal(size=(B, H * G, d)) * 1.5).astype(np.float32)
-    if peaked:
-        for b in range(B):
-            for t in rng.choice(T[b], size=min(4, T[b]), replace=False):
-                k[b, t] = q[b].reshape(H, G, d).mean(1) * 2.5
+    needles = [rng.choice(T[b], size=min(4, T[b]), replace=False) if peaked else [] for b in range(B)]
+    for b in range(B):
+        for t in needles[b]:
+            k[b, t] = q[b].reshape(H, G, d).mean(1) * 2.5
     kj, vj = jnp.asarray(k, dtype), jnp.asarray(v, dtype)
     cache = TieredKVCache.from_dense(kj, vj, policy, lengths=jnp.asarray(T, jnp.int32))
     nb = cache.num_blocks
     ids = np.full((B, H, K), -1, np.int32)
     for b in range(B):
         full = T[b] // Bk
+        first = [n for n in dict.fromkeys(int(t) // Bk for t in needles[b]) if n < full] if hot_needles else []
         for h in range(H):
-            pick = rng.permutation(full)[:max(K - 1, 1)]
-            ids[b, h, :len(pick)] = pick
+            pick = (first + [n for n in rng.permutation(full) if n not in first])[:max(K - 1, 1)]
+            slots = rng.permutation(K)[:len(pick)] if hot_needles else np.arange(len(pick))
+            ids[b, h, slots] = pick
     pad = nb * Bk - Tmax
     blocks = lambda x: jnp.pad(x, ((0, 0), (0, max(pad, 0)), (0, 0), (0, 0)))[:, :nb * Bk].reshape(  # noqa: E731
         B, nb, Bk, H, d).transpose(0, 3, 1, 2, 4)
@@ -63,7 +69,7 @@ def _cache(seed, B, T, H, G, d, Bk, K, dtype, peaked):
 
 
 @pytest.mark.parametrize("case,seed,layout", [(c, s, "split") for c in range(len(CASES)) for s in (0, 1)]
-                         + [(0, 2, "block"), (2, 3, "block"), (0, 4, "jnp-tier1")])
+                         + [(0, 2, "block"), (2, 3, "block"), (3, 5, "block"), (0, 4, "jnp-tier1")])
 def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout):
     """layout: "split" (the default: split accumulators with the hot blocks left out), "block" (per-block value
     sums), "jnp-tier1" (the tier-1 partials from XLA, the certify kernel on its own: the inputs padded for it)."""
@@ -114,7 +120,7 @@ def test_fused_rung0_tolerances_do_not_recompile():
     assert int(jnp.sum(b.active)) <= int(jnp.sum(a.active))  # a lower coverage target promotes no more
 
 
-@pytest.mark.parametrize("case", [0, 1])
+@pytest.mark.parametrize("case", [0, 1, 3, 4])
 def test_fused_rung0_lowers_to_triton(case, monkeypatch):
     """Cross-lower the compiled kernel for CUDA on this CPU machine (the Pallas -> Triton-IR lowering, no GPU):
     catches unsupported primitives and mistyped operations before a GPU run."""
