@@ -278,6 +278,12 @@ class TieredModelCache:
         """Scalar bool, after a fast pass: some head of some layer needs a rung above 1."""
         return jnp.any(self.escalate)
 
+    def fast_pass_result(self) -> TieredModelCache:
+        """After a fast pass: the same cache (its `escalate` flags kept) with the pass's static rung limit
+        reset, so that the fast passes of the "adaptive" schedule's two branches (rung 0, rungs 0-1) return one
+        pytree structure and share one second pass."""
+        return self.replace(fast_top_rung=1)
+
     def fast_path_done(self) -> TieredModelCache:
         """The fast pass's result as an ordinary cache (same pytree structure as the input of the step)."""
         return self.replace(fast=False, fast_top_rung=1, escalate=jnp.zeros_like(self.escalate))

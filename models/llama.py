@@ -137,8 +137,7 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
         # "two-pass" schedule; at rung 0 alone for the "straight" ones; "adaptive" picks per step); only if some
         # head of some layer needs a higher rung, the step again from its start with the whole ladder, in a loop
         # over layers, so the ladder is compiled once rather than once per layer.
-        def two_passes(first_pass, fast_cache):
-            x_fast, c_fast = first_pass(params, config, x, fast_cache, cos, sin, new_lengths)
+        def second_pass_if_needed(x_fast, c_fast):
             return jax.lax.cond(
                 c_fast.needs_slow_path(),
                 lambda: _layers_looped(params, config, x, cache, cos, sin, new_lengths),
@@ -146,13 +145,21 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
 
         schedule = getattr(fast, "schedule", "")
         if schedule == "adaptive":  # rung 1 in the first pass only where the last step needed it
-            x, cache = jax.lax.cond(cache.left_rung0_last_step(),
-                                    lambda: two_passes(_layers_looped, cache.decode_fast_path(1)),
-                                    lambda: two_passes(_layers_looped_stacked, cache.decode_fast_path(0)))
+            def first_pass(layers, top_rung):
+                def run():
+                    x_fast, c_fast = layers(params, config, x, cache.decode_fast_path(top_rung), cos, sin,
+                                            new_lengths)
+                    return x_fast, c_fast.fast_pass_result()
+                return run
+
+            # one second pass after either first pass: the whole ladder is compiled once, not once per branch
+            x, cache = second_pass_if_needed(*jax.lax.cond(cache.left_rung0_last_step(),
+                                                           first_pass(_layers_looped, 1),
+                                                           first_pass(_layers_looped_stacked, 0)))
         else:
             first_pass = {"looped": _layers_looped, "straight-looped": _layers_looped_stacked}.get(
                 schedule, _layers_unrolled)
-            x, cache = two_passes(first_pass, fast)
+            x, cache = second_pass_if_needed(*first_pass(params, config, x, fast, cos, sin, new_lengths))
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     # Never return a silent wrong answer: a sequence that overflowed the cache gets NaN outputs.
     bad = overflow_mask(new_lengths, cache.capacity)

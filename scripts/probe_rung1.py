@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--k-max", type=int, default=None)
     ap.add_argument("--hot-slots", type=int, default=None, help="CertPolicy.hot_slots (default: k_max)")
+    ap.add_argument("--tau-cov", type=float, default=None, help="CertPolicy.tau_cov (default: the library's)")
     ap.add_argument("--schedule", default=None, help="the cache's layer schedule (default: the library's)")
     ap.add_argument("--out", default=str(ROOT / "results/probe_rung1.json"))
     args = ap.parse_args(argv)
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     policy = CertPolicy()
     policy = policy if args.k_max is None else dataclasses.replace(policy, k_max=args.k_max)
     policy = policy if args.hot_slots is None else dataclasses.replace(policy, hot_slots=args.hot_slots)
+    policy = policy if args.tau_cov is None else dataclasses.replace(policy, tau_cov=args.tau_cov)
     rows, windows = [], []
 
     def fresh():

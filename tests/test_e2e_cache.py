@@ -292,6 +292,19 @@ def test_the_ladder_is_compiled_once_whatever_the_depth(params, schedule):
             assert counts[1][rung] > 1.2 * counts[0][rung], counts
 
 
+def test_the_adaptive_schedule_compiles_the_ladder_once(params):
+    """"adaptive" picks one of two first passes per step, and both share one second pass: the rungs above 1 are
+    compiled once, as in "looped" (each branch used to carry its own copy of the whole ladder)."""
+    counts = {}
+    for schedule in ("looped", "adaptive"):
+        cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule=schedule)(1, 64)
+        p = llama.params_for_decoding(params, cache)
+        hlo = jax.jit(lambda p, t, c: llama.forward(p, CFG, t, c)).lower(
+            p, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
+        counts[schedule] = hlo.count("rung3_exact_heads")
+    assert counts["looped"] > 0 and abs(counts["adaptive"] - counts["looped"]) <= 0.05 * counts["looped"], counts
+
+
 def _weight_moves(params, hlo: str) -> list[str]:
     """Lines of compiled HLO that copy (or slice) a buffer of a weight matrix's shape."""
     import re
