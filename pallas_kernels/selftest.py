@@ -17,7 +17,7 @@ output and bound terms agree to float32 rounding, and its bound may not be small
 jnp rung 0 for that configuration.
 
 Rung 1's tier-2 read (`gather_blocks`, a kernel that dereferences pinned host memory) is checked the same way
-(`gather_trusted`): a few blocks copied out of a small tier 2 in pinned host memory, bit for bit against numpy;
+(`gather_trusted`): a few blocks copied out of a small tier 2 in pinned host memory, bit for bit against jnp;
 a difference sends rung 1 back to XLA's block transfers.
 
 Cost: a compile and run of each kernel and its reference per configuration: ~30 s for the two checks the
@@ -311,7 +311,8 @@ def gather_disagreement(block_size: int, head_dim: int, host_dtype: str, dst_dty
                         run: Callable | None = None) -> str | None:
     """Run the gather kernel (`run`, default `gather_blocks`) on a small tier 2 placed where the product places
     it (pinned host memory; a device copy in interpret mode, which cannot read host operands) -- one layer of a
-    stacked tier 2, and every layer at once -- and compare with numpy, bit for bit (a copy has no rounding).
+    stacked tier 2, and every layer at once -- and compare with `gather_reference` on device copies, bit for bit
+    (a copy has no rounding).
     Returns a description of the first difference, or None. Evaluated eagerly, like `tier1_disagreement`."""
     from certattn_jax import tiers
     from pallas_kernels import gather_blocks as gb
@@ -321,27 +322,18 @@ def gather_disagreement(block_size: int, head_dim: int, host_dtype: str, dst_dty
     def check() -> str | None:
         rng = np.random.default_rng(5)
         L, B, H, nb, S = 2, 1, 2, 4, 3
-        host = [np.asarray(jnp.asarray(rng.normal(size=(L, B, H, nb, block_size, head_dim)), host_dtype)
-                           .astype(dst_dtype).astype(jnp.float32)) for _ in range(2)]
-        dst = [rng.normal(size=(L, B, H, S, block_size, head_dim)) for _ in range(2)]
-        dst = [np.asarray(jnp.asarray(x, dst_dtype).astype(jnp.float32)) for x in dst]
-        ids = np.array([[[[2, -1, 0], [-1, 3, 1]]], [[[1, 1, -1], [0, -1, 3]]]], np.int32)  # [L, B, H, S]
+        host = [jnp.asarray(rng.normal(size=(L, B, H, nb, block_size, head_dim)), host_dtype) for _ in range(2)]
+        dk, dv = (jnp.asarray(rng.normal(size=(L, B, H, S, block_size, head_dim)), dst_dtype) for _ in range(2))
+        ids = jnp.asarray([[[[2, -1, 0], [-1, 3, 1]]], [[[1, 1, -1], [0, -1, 3]]]], jnp.int32)  # [L, B, H, S]
         place = (lambda x: x) if backend.interpret() else tiers.to_host
-        hk, hv = (place(jnp.asarray(x, host_dtype)) for x in host)
-        dk, dv = (jnp.asarray(x, dst_dtype) for x in dst)
-        want = [y.copy() for y in dst]  # dst[l, b, h, s] = host[l, b, h, ids[l, b, h, s]] where the id is >= 0
-        for x, y in zip(host, want, strict=True):
-            for i in np.argwhere(ids >= 0):
-                i = tuple(int(j) for j in i)
-                y[i] = x[i[:3] + (ids[i],)]
-        one = jax.jit(lambda dk, dv, hk, hv, i, lay: run(dk, dv, hk, hv, i, lay))
-        every = jax.jit(lambda dk, dv, hk, hv, i: run(dk, dv, hk, hv, i))
-        cases = [("one layer of a stacked tier 2",
-                  one(dk[1], dv[1], hk, hv, jnp.asarray(ids[1]), jnp.asarray(1, jnp.int32)), [y[1] for y in want]),
-                 ("every layer", every(dk, dv, hk, hv, jnp.asarray(ids)), want)]
+        hk, hv = (place(x) for x in host)
+        layer = jnp.asarray(1, jnp.int32)
+        cases = [("one layer of a stacked tier 2", jax.jit(run)(dk[1], dv[1], hk, hv, ids[1], layer),
+                  gb.gather_reference(dk[1], dv[1], *host, ids[1], layer)),  # the jnp reference, on device copies
+                 ("every layer", jax.jit(run)(dk, dv, hk, hv, ids), gb.gather_reference(dk, dv, *host, ids))]
         for name, got, ref in cases:
             for which, g, r in zip(("keys", "values"), got, ref, strict=True):
-                g = np.asarray(g.astype(jnp.float32))
+                g, r = np.asarray(g.astype(jnp.float32)), np.asarray(r.astype(jnp.float32))
                 if g.shape != r.shape or not np.array_equal(g, r):
                     return f"{name}: {which} differ in {int(np.sum(g != r)) if g.shape == r.shape else 'shape'}" \
                            f" of {r.size} elements"
