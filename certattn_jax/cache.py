@@ -236,6 +236,11 @@ class TieredKVCache:
     def num_blocks(self) -> int:
         return self.k_codes.shape[-3]
 
+    def reads_tier2_by_kernel(self) -> bool:
+        """Whether rung 1 and the hot-set refresh read this cache's tier 2 with the gather kernel
+        (`select.fetch_by_kernel`), else with XLA's block transfers."""
+        return select.fetch_by_kernel(self.host_k, self.hot_k)
+
     @property
     def stacked(self) -> bool:
         """The stacked form of a whole model (every array with a leading layer axis)."""

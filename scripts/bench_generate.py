@@ -103,7 +103,6 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     import jax.numpy as jnp
     import numpy as np
 
-    from certattn_jax import select
     from certattn_jax.model_cache import cache_spec
     from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
     from models import generate as gen
@@ -160,8 +159,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
             else None,
             "hot_refresh": policy.hot_refresh,
-            "fetch_kernel": select.fetch_by_kernel(warm.cache.store.host_k, warm.cache.store.hot_k)
-            if hasattr(warm.cache, "store") else None,
+            "fetch_kernel": warm.cache.store.reads_tier2_by_kernel() if hasattr(warm.cache, "store") else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 

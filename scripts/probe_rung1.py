@@ -25,14 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def fetch_kernel(cache) -> bool | None:
-    """Whether rung 1's tier-2 read ran as the gather kernel (select.FETCH_KERNEL resolved for this cache)."""
-    from certattn_jax import select
-
-    store = getattr(getattr(cache, "inner", cache), "store", None)
-    return None if store is None else select.fetch_by_kernel(store.host_k, store.hot_k)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -143,7 +135,7 @@ def main(argv=None) -> int:
                                           "schedule": args.schedule or "default",
                                           "fetch_unroll_up_to": select.FETCH_UNROLL_UP_TO,
                                           "fetch_whole_below_bytes": select.FETCH_WHOLE_LAYER_BELOW_BYTES,
-                                          "fetch_kernel": fetch_kernel(cache),
+                                          "fetch_kernel": cache.inner.store.reads_tier2_by_kernel(),
                                           "tau_cov": policy.tau_cov, "eps": policy.eps,
                                           "decode_ms_per_step": round(times[-1] * 1e3 / args.steps, 3),
                                           "decode_timing": "window 0's steps teacher-forced again, compiled, no "
