@@ -81,7 +81,7 @@ def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:
 
 
 def _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, group_size, key_bits,
-                  value_bits) -> tuple[int, ...]:
+                  value_bits, key_signed: bool = False) -> tuple[int, ...]:
     if q.ndim != 4:
         raise ValueError(f"q must be [B, H, G, d], got {q.shape}")
     B, H, G, d = q.shape
@@ -94,7 +94,7 @@ def _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid
     if d % group_size:
         raise ValueError(f"head_dim {d} must be a multiple of the value group size {group_size}")
     want = {
-        "k_codes": (k_codes, (B, H, nb, Bk, d * key_bits // 8), jnp.uint8),
+        "k_codes": (k_codes, (B, H, nb, Bk, d * key_bits // 8), jnp.int8 if key_signed else jnp.uint8),
         "k_scale": (k_scale, (B, H, nb, d), None),
         "k_zero": (k_zero, (B, H, nb, d), None),
         "v_codes": (v_codes, (B, H, nb, Bk, d * value_bits // 8), jnp.uint8),
@@ -107,11 +107,34 @@ def _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {shape}")
         if dtype is not None and x.dtype != dtype:
             raise TypeError(f"{name} must be {jnp.dtype(dtype).name}, got {x.dtype}")
+    if key_signed and key_bits != 8:
+        raise ValueError(f"signed key codes (key_signed) are 8-bit keys only, got key_bits={key_bits}")
     if not jnp.issubdtype(n_valid.dtype, jnp.integer):
         raise TypeError(f"n_valid must be integer, got {n_valid.dtype}")
     if not jnp.issubdtype(q.dtype, jnp.floating):
         raise TypeError(f"q must be floating point, got {q.dtype}")
     return B, H, G, d, nb, Bk
+
+
+def standard_layout(k_codes: jax.Array, v_codes: jax.Array, key_bits: int, value_bits: int, key_signed: bool,
+                    value_planar: bool) -> tuple[jax.Array, jax.Array]:
+    """The key and value codes in `quant.pack`'s layout (uint8 codes, interleaved packing) from the kernel's
+    optional layouts: signed int8 keys (code - 2^(bits-1)) and planar values (`pack_planar`)."""
+    if key_signed:
+        k_codes = (k_codes.astype(jnp.int32) + (1 << (key_bits - 1))).astype(jnp.uint8)
+    if value_planar:
+        v_codes = quant.pack(unpack_planar(v_codes, value_bits), value_bits)
+    return k_codes, v_codes
+
+
+def kernel_layout(k_codes: jax.Array, v_codes: jax.Array, key_bits: int, value_bits: int, key_signed: bool,
+                  value_planar: bool) -> tuple[jax.Array, jax.Array]:
+    """Inverse of `standard_layout`: `quant.pack`'s codes in the kernel's optional layouts."""
+    if key_signed:
+        k_codes = (k_codes.astype(jnp.int32) - (1 << (key_bits - 1))).astype(jnp.int8)
+    if value_planar:
+        v_codes = pack_planar(quant.unpack(v_codes, value_bits), value_bits)
+    return k_codes, v_codes
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -143,7 +166,7 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
                          out_blocks: int | None = None, hot_ids: jax.Array | None = None,
                          out_splits: int | None = None, slots: Slots | None = None,
                          score_scale: float | None = None, layer: jax.Array | None = None,
-                         **_unused) -> Tier1Partials:
+                         key_signed: bool = False, value_planar: bool = False, **_unused) -> Tier1Partials:
     """Pure-jnp `tier1_pass` (same signature and outputs; query heads never padded). Split accumulators are
     formed from the per-block partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n. delta (with q_abs):
     bounds.key_delta_quantized with the integer pieces, 0 for invalid blocks. layer: the tier-1 arrays are stacked
@@ -156,6 +179,7 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
             if slots is not None:
                 slots = slots._replace(hot_k=slots.hot_k[layer], hot_v=slots.hot_v[layer], hot_ids=hot_ids,
                                        res_k=slots.res_k[layer], res_v=slots.res_v[layer])
+    k_codes, v_codes = standard_layout(k_codes, v_codes, key_bits, value_bits, key_signed, value_planar)
     m, l, pv = block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                         group_size=group_size, key_bits=key_bits, value_bits=value_bits,
                                         score_scale=score_scale)
@@ -379,7 +403,10 @@ def _int8_pieces(a: jax.Array) -> tuple[jax.Array, jax.Array]:
     # floor(y + 1/2): round to nearest (no round primitive in the Triton lowering); off by at most 1 where
     # |y| >= 2^23, which keeps |P| <= 65 and the telescoped remainder below 2^-21 in units of x.
     r_k = jnp.floor(y + 0.5)
-    r_prev = jnp.floor(y * (1.0 / 128.0) + 0.5)  # the previous piece's rounding; 0 for k = 0 since |x| < 64
+    # the previous piece's rounding; none for k = 0. (Not floor(x / 128 + 1/2), which is 0 only while |x| < 64:
+    # where a compiler evaluates the max and the values from two computations of `a` that differ in the last
+    # bit -- XLA on the CPU fused exp twice in interpret mode -- x reaches 64 and that piece came out 128 low.)
+    r_prev = jnp.where(k == 0, 0.0, jnp.floor(y * (1.0 / 128.0) + 0.5))
     pieces = (r_k - 128.0 * r_prev).astype(jnp.int8).reshape(4 * G, d)
     return pieces, _pow2(e - 132)
 
@@ -392,18 +419,20 @@ def _int8_pieces_cols(w: jax.Array) -> tuple[jax.Array, jax.Array]:
     x = w * _pow2(132 - e)[None, :]
     k = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
     y = x[:, :, None] * _pow2(7 * k)  # [n, G, 4]
-    pieces = (jnp.floor(y + 0.5) - 128.0 * jnp.floor(y * (1.0 / 128.0) + 0.5)).astype(jnp.int8)
+    r_prev = jnp.where(k == 0, 0.0, jnp.floor(y * (1.0 / 128.0) + 0.5))  # as in `_int8_pieces`
+    pieces = (jnp.floor(y + 0.5) - 128.0 * r_prev).astype(jnp.int8)
     return pieces.reshape(w.shape[0], 4 * w.shape[1]), _pow2(e - 132)
 
 
-def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float):
+def _int_scores(q, ks, kz, codes_packed, key_bits: int, inv_sqrt_d: float, signed: bool = False):
     """Scores [Bk, G] of q [G, d] against one block's packed key codes with the exact int8 dot (see
-    _tier1_kernel_dot, int_keys)."""
+    _tier1_kernel_dot, int_keys). signed: the codes come as int8 code - 2^(bits-1) already (8-bit keys), so
+    the tile feeds the dot as loaded."""
     G = q.shape[0]
     off = 1 << (key_bits - 1)
     a = q * ks[None, :]
     pieces, inv_f = _int8_pieces(a)
-    codes_i8 = (_unpack(codes_packed, key_bits) - off).astype(jnp.int8)  # [Bk, d]
+    codes_i8 = codes_packed if signed else (_unpack(codes_packed, key_bits) - off).astype(jnp.int8)  # [Bk, d]
     si = _exact_int_dot(codes_i8, pieces, 1, 1)  # [Bk, 4G]
     kk = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 4), 2)
     t = jnp.sum(si.reshape(codes_i8.shape[0], G, 4) * _pow2(-7 * kk), axis=2)  # [Bk, G]
@@ -426,6 +455,65 @@ def _exact_int_dot(a: jax.Array, b: jax.Array, a_contract: int, b_contract: int)
         return jax.lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((), ())),
                                    preferred_element_type=jnp.int32).astype(jnp.float32)
     return _dot(a.astype(jnp.float32), b.astype(jnp.float32), b_contract=b_contract, a_contract=a_contract)
+
+
+def _value_weights(p: jax.Array, t_j: jax.Array, y_j: jax.Array, value_bits: int):
+    """The per-group half of `_int_value_sum`: (int8 pieces [Bk, 4G] of w = p t_j, their inv_f [G], the base
+    off sum_i w_ig + sum_i p_ig y_ij [G])."""
+    w = p * t_j[:, None]  # [Bk, G]
+    pieces, inv_f = _int8_pieces_cols(w)
+    base = (1 << (value_bits - 1)) * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)
+    return pieces, inv_f, base
+
+
+def _int_value_part(weights, codes_i8: jax.Array) -> jax.Array:
+    """sum_i p_ig (t_i code_ic + y_i) [G, n] for n channels of one value group from that group's
+    `_value_weights` and its signed codes (code - off) int8 [Bk, n]: an exact int32 dot plus the base."""
+    pieces, inv_f, base = weights
+    G = inv_f.shape[0]
+    si = _exact_int_dot(pieces, codes_i8, 0, 0)  # [4G, n]
+    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
+    t = jnp.sum(si.reshape(G, 4, codes_i8.shape[1]) * _pow2(-7 * kk), axis=1)  # [G, n]
+    return t * inv_f[:, None] + base[:, None]
+
+
+def value_parts(d: int, group: int, value_bits: int, planar: bool) -> list[tuple[int, int, int, int, int]]:
+    """How the kernel walks one token row of packed value codes: (first channel, channels, value group, first
+    byte, plane) per part. Interleaved (`quant.pack`): one part per group, its bytes unpacked by interleaving.
+    Planar (`pack_planar`): byte i holds the codes of channels i + k d/per in bits [k b, (k+1) b) (per = 8/b
+    codes per byte, plane k); a part is a chunk of bytes read once, and each plane of it is one value group's
+    channels, taken with a shift and a mask (no interleave)."""
+    if not planar or value_bits == 8:
+        return [(j * group, group, j, j * group * value_bits // 8, -1) for j in range(d // group)]
+    per = 8 // value_bits
+    plane = d // per
+    chunk = min(group, plane)
+    if d % per or plane % chunk or group % chunk:
+        raise ValueError(f"planar {value_bits}-bit values need head_dim / {per} ({d} / {per}) and the group size "
+                         f"{group} to divide one another")
+    return [(k * plane + i * chunk, chunk, (k * plane + i * chunk) // group, i * chunk, k)
+            for i in range(plane // chunk) for k in range(per)]
+
+
+def pack_planar(codes: jax.Array, bits: int) -> jax.Array:
+    """uint8 codes < 2^bits [..., n] -> planar packed bytes [..., n * bits / 8]: byte i holds codes i + k n/per
+    at bits k * bits (per = 8 / bits). `unpack_planar` inverts it."""
+    if bits == 8:
+        return codes.astype(jnp.uint8)
+    per = 8 // bits
+    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], per, codes.shape[-1] // per)
+    out = c[..., 0, :]
+    for k in range(1, per):
+        out = out | (c[..., k, :] << (k * bits))
+    return out
+
+
+def unpack_planar(packed: jax.Array, bits: int) -> jax.Array:
+    """Inverse of `pack_planar`: [..., m] -> uint8 codes [..., m * 8 / bits]."""
+    if bits == 8:
+        return packed
+    mask = (1 << bits) - 1
+    return jnp.concatenate([(packed >> (k * bits)) & mask for k in range(8 // bits)], axis=-1).astype(jnp.uint8)
 
 
 def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: jax.Array, value_bits: int,
@@ -459,7 +547,8 @@ class _LayerRef:
 def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: int, Bk: int, group: int,
                       key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
                       out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None,
-                      n_slots: int = 0, stacked: bool = False, stacked_slots: bool = False):
+                      n_slots: int = 0, stacked: bool = False, stacked_slots: bool = False,
+                      key_signed: bool = False, value_planar: bool = False):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -481,7 +570,9 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     stacked: the six tier-1 inputs are a model's stacked arrays [L, ...] (their blocks cover every layer) and an
     extra input after q holds the layer to read: the kernel reads that layer in place, so no per-layer slice of
     tier 1 has to be materialised for the launch. stacked_slots (with stacked): hot_ids, hot_k, hot_v, res_k and
-    res_v are stacked [L, ...] as well and read in place."""
+    res_v are stacked [L, ...] as well and read in place.
+    key_signed: the key codes are int8 code - 128 (8-bit keys), fed to the dot as loaded. value_planar: the value
+    codes are packed by `pack_planar` (each plane of a byte one group's channels: no interleave to unpack)."""
     f32 = jnp.float32
     if stacked:
         layer_ref, *refs = refs
@@ -512,6 +603,9 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     inv_sqrt_d = scale
     ng = d // group
     hg = group * value_bits // 8  # packed bytes per group and token
+    # (first channel, channels) of each value part: a whole group (interleaved) or one plane of a byte chunk
+    parts = value_parts(d, group, value_bits, value_planar)
+    vmask, voff = (1 << value_bits) - 1, 1 << (value_bits - 1)
     q = q_ref[...].astype(f32)  # [G, d]
     if with_delta:
         qa = qa_ref[...].astype(f32)
@@ -520,7 +614,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     def valid_block(n, carry):
         ks = ks_ref[n, :].astype(f32)
         kz = kz_ref[n, :].astype(f32)
-        s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d)  # [Bk, G]
+        s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d, signed=key_signed)  # [Bk, G]
         m = jnp.max(s, axis=0)  # [G]
         p = jnp.exp(s - m[None, :])
         m_ref[:, n] = m
@@ -530,11 +624,22 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
             dl_ref[:, n] = bounds.key_delta_from_sums(
                 jnp.sum(qa * ks[None, :], axis=1), jnp.sum(qa * mag[None, :], axis=1),
                 jnp.max(qa * ks[None, :], axis=1), qa_sum, d, key_bits, int_pieces=True)
-        pvs = [_int_value_sum(p, vs_ref[n, :, j].astype(f32), vz_ref[n, :, j].astype(f32),
-                              vc_ref[n, :, pl.ds(j * hg, hg)], value_bits) for j in range(ng)]
+        if value_planar and value_bits < 8:
+            pvs, weights, chunks = [], {}, {}
+            for _c0, width, j, b0, plane in parts:
+                if j not in weights:
+                    weights[j] = _value_weights(p, vs_ref[n, :, j].astype(f32), vz_ref[n, :, j].astype(f32),
+                                                value_bits)
+                if b0 not in chunks:  # each byte chunk read once, for all its planes
+                    chunks[b0] = vc_ref[n, :, pl.ds(b0, width)].astype(jnp.int32)
+                codes = ((chunks[b0] >> (plane * value_bits)) & vmask) - voff
+                pvs.append(_int_value_part(weights[j], codes.astype(jnp.int8)))
+        else:
+            pvs = [_int_value_sum(p, vs_ref[n, :, j].astype(f32), vz_ref[n, :, j].astype(f32),
+                                  vc_ref[n, :, pl.ds(j * hg, hg)], value_bits) for j in range(ng)]
         if per_block:
-            for j in range(ng):
-                acc_ref[:, n, pl.ds(j * group, group)] = pvs[j]
+            for (c0, width, *_), pv in zip(parts, pvs, strict=True):
+                acc_ref[:, n, pl.ds(c0, width)] = pv
             return carry
         m_run, accs = carry
         m_new = jnp.maximum(m_run, m)
@@ -548,8 +653,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         for k in range(n_hot):
             @pl.when(hid_ref[k] == n)
             def _store(k=k):
-                for j in range(ng):
-                    xa_ref[:, k, pl.ds(j * group, group)] = pvs[j]
+                for (c0, width, *_), pv in zip(parts, pvs, strict=True):
+                    xa_ref[:, k, pl.ds(c0, width)] = pv
         # a hot block leaves the split's accumulator as it was (the unselected branch may hold NaN: -inf - -inf)
         return (jnp.where(is_hot, m_run, m_new),
                 tuple(jnp.where(is_hot, acc, a) for acc, a in zip(accs, new, strict=True)))
@@ -569,7 +674,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
                     xa_ref[:, k, :] = jnp.zeros((G, d), f32)
 
         init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32),
-                                    tuple(jnp.zeros((G, group), f32) for _ in range(ng)))
+                                    tuple(jnp.zeros((G, width), f32) for _, width, *_ in parts))
         final = jax.lax.fori_loop(start, v_stop, valid_block, init)
         jax.lax.fori_loop(v_stop, stop, empty_block, 0)
         last = split == n_split - 1
@@ -577,8 +682,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         if n_out > nb:  # the padding columns, by the last split's program
             jax.lax.fori_loop(jnp.where(last, jnp.int32(nb), jnp.int32(n_out)), n_out, empty_block, 0)
         if not per_block:
-            for j in range(ng):
-                acc_ref[:, split, pl.ds(j * group, group)] = final[1][j]
+            for (c0, width, *_), acc in zip(parts, final[1], strict=True):
+                acc_ref[:, split, pl.ds(c0, width)] = acc
             am_ref[:, split] = final[0]
             if out_splits and out_splits > n_split:
                 def empty_split(i, carry):
@@ -637,7 +742,7 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
         kz = kz_ref[n, :].astype(f32)
         qz = None if int_keys else jnp.sum(q * kz[None, :], axis=1)  # [G]
         if int_keys:
-            s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d)  # [Bk, G]
+            s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d, signed=key_signed)  # [Bk, G]
             m = jnp.max(s, axis=0)
             p = jnp.exp(s - m[None, :])
         elif transposed:
@@ -685,7 +790,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                score_scale: float | None = None, q_abs: jax.Array | None = None, out_blocks: int | None = None,
                padded_heads: bool = False, hot_ids: jax.Array | None = None,
                out_splits: int | None = None, slots: Slots | None = None,
-               layer: jax.Array | None = None) -> Tier1Partials:
+               layer: jax.Array | None = None, key_signed: bool = False,
+               value_planar: bool = False) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -701,7 +807,9 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     programs of the same launch (slot_m, slot_l, slot_acc, slot_delta; `slot_partials_reference`); layer (int_kv):
     the six tier-1 arrays are a model's stacked [L, B, H, ...] arrays and the kernel reads layer `layer` of them
     in place (a per-layer slice feeding the launch would be a copy of that layer's tier 1); hot_ids [L, B, H, K]
-    and slots with stacked hot_k, hot_v, res_k, res_v ([L, B, H, ...]) are then read in place as well."""
+    and slots with stacked hot_k, hot_v, res_k, res_v ([L, B, H, ...]) are then read in place as well.
+    key_signed / value_planar (int_kv): the codes come in the kernel's layouts (`kernel_layout`): int8 keys
+    code - 128, planar value bytes."""
     if layer is not None:
         if variant != "int_kv":
             raise ValueError(f"layer (stacked tier-1 arrays) is implemented for the int_kv variant only, not "
@@ -713,10 +821,12 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                              f"{[tuple(x.shape) for x in stacked_arrays]}")
         layer = jnp.clip(jnp.asarray(layer, jnp.int32).reshape(1), 0, L - 1)
         B, H, G, d, nb, Bk = _check_inputs(q, *(x[0] for x in stacked_arrays), n_valid, group_size, key_bits,
-                                           value_bits)
+                                           value_bits, key_signed)
     else:
         B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
-                                           group_size, key_bits, value_bits)
+                                           group_size, key_bits, value_bits, key_signed)
+    if (key_signed or value_planar) and variant != "int_kv":
+        raise ValueError(f"key_signed / value_planar are layouts of the int_kv variant only, not {variant!r}")
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
     if bps <= 0:
         raise ValueError(f"blocks_per_split must be positive, got {bps}")
@@ -768,7 +878,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                       out_blocks=out_blocks or nb, hot_ids=None if hot_ids is None else hot_ids.astype(jnp.int32),
                       out_splits=out_splits, slots=None if slots is None else slots._replace(
                           hot_ids=None, r_count=slots.r_count.astype(jnp.int32), n_slots=None),
-                      n_slots=0 if slots is None else slots.n_slots, layer=layer)
+                      n_slots=0 if slots is None else slots.n_slots, layer=layer, key_signed=key_signed,
+                      value_planar=value_planar)
     if Gp == G or padded_heads:
         return out
     return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (every field: axis 2 is G)
@@ -786,10 +897,11 @@ def padded_heads_for(G: int, variant: str) -> int:
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
                                              "num_stages", "variant", "interpret", "scale", "out_blocks", "out_splits",
-                                             "n_slots"))
+                                             "n_slots", "key_signed", "value_planar"))
 def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
                 per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks, hot_ids=None,
-                out_splits=None, slots=None, n_slots=0, layer=None) -> Tier1Partials:
+                out_splits=None, slots=None, n_slots=0, layer=None, key_signed=False,
+                value_planar=False) -> Tier1Partials:
     B, H, G, d = q.shape
     stacked = layer is not None
     lead = k_codes.shape[:1] if stacked else ()  # the layer axis of stacked tier-1 arrays
@@ -801,7 +913,8 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
     stacked_slots = stacked and n_hot > 0 and hot_ids.ndim == 4
     extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks, n_hot=n_hot,
                                                 out_splits=out_splits, n_slots=n_slots, stacked=stacked,
-                                                stacked_slots=stacked_slots)
+                                                stacked_slots=stacked_slots, key_signed=key_signed,
+                                                value_planar=value_planar)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
                                value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731

@@ -578,3 +578,83 @@ def test_int_kv_reads_a_stacked_hot_set_and_residual_in_place():
         _assert_close(got, tier1_pass_reference(q, *stacked, nv, layer=i, **kw))
     with pytest.raises(ValueError, match="both be stacked"):
         tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(0), **dict(kw, slots=own))
+
+
+@pytest.mark.parametrize("bits,d", [(4, 128), (2, 64), (8, 32)])
+def test_planar_packing_round_trips(bits, d):
+    """pack_planar / unpack_planar invert each other, and the kernel-layout converters invert each other."""
+    from pallas_kernels.tier1_pass import kernel_layout, pack_planar, standard_layout, unpack_planar
+
+    codes = jnp.asarray(np.random.default_rng(bits).integers(0, 1 << bits, size=(3, 5, d)), jnp.uint8)
+    packed = pack_planar(codes, bits)
+    assert packed.shape == (3, 5, d * bits // 8)
+    np.testing.assert_array_equal(np.asarray(unpack_planar(packed, bits)), np.asarray(codes))
+    kc = jnp.asarray(np.random.default_rng(0).integers(0, 256, size=(2, 16, d)), jnp.uint8)
+    vc = quant.pack(codes, bits)
+    k2, v2 = kernel_layout(kc, vc, 8, bits, True, True)
+    assert k2.dtype == jnp.int8
+    for got, want in zip(standard_layout(k2, v2, 8, bits, True, True), (kc, vc), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("key_signed,value_planar", [(True, False), (False, True), (True, True)])
+def test_kernel_layouts_give_the_standard_layouts_outputs_bit_for_bit(key_signed, value_planar):
+    """Signed int8 key codes and planar value bytes change how the int_kv kernel unpacks, not its integer math:
+    every output equals the standard layout's exactly -- for the plain pass and for the certified launch (Delta,
+    the hot set out of the splits, the slot programs, stacked arrays read in place); and the reference agrees."""
+    from pallas_kernels.tier1_pass import kernel_layout
+
+    args = _inputs(seed=21, B=2, H=2, G=3, nb=7, Bk=16, d=64, n_valid=[7, 4])
+    q, kc, ks, kz, vc, vs, vz, nv = args
+    k2, v2 = kernel_layout(kc, vc, 8, 4, key_signed, value_planar)
+    lay = dict(key_signed=key_signed, value_planar=value_planar)
+    for per_block in (False, True):
+        kw = dict(group_size=GS, blocks_per_split=3, variant="int_kv", per_block_acc=per_block)
+        want = tier1_pass(*args, **kw)
+        got = tier1_pass(q, k2, ks, kz, v2, vs, vz, nv, **kw, **lay)
+        for name in Tier1Partials._fields:
+            if getattr(want, name) is not None:
+                np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), name)
+        _assert_close(got, tier1_pass_reference(q, k2, ks, kz, v2, vs, vz, nv, **kw, **lay))
+    q, stacked, nv, _, kw = _stacked_case()
+    stacked[0], stacked[3] = kernel_layout(stacked[0], stacked[3], 8, 4, key_signed, value_planar)
+    got = tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(1), **kw, **lay)
+    q, stacked, nv, _, kw = _stacked_case()
+    want = tier1_pass(q, *stacked, nv, variant="int_kv", layer=jnp.int32(1), **kw)
+    for name in Tier1Partials._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), name)
+
+
+def test_kernel_layouts_lower_to_triton_and_bad_layouts_are_named(monkeypatch):
+    """Both layouts cross-lowered for CUDA; signed keys with 4-bit keys, or a layout for another variant, are
+    refused with a named error."""
+    from pallas_kernels.tier1_pass import kernel_layout
+
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    q, kc, ks, kz, vc, vs, vz, nv = _inputs(seed=7, B=1, H=2, G=4, nb=4, Bk=32, d=64, n_valid=[3])
+    k2, v2 = kernel_layout(kc, vc, 8, 4, True, True)
+    f = jax.jit(lambda *a: tier1_pass(*a, group_size=GS, blocks_per_split=2, variant="int_kv", interpret=False,
+                                      key_signed=True, value_planar=True))
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, k2, ks, kz, v2, vs, vz,
+                                                                          nv).mlir_module()
+    assert "xla.gpu.triton" in text
+    with pytest.raises(TypeError, match="k_codes must be int8"):
+        tier1_pass(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, variant="int_kv", key_signed=True)
+    with pytest.raises(ValueError, match="int_kv variant only"):
+        tier1_pass(q, kc, ks, kz, v2, vs, vz, nv, group_size=GS, variant="dot", value_planar=True)
+
+
+def test_int_kv_at_the_8b_layer_shape_matches_the_reference():
+    """The 8B layer shape (G = 4, d = 128, Bk = 64, value group 32), both layouts. Regression: in interpret mode
+    XLA computed a block's weights twice (two fusions of exp, differing in the last bit), so the int8 split's
+    column max was a hair below a weight equal to a power of two; the first piece then came out 128 low and a
+    value sum was off by 2-4 (docs/kernels.md). The split no longer assumes the max and the values agree."""
+    ks = jax.random.split(jax.random.key(200), 3)  # the distribution of scripts/bench_kernels.py's checks
+    kc, kscale, kzero = quant.quantize_keys(jax.random.normal(ks[0], (2, 8, 16, 64, 128)) * 2, 8)
+    vc, vscale, vzero = quant.quantize_values(jax.random.normal(ks[1], (2, 8, 16, 64, 128)), GS, 4)
+    args = (jax.random.normal(ks[2], (2, 8, 4, 128)), kc, kscale, kzero, vc, vscale, vzero,
+            jnp.asarray([16, 11], jnp.int32))
+    for per_block in (False, True):
+        kw = dict(group_size=GS, blocks_per_split=4, per_block_acc=per_block)
+        _assert_close(tier1_pass(*args, variant="int_kv", **kw), tier1_pass_reference(*args, **kw))
