@@ -742,7 +742,7 @@ def _tier1_kernel_dot(nvalid_ref, q_ref, kc_ref, ks_ref, kz_ref, vc_ref, vs_ref,
         kz = kz_ref[n, :].astype(f32)
         qz = None if int_keys else jnp.sum(q * kz[None, :], axis=1)  # [G]
         if int_keys:
-            s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d, signed=key_signed)  # [Bk, G]
+            s = _int_scores(q, ks, kz, kc_ref[n, :, :], key_bits, inv_sqrt_d)  # [Bk, G]
             m = jnp.max(s, axis=0)
             p = jnp.exp(s - m[None, :])
         elif transposed:

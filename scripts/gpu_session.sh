@@ -100,6 +100,8 @@ for s in "$@"; do
     niah5_1k4k) step niah5_1k4k 330 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval niah --lengths 1024,4096 --depths 0,25,50,75,100 --samples 5 --niah-new-tokens 16 --out $W/eval_h200_niah_5_per_cell_1k4k.json --plots $W/plots_niah5_1k4k" ;;
     sound2) step sound2 350 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     gen_sched2) step gen_sched2 230 "${B/--timeout 150/--timeout 150} --models smollm2 --prompts 1024 --caches dense certified_straight-looped certified_adaptive certified --rung0 fused --out $W/gen_sched.json" ;;
+    t1_tests) step t1_tests 220 "python3 -m pytest -q -n 8 tests/test_pallas_tier1.py tests/test_certify_rung0.py tests/test_pallas_selftest.py" ;;
+    t1_layouts) step t1_layouts 330 "python3 scripts/probe_tier1_layouts.py --shapes 1x32768,1x131072,8x32768 --out $W/probe_tier1_layouts.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
