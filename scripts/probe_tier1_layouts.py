@@ -89,7 +89,19 @@ def patched(mode: str):
 
     @contextlib.contextmanager
     def cm():
-        saved = (t1._int_scores, t1._int_value_sum)
+        saved = (t1._int_scores, t1._int_value_sum, t1._value_weights, t1._int_value_part)
+        if mode in ("values_only_planar", "no_split_planar", "no_value_dot_planar"):
+            t1._int_scores = lambda q, ks, kz, codes, bits, scale, signed=False: (
+                jnp.zeros((codes.shape[0], q.shape[0]), jnp.float32) + jnp.sum(q * ks[None, :], axis=1)[None, :])
+        if mode == "no_split_planar":  # the weights' int8 split replaced by a plain cast
+            t1._value_weights = lambda p, t_j, y_j, bits: (
+                jnp.concatenate([(p * t_j[:, None] * 64).astype(jnp.int8)] * 4, axis=1),
+                jnp.ones((p.shape[1],), jnp.float32), jnp.sum(p * y_j[:, None], axis=0))
+        if mode == "no_value_dot_planar":  # the value dot replaced by a sum of the codes
+            t1._int_value_part = lambda weights, codes: (
+                jnp.zeros((weights[1].shape[0], codes.shape[1]), jnp.float32)
+                + jnp.sum(codes.astype(jnp.float32), axis=0)[None, :] * weights[2][:, None]
+                + jnp.sum(weights[0].astype(jnp.float32)))
         if mode == "keys_only":
             t1._int_value_sum = lambda p, t_j, y_j, codes, bits: jnp.zeros((p.shape[1], codes.shape[1] * 8 // bits),
                                                                           jnp.float32) + jnp.sum(p, axis=0)[:, None]
@@ -100,14 +112,14 @@ def patched(mode: str):
         try:
             yield
         finally:
-            t1._int_scores, t1._int_value_sum = saved
+            t1._int_scores, t1._int_value_sum, t1._value_weights, t1._int_value_part = saved
             jax.clear_caches()
 
     return cm()
 
 
 def bench_shape(B: int, T: int, n1: int, n2: int, reps: int, bw: float, configs: list[tuple], ablate: bool,
-                baselines: bool) -> None:
+                baselines: bool, ablations: tuple[str, ...] = ("keys_only", "values_only")) -> None:
     args = tier1_inputs(jax.random.key(T + B), B, T)
     nbytes = tier1_bytes(args)
 
@@ -117,22 +129,27 @@ def bench_shape(B: int, T: int, n1: int, n2: int, reps: int, bw: float, configs:
         RESULT["rows"].append(row)
         log(row)
 
-    for layout, stages, warps in configs:
+    for layout, stages, warps, bps in configs:
         a, lk = in_layout(args, layout)
 
-        def run(a=a, lk=lk, layout=layout, stages=stages, warps=warps):
+        def run(a=a, lk=lk, layout=layout, stages=stages, warps=warps, bps=bps):
             step = lambda q, *r: t1.tier1_pass(q, *r, group_size=GS, variant="int_kv", num_stages=stages,  # noqa: E731
-                                               num_warps=warps, **lk)
+                                               num_warps=warps, blocks_per_split=bps, **lk)
             add("int_kv", timing.per_call_us(jax_loop(step, a[0], a[1:]), n1, n2, reps)[0], nbytes, layout=layout,
-                num_stages=stages, num_warps=warps)
-        timing.attempt(RESULT, f"int_kv_{layout}_{stages}_{warps}", T, B, run)
+                num_stages=stages, num_warps=warps,
+                blocks_per_split=bps or t1.default_blocks_per_split(B, HKV, T // 64))
+        timing.attempt(RESULT, f"int_kv_{layout}_{stages}_{warps}_{bps}", T, B, run)
     if ablate:
-        for mode in ("keys_only", "values_only"):
-            def run_abl(mode=mode):
+        for mode in ablations:
+            planar = mode.endswith("_planar")
+            a, lk = in_layout(args, "planar_values" if planar else "standard")
+
+            def run_abl(mode=mode, a=a, lk=lk, planar=planar):
                 with patched(mode):
-                    step = lambda q, *r: t1.tier1_pass(q, *r, group_size=GS, variant="int_kv")  # noqa: E731
-                    add(f"int_kv_{mode}", timing.per_call_us(jax_loop(step, args[0], args[1:]), n1, n2, reps)[0],
-                        nbytes, layout="standard")
+                    step = lambda q, *r: t1.tier1_pass(q, *r, group_size=GS, variant="int_kv",  # noqa: E731
+                                                       num_stages=3 if planar else 2, **lk)
+                    add(f"int_kv_{mode}", timing.per_call_us(jax_loop(step, a[0], a[1:]), n1, n2, reps)[0],
+                        nbytes, layout="planar_values" if planar else "standard", num_stages=3 if planar else 2)
             timing.attempt(RESULT, f"ablation_{mode}", T, B, run_abl)
         bps = t1.default_blocks_per_split(B, HKV, T // 64)
         timing.attempt(RESULT, "stream", T, B, lambda: add(
@@ -163,6 +180,12 @@ def main() -> None:
     ap.add_argument("--stages", default="2,3", help="num_stages to time for every layout")
     ap.add_argument("--warps", default="2,4", help="num_warps to time for the two-change layout")
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="layouts to time")
+    ap.add_argument("--bps", default="0", help="blocks per split to time (0: the default heuristic)")
+    ap.add_argument("--ablations", default="keys_only,values_only",
+                    help="keys_only, values_only (standard layout); values_only_planar, no_split_planar, "
+                         "no_value_dot_planar (planar values, num_stages 3)")
+    ap.add_argument("--no-checks", action="store_true")
     a = ap.parse_args()
     try:
         import torch
@@ -171,17 +194,20 @@ def main() -> None:
         RESULT["torch"] = None
     RESULT.update(device=jax.devices()[0].device_kind, jax=jax.__version__, command=" ".join(sys.argv))
     t0 = time.perf_counter()
-    check_layouts()
+    if not a.no_checks:
+        check_layouts()
     save(a.out)
     bw = timing.measure_bandwidth(2 << 30)
     RESULT["measured_bandwidth_Bps"] = bw
     stages = [int(x) for x in a.stages.split(",")]
     warps = [int(x) for x in a.warps.split(",")]
-    configs = [(layout, s, 2) for layout in LAYOUTS for s in stages]
-    configs += [("signed_planar", stages[0], w) for w in warps if w != 2]
+    bps_list = [int(x) or None for x in a.bps.split(",")]
+    configs = [(layout, s, 2, b) for layout in a.layouts.split(",") for s in stages for b in bps_list]
+    configs += [("signed_planar", stages[0], w, None) for w in warps if w != 2 and "signed_planar" in a.layouts]
     for shape in a.shapes.split(","):
         B, T = (int(x) for x in shape.split("x"))
-        bench_shape(B, T, 4, 20, a.reps, bw, configs, shape in a.ablate.split(","), not a.no_baselines)
+        bench_shape(B, T, 4, 20, a.reps, bw, configs, shape in a.ablate.split(","), not a.no_baselines,
+                    tuple(a.ablations.split(",")))
         save(a.out)
     RESULT["wall_s"] = round(time.perf_counter() - t0, 1)
     save(a.out)
