@@ -104,6 +104,8 @@ for s in "$@"; do
     t1_layouts) step t1_layouts 330 "python3 scripts/probe_tier1_layouts.py --shapes 1x32768,1x131072,8x32768 --out $W/probe_tier1_layouts.json" ;;
     t1_probe2) step t1_probe2 300 "python3 scripts/probe_tier1_layouts.py --shapes 1x32768,1x131072 --ablate 1x32768,1x131072 --layouts planar_values --stages 3,4 --bps 0,1,2 --ablations values_only_planar,no_split_planar,no_value_dot_planar --no-baselines --no-checks --out $W/probe_tier1_values.json" ;;
     rung1_sched4) step rung1_sched4 420 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; for r0 in fused jnp; do for sc in looped adaptive; do CERTATTN_RUNG0=\$r0 \$R --schedule \$sc --out $W/rung1_16_\${sc}_\${r0}.json; done; done" ;;
+    gen_auto_sched) step gen_auto_sched 230 "${B/--timeout 150/--timeout 100} --models smollm2 --prompts 1024 4096 --caches dense certified_adaptive --rung0 auto --out $W/gen_auto_sched.json" ;;
+    rung1_ad) step rung1_ad 230 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; for sc in adaptive looped; do CERTATTN_RUNG0=fused \$R --schedule \$sc --out $W/rung1_16_\${sc}_fused_b.json; done" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from certattn_jax import ladder, select
+    from certattn_jax import policy as policy_impls
     from certattn_jax.cache import TieredKVCache
     from certattn_jax.evals import decode, ppl
     from certattn_jax.policy import CertPolicy
@@ -137,6 +138,10 @@ def main(argv=None) -> int:
                                           "fetch_whole_below_bytes": select.FETCH_WHOLE_LAYER_BELOW_BYTES,
                                           "fetch_kernel": cache.inner.store.reads_tier2_by_kernel(),
                                           "tau_cov": policy.tau_cov, "eps": policy.eps,
+                                          "rung0": policy.rung0, "tier1": policy.tier1,
+                                          "rung0_impl": policy_impls.rung0_impl(
+                                              policy.rung0, cache.inner.store.k_codes.shape[3]),
+                                          "tier1_impl": policy_impls.tier1_impl(policy.tier1),
                                           "decode_ms_per_step": round(times[-1] * 1e3 / args.steps, 3),
                                           "decode_timing": "window 0's steps teacher-forced again, compiled, no "
                                                            "records or counting callbacks",

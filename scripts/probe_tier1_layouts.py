@@ -95,7 +95,7 @@ def patched(mode: str):
                 jnp.zeros((codes.shape[0], q.shape[0]), jnp.float32) + jnp.sum(q * ks[None, :], axis=1)[None, :])
         if mode == "no_split_planar":  # the weights' int8 split replaced by a plain cast
             t1._value_weights = lambda p, t_j, y_j, bits: (
-                jnp.concatenate([(p * t_j[:, None] * 64).astype(jnp.int8)] * 4, axis=1),
+                jnp.tile((p * t_j[:, None] * 64).astype(jnp.int8), (1, 4)),
                 jnp.ones((p.shape[1],), jnp.float32), jnp.sum(p * y_j[:, None], axis=0))
         if mode == "no_value_dot_planar":  # the value dot replaced by a sum of the codes
             t1._int_value_part = lambda weights, codes: (

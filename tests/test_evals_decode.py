@@ -248,3 +248,28 @@ def test_the_eval_runs_the_certified_fast_pass_in_a_loop_over_layers(params, mon
     toks = jnp.zeros((1, 3), jnp.int32)
     decode.teacher_forced(params, CFG, cache, toks, toks)  # capacity 96: a shape no other test traces
     assert decode.TRACE_COUNTS["teacher"] == traces + 1 and not unrolled_fast
+
+
+@pytest.mark.parametrize("eps", [0.05, 1e-7])
+def test_the_eval_decodes_alike_under_every_layer_schedule(params, ids, eps):
+    """The eval's cache wrapper carries every method of the two-pass decode step: teacher forcing through it gives
+    the looped schedule's NLLs and last certificates under "adaptive" (both of its first passes) and
+    "straight-looped" -- with the default tolerance and with one no head meets below rung 3. (The adaptive
+    schedule reached `EvalCache.fast_pass_result`, which did not exist, on the H200: 2026-12-02.)"""
+    import dataclasses
+
+    policy = dataclasses.replace(POLICY, eps=eps, abs_tol=0.0)
+    toks = jnp.asarray(ids[None, :40])
+    runs = {}
+    for schedule in ("looped", "adaptive", "straight-looped"):
+        cache = decode.make_cache("certified", params, CFG, 64, policy, schedule=schedule)
+        nll, _, cache = decode.teacher_forced(params, CFG, cache, toks[:, :-1], toks[:, 1:])
+        runs[schedule] = (np.asarray(nll), np.asarray(cache.inner.cert_packed))
+    ref_nll, ref_cert = runs.pop("looped")
+    from certattn_jax.certificate import PACKED_FIELDS
+
+    if eps < 1e-3:  # the last step's heads needed the slow pass
+        assert (ref_cert[..., PACKED_FIELDS.index("rung")] >= 3).any()
+    for name, (nll, cert) in runs.items():
+        np.testing.assert_allclose(nll, ref_nll, rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_array_equal(cert, ref_cert, err_msg=name)

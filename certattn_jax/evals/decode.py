@@ -115,6 +115,9 @@ class EvalCache:
     def needs_slow_path(self) -> jax.Array:
         return self.inner.needs_slow_path()
 
+    def fast_pass_result(self) -> EvalCache:
+        return self.replace(inner=self.inner.fast_pass_result())
+
     def fast_path_done(self) -> EvalCache:
         return self.replace(inner=self.inner.fast_path_done())
 
