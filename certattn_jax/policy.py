@@ -19,11 +19,11 @@ _static = {"pytree_node": False}
 TIER1_IMPLS = ("auto", "jnp", "pallas")
 RUNG0_IMPLS = ("auto", "jnp", "fused")
 HOT_REFRESH = ("deferred", "immediate", "prefetch")
-# The default implementations: tier 1 "auto" (`tier1_impl`), rung 0 "jnp" (`rung0_impl` says why not "auto").
+# The default implementations: tier 1 "auto" (`tier1_impl`), rung 0 "auto" (`rung0_impl`).
 # CERTATTN_TIER1=pallas (CERTATTN_RUNG0=fused) runs e.g. the whole soundness suite through the tier-1 kernel (the
 # fused rung-0 kernel) in interpret mode.
 _DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "auto").strip() or "auto"
-_DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "jnp").strip() or "jnp"
+_DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "auto").strip() or "auto"
 _DEFAULT_HOT_REFRESH = os.environ.get("CERTATTN_HOT_REFRESH", "deferred").strip() or "deferred"
 # rung0="auto" takes the fused rung 0 up to this many key blocks per layer. On the H200 it decodes SmolLM2 faster than
 # the jnp rung 0 at 1K (16 blocks: 361 against 235 tokens/s, straight-looped) and 4K (64 blocks: +9 %), and
@@ -46,10 +46,11 @@ def rung0_impl(impl: str, num_blocks: int) -> str:
     """The rung-0 implementation `impl` stands for on a layer of `num_blocks` key blocks: "auto" is "fused" where
     the kernels are compiled and the layer has at most AUTO_FUSED_MAX_BLOCKS blocks, else "jnp".
 
-    Not the default: the fused kernel decodes SmolLM2 1K ~1.4x faster than the jnp rung 0; it compiled ~14 s longer
-    (looped: 27.4 against 13.0 s) until its loops were rolled (certify kernel 14.6 -> 2.4 s; straight-looped now
-    17.1 s) and checks itself once per machine (~22 s; pallas_kernels/selftest.py). The looped schedule with the
-    rolled kernel is not yet timed (docs/performance.md, 2026-12-02 third session)."""
+    The default since 2026-12-02 (fourth session; docs/performance.md): on the H200 the fused rung 0 decodes
+    SmolLM2 1K at 354 against ~152 tokens/s for the jnp rung 0 (random weights, every head at rung 0) and real
+    text at 2K 16 % faster (5.42 against 6.46 ms per step, looped); with its loops rolled it compiles within
+    issue 7's target (adaptive 16.8 s against 2 x 5.3 + 10 s); it checks itself once per machine (~22 s, the
+    verdicts kept on disk: pallas_kernels/selftest.py)."""
     if impl != "auto":
         return impl
     from pallas_kernels import backend
@@ -92,9 +93,9 @@ class CertPolicy:
                    kernel per layer; a higher rung then builds its context inside its own branch). Same
                    arithmetic up to the order of float32 sums. "auto" (`rung0_impl`) takes "fused" on a GPU up to
                    AUTO_FUSED_MAX_BLOCKS key blocks, where it decodes faster, and "jnp" at longer contexts, where
-                   it is slower today, and off the GPU. Default "jnp" (the fused kernel's compile and first-run
-                   self-check cost more than it saves in short generations: docs/performance.md), or
-                   CERTATTN_RUNG0.
+                   it is slower today, and off the GPU. Default "auto" (measured on the H200: faster on random
+                   weights and on real text, compiles within issue 7's target; docs/performance.md, 2026-12-02
+                   fourth session), or CERTATTN_RUNG0.
       hot_refresh: when a model's cache makes rung 1's candidates resident: "deferred" (once per step, after
                    the last layer: `TieredKVCache.apply_pending_hot_sets` reads the blocks from tier 2 again) or
                    "immediate" (inside rung 1, from the blocks it has just fetched: no second read of tier 2,

@@ -140,7 +140,7 @@ def main(argv=None) -> int:
                                           "tau_cov": policy.tau_cov, "eps": policy.eps,
                                           "rung0": policy.rung0, "tier1": policy.tier1,
                                           "rung0_impl": policy_impls.rung0_impl(
-                                              policy.rung0, cache.inner.store.k_codes.shape[3]),
+                                              policy.rung0, cache.inner.store.num_blocks),
                                           "tier1_impl": policy_impls.tier1_impl(policy.tier1),
                                           "decode_ms_per_step": round(times[-1] * 1e3 / args.steps, 3),
                                           "decode_timing": "window 0's steps teacher-forced again, compiled, no "
