@@ -106,6 +106,7 @@ for s in "$@"; do
     rung1_sched4) step rung1_sched4 420 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; for r0 in fused jnp; do for sc in looped adaptive; do CERTATTN_RUNG0=\$r0 \$R --schedule \$sc --out $W/rung1_16_\${sc}_\${r0}.json; done; done" ;;
     gen_auto_sched) step gen_auto_sched 230 "${B/--timeout 150/--timeout 100} --models smollm2 --prompts 1024 4096 --caches dense certified_adaptive --rung0 auto --out $W/gen_auto_sched.json" ;;
     rung1_ad) step rung1_ad 230 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; for sc in adaptive looped; do CERTATTN_RUNG0=fused \$R --schedule \$sc --out $W/rung1_16_\${sc}_fused_b.json; done" ;;
+    t1_stacked) step t1_stacked 300 "python3 scripts/probe_tier1_layouts.py --shapes 1x32768,1x131072,8x32768 --ablate none --layouts standard,planar_values,stacked_values --stages 2,3 --out $W/probe_tier1_stacked.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -6,14 +6,15 @@ no widening, offset and narrowing) and planar value bytes (`tier1_pass.pack_plan
 chunk is one value group's channels, so unpacking is a shift and a mask, no interleave). This probe times, in one
 process on the same random tier-1 arrays (LLaMA-3.1-8B layer: 8 KV heads, G = 4, d = 128, Bk = 64, group 32):
 
-  * the kernel in each layout (standard, signed keys, planar values, both) and a few num_stages / warps;
+  * the kernel in each layout (standard, signed keys, planar values, both; "stacked_values": both plus every
+    value group of a block summed by one int8 dot per plane, `value_stacked`) and a few num_stages / warps;
   * ablations of the standard kernel (its value half or its key half replaced by a constant, by patching the
     kernel's helpers at trace time: what the other half costs alone);
   * a stream kernel (codes read and summed: the loop-and-memory floor) and the dense baselines of the same run
     (torch SDPA from a CUDA graph, cuDNN), with the bytes floor from the measured bandwidth.
 
-Before timing, each layout's outputs are compared with the standard layout's bit for bit (the integer math is the
-same; only the order the bytes are unpacked in differs) and with the jnp reference.
+Before timing, each layout's outputs are compared with the standard layout's (bit for bit where only the order the
+bytes are unpacked in differs; stacked value sums reorder float32 sums) and with the jnp reference.
 
     python scripts/probe_tier1_layouts.py --out results/probe_tier1_layouts_h200.json [--shapes 1x32768,1x131072]
 """
@@ -41,7 +42,7 @@ from pallas_kernels import tier1_pass as t1  # noqa: E402
 HQ, HKV, D, GS = 32, 8, 128, 32
 RESULT: dict = {"rows": [], "checks": [], "errors": []}
 LAYOUTS = {"standard": (False, False), "signed_keys": (True, False), "planar_values": (False, True),
-           "signed_planar": (True, True)}
+           "signed_planar": (True, True), "stacked_values": (True, True)}  # stacked: + value_stacked
 
 
 def log(*a) -> None:
@@ -58,7 +59,8 @@ def in_layout(args, layout: str):
     key_signed, value_planar = LAYOUTS[layout]
     q, kc, ks, kz, vc, vs, vz, nv = args
     kc, vc = t1.kernel_layout(kc, vc, 8, 4, key_signed, value_planar)
-    return (q, kc, ks, kz, vc, vs, vz, nv), dict(key_signed=key_signed, value_planar=value_planar)
+    return (q, kc, ks, kz, vc, vs, vz, nv), dict(key_signed=key_signed, value_planar=value_planar,
+                                                 value_stacked=layout == "stacked_values")
 
 
 def check_layouts() -> None:
@@ -75,7 +77,9 @@ def check_layouts() -> None:
             for name in ("m", "l", "acc", "acc_m"):
                 g, b, w = (np.asarray(getattr(x, name)) for x in (got, base, want))
                 fin = np.isfinite(w)
+                fb = np.isfinite(b)
                 row[name] = {"bitwise_equal_standard": bool(np.array_equal(g, b, equal_nan=True)),
+                             "max_abs_diff_standard": float(np.max(np.abs(g[fb] - b[fb]), initial=0)),
                              "max_err_over_max_abs_vs_reference":
                                  float(np.max(np.abs(g[fin] - w[fin]), initial=0)
                                        / max(float(np.max(np.abs(w[fin]), initial=0)), 1e-30))}
