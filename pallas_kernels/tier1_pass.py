@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from certattn_jax import bounds, quant
+from certattn_jax.quant import pack_planar, unpack_planar  # noqa: F401  (the kernel's planar layout)
 from pallas_kernels import backend
 
 _HI = "highest"
@@ -116,25 +117,33 @@ def _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid
     return B, H, G, d, nb, Bk
 
 
+def cache_values_planar() -> bool:
+    """Whether the cache packs value codes planar (`quant.VALUE_PACKING`): the kernel's `value_planar` default."""
+    return quant.VALUE_PACKING == "planar"
+
+
+def _repack_values(v_codes: jax.Array, value_bits: int, from_planar: bool, to_planar: bool) -> jax.Array:
+    if from_planar == to_planar:
+        return v_codes
+    codes = quant.unpack_values(v_codes, value_bits, "planar" if from_planar else "interleaved")
+    return quant.pack_values(codes, value_bits, "planar" if to_planar else "interleaved")
+
+
 def standard_layout(k_codes: jax.Array, v_codes: jax.Array, key_bits: int, value_bits: int, key_signed: bool,
                     value_planar: bool) -> tuple[jax.Array, jax.Array]:
-    """The key and value codes in `quant.pack`'s layout (uint8 codes, interleaved packing) from the kernel's
-    optional layouts: signed int8 keys (code - 2^(bits-1)) and planar values (`pack_planar`)."""
+    """The key and value codes in the cache's layout (uint8 key codes, values packed as `quant.VALUE_PACKING`)
+    from the kernel's optional layouts: signed int8 keys (code - 2^(bits-1)); values planar or interleaved."""
     if key_signed:
         k_codes = (k_codes.astype(jnp.int32) + (1 << (key_bits - 1))).astype(jnp.uint8)
-    if value_planar:
-        v_codes = quant.pack(unpack_planar(v_codes, value_bits), value_bits)
-    return k_codes, v_codes
+    return k_codes, _repack_values(v_codes, value_bits, value_planar, cache_values_planar())
 
 
 def kernel_layout(k_codes: jax.Array, v_codes: jax.Array, key_bits: int, value_bits: int, key_signed: bool,
                   value_planar: bool) -> tuple[jax.Array, jax.Array]:
-    """Inverse of `standard_layout`: `quant.pack`'s codes in the kernel's optional layouts."""
+    """Inverse of `standard_layout`: the cache's codes in the kernel's optional layouts."""
     if key_signed:
         k_codes = (k_codes.astype(jnp.int32) - (1 << (key_bits - 1))).astype(jnp.int8)
-    if value_planar:
-        v_codes = pack_planar(quant.unpack(v_codes, value_bits), value_bits)
-    return k_codes, v_codes
+    return k_codes, _repack_values(v_codes, value_bits, cache_values_planar(), value_planar)
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -166,7 +175,7 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
                          out_blocks: int | None = None, hot_ids: jax.Array | None = None,
                          out_splits: int | None = None, slots: Slots | None = None,
                          score_scale: float | None = None, layer: jax.Array | None = None,
-                         key_signed: bool = False, value_planar: bool = False, **_unused) -> Tier1Partials:
+                         key_signed: bool = False, value_planar: bool | None = None, **_unused) -> Tier1Partials:
     """Pure-jnp `tier1_pass` (same signature and outputs; query heads never padded). Split accumulators are
     formed from the per-block partials as sum_n exp(m_n - M_s) pv_n, M_s = max_{n in s} m_n. delta (with q_abs):
     bounds.key_delta_quantized with the integer pieces, 0 for invalid blocks. layer: the tier-1 arrays are stacked
@@ -179,6 +188,7 @@ def tier1_pass_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, 
             if slots is not None:
                 slots = slots._replace(hot_k=slots.hot_k[layer], hot_v=slots.hot_v[layer], hot_ids=hot_ids,
                                        res_k=slots.res_k[layer], res_v=slots.res_v[layer])
+    value_planar = cache_values_planar() if value_planar is None else value_planar
     k_codes, v_codes = standard_layout(k_codes, v_codes, key_bits, value_bits, key_signed, value_planar)
     m, l, pv = block_partials_reference(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                         group_size=group_size, key_bits=key_bits, value_bits=value_bits,
@@ -501,27 +511,6 @@ def value_parts(d: int, group: int, value_bits: int, planar: bool, stacked: bool
                          f"{group} to divide one another")
     return [(k * plane + i * chunk, chunk, (k * plane + i * chunk) // group, i * chunk, k)
             for i in range(plane // chunk) for k in range(per)]
-
-
-def pack_planar(codes: jax.Array, bits: int) -> jax.Array:
-    """uint8 codes < 2^bits [..., n] -> planar packed bytes [..., n * bits / 8]: byte i holds codes i + k n/per
-    at bits k * bits (per = 8 / bits). `unpack_planar` inverts it."""
-    if bits == 8:
-        return codes.astype(jnp.uint8)
-    per = 8 // bits
-    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], per, codes.shape[-1] // per)
-    out = c[..., 0, :]
-    for k in range(1, per):
-        out = out | (c[..., k, :] << (k * bits))
-    return out
-
-
-def unpack_planar(packed: jax.Array, bits: int) -> jax.Array:
-    """Inverse of `pack_planar`: [..., m] -> uint8 codes [..., m * 8 / bits]."""
-    if bits == 8:
-        return packed
-    mask = (1 << bits) - 1
-    return jnp.concatenate([(packed >> (k * bits)) & mask for k in range(8 // bits)], axis=-1).astype(jnp.uint8)
 
 
 def stacked_planes_supported(d: int, group: int, value_bits: int) -> bool:
@@ -853,7 +842,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                padded_heads: bool = False, hot_ids: jax.Array | None = None,
                out_splits: int | None = None, slots: Slots | None = None,
                layer: jax.Array | None = None, key_signed: bool = False,
-               value_planar: bool = False, value_stacked: bool = False) -> Tier1Partials:
+               value_planar: bool | None = None, value_stacked: bool = False) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -870,9 +859,10 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     the six tier-1 arrays are a model's stacked [L, B, H, ...] arrays and the kernel reads layer `layer` of them
     in place (a per-layer slice feeding the launch would be a copy of that layer's tier 1); hot_ids [L, B, H, K]
     and slots with stacked hot_k, hot_v, res_k, res_v ([L, B, H, ...]) are then read in place as well.
-    key_signed / value_planar (int_kv): the codes come in the kernel's layouts (`kernel_layout`): int8 keys
-    code - 128, planar value bytes. value_stacked (with value_planar): all value groups of a block summed by one
-    int8 dot per plane (`_int_value_planes`; same roundings, so the same E_int)."""
+    key_signed (int_kv): int8 key codes code - 128 (`kernel_layout`). value_planar: whether the value codes are
+    packed planar (default: as the cache packs them, `quant.VALUE_PACKING`); the other variants read interleaved
+    codes and get planar ones repacked first. value_stacked (with value_planar): all value groups of a block
+    summed by one int8 dot per plane (`_int_value_planes`; same roundings, so the same E_int)."""
     if layer is not None:
         if variant != "int_kv":
             raise ValueError(f"layer (stacked tier-1 arrays) is implemented for the int_kv variant only, not "
@@ -888,9 +878,14 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     else:
         B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                            group_size, key_bits, value_bits, key_signed)
-    if (key_signed or value_planar or value_stacked) and variant != "int_kv":
-        raise ValueError(f"key_signed / value_planar / value_stacked are options of the int_kv variant only, not "
-                         f"{variant!r}")
+    value_planar = cache_values_planar() if value_planar is None else value_planar
+    if (key_signed or value_stacked) and variant != "int_kv":
+        raise ValueError(f"key_signed / value_stacked are options of the int_kv variant only, not {variant!r}")
+    if value_planar and variant != "int_kv":  # the other variants unpack interleaved codes
+        if layer is not None:
+            raise ValueError(f"planar values with stacked arrays are implemented for the int_kv variant only, not "
+                             f"{variant!r}")
+        v_codes, value_planar = _repack_values(v_codes, value_bits, True, False), False
     if value_stacked:
         value_parts(d, group_size, value_bits, value_planar, True)  # names sizes it cannot take
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)

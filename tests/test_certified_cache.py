@@ -67,6 +67,14 @@ def test_quantizers_meet_their_error_bounds():
         assert bool(jnp.all(quant.token_error_norms(v, v_hat) >= jnp.linalg.norm(v - v_hat, axis=-1)))
     codes = jax.random.randint(jax.random.key(2), (3, 16), 0, 16).astype(jnp.uint8)
     assert bool(jnp.all(quant.unpack(quant.pack(codes, 4), 4) == codes))
+    for packing in quant.VALUE_PACKINGS:  # either value packing round-trips and reconstructs the same values
+        assert bool(jnp.all(quant.unpack_values(quant.pack_values(codes, 4, packing), 4, packing) == codes))
+        packed, s, z = quant.quantize_values(v, 32, 4, packing)
+        np.testing.assert_array_equal(np.asarray(quant.dequantize_values(packed, s, z, 32, 4, packing)),
+                                      np.asarray(quant.dequantize_values(*quant.quantize_values(v, 32, 4), 32, 4)))
+    planar = quant.pack_values(codes, 4, "planar")  # byte i: channel i (low nibble) and i + 8 (high)
+    np.testing.assert_array_equal(np.asarray(planar & 15), np.asarray(codes[:, :8]))
+    np.testing.assert_array_equal(np.asarray(planar >> 4), np.asarray(codes[:, 8:]))
 
 
 @pytest.mark.parametrize("T", [5, 16, 47, 64])

@@ -247,7 +247,7 @@ def test_reference_matches_float64_numpy():
     f64 = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731 - bf16 -> exact float64
     kcodes = np.asarray(quant.unpack(kc, 8), np.float64)
     k_hat = kcodes * f64(ks)[:, :, :, None, :] + f64(kz)[:, :, :, None, :]
-    vcodes = np.asarray(quant.unpack(vc, 4), np.float64)
+    vcodes = np.asarray(quant.unpack_values(vc, 4), np.float64)  # as the cache packs them
     B, H, nb, Bk, d = k_hat.shape
     vg = vcodes.reshape(B, H, nb, Bk, d // GS, GS)
     v_hat = (vg * f64(vs)[..., None] + f64(vz)[..., None]).reshape(B, H, nb, Bk, d)
@@ -593,14 +593,16 @@ def test_int_kv_reads_a_stacked_hot_set_and_residual_in_place():
 @pytest.mark.parametrize("bits,d", [(4, 128), (2, 64), (8, 32)])
 def test_planar_packing_round_trips(bits, d):
     """pack_planar / unpack_planar invert each other, and the kernel-layout converters invert each other."""
-    from pallas_kernels.tier1_pass import kernel_layout, pack_planar, standard_layout, unpack_planar
+    from certattn_jax.quant import pack_planar, unpack_planar
+    from pallas_kernels.tier1_pass import kernel_layout, standard_layout
 
     codes = jnp.asarray(np.random.default_rng(bits).integers(0, 1 << bits, size=(3, 5, d)), jnp.uint8)
     packed = pack_planar(codes, bits)
     assert packed.shape == (3, 5, d * bits // 8)
     np.testing.assert_array_equal(np.asarray(unpack_planar(packed, bits)), np.asarray(codes))
     kc = jnp.asarray(np.random.default_rng(0).integers(0, 256, size=(2, 16, d)), jnp.uint8)
-    vc = quant.pack(codes, bits)
+    vc = quant.pack_values(codes, bits)  # the cache's packing
+    np.testing.assert_array_equal(np.asarray(quant.unpack_values(vc, bits)), np.asarray(codes))
     k2, v2 = kernel_layout(kc, vc, 8, bits, True, True)
     assert k2.dtype == jnp.int8
     for got, want in zip(standard_layout(k2, v2, 8, bits, True, True), (kc, vc), strict=True):
@@ -678,7 +680,14 @@ def test_kernel_layouts_lower_to_triton_and_bad_layouts_are_named(monkeypatch):
     with pytest.raises(TypeError, match="k_codes must be int8"):
         tier1_pass(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, variant="int_kv", key_signed=True)
     with pytest.raises(ValueError, match="int_kv variant only"):
-        tier1_pass(q, kc, ks, kz, v2, vs, vz, nv, group_size=GS, variant="dot", value_planar=True)
+        tier1_pass(q, k2, ks, kz, v2, vs, vz, nv, group_size=GS, variant="dot", key_signed=True)
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "1")  # the other variants read planar values repacked
+    _, v_planar = kernel_layout(kc, vc, 8, 4, False, True)
+    _, v_inter = kernel_layout(kc, vc, 8, 4, False, False)
+    got = tier1_pass(q, kc, ks, kz, v_planar, vs, vz, nv, group_size=GS, variant="dot", value_planar=True)
+    want = tier1_pass(q, kc, ks, kz, v_inter, vs, vz, nv, group_size=GS, variant="dot", value_planar=False)
+    for name in ("m", "l", "acc", "acc_m"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), name)
 
 
 def test_int_kv_at_the_8b_layer_shape_matches_the_reference():
