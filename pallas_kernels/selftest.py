@@ -286,8 +286,16 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
                value_bits=value_bits, k_max=k_max)
     if hot_slots and hot_slots != k_max:
         cfg["hot_slots"] = hot_slots
-    return _trusted("the compiled fused rung 0", cfg, lambda: rung0_disagreement(**cfg),
+    return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts()), lambda: rung0_disagreement(**cfg),
                     "The ladder uses the jnp rung 0 for this configuration instead.")
+
+
+def _process_layouts() -> dict[str, str | bool]:
+    """The process-wide choices the kernels' code paths depend on beyond the shapes (the value packing, the
+    stacked value sums): part of a verdict's key, so a verdict on one layout never vouches for another."""
+    from pallas_kernels import tier1_pass as t1
+
+    return dict(value_packing=quant.VALUE_PACKING, value_stacked=t1.VALUE_STACKED)
 
 
 def runs_compiled_kernels() -> bool:
@@ -303,7 +311,7 @@ def tier1_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
     configuration and process."""
     cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
                value_bits=value_bits)
-    return _trusted("the compiled tier-1 kernel", cfg, lambda: tier1_disagreement(**cfg),
+    return _trusted("the compiled tier-1 kernel", dict(cfg, **_process_layouts()), lambda: tier1_disagreement(**cfg),
                     "Certified and naive attention use the jnp tier-1 computation for this configuration instead.")
 
 

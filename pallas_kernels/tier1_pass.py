@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -48,6 +49,9 @@ from pallas_kernels import backend
 _HI = "highest"
 # Default number of programs to aim for when choosing blocks per split (a few waves of 132 SMs).
 _TARGET_PROGRAMS = 1024
+# CERTATTN_VALUE_STACKED=1: with planar value packing (CERTATTN_VALUE_PACKING=planar) the int_kv kernel sums all
+# value groups of a block at once (`value_stacked`). Off by default until timed on the GPU (docs/kernels.md §4).
+VALUE_STACKED = os.environ.get("CERTATTN_VALUE_STACKED", "0").strip() == "1"
 
 
 class Tier1Partials(NamedTuple):
@@ -842,7 +846,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                padded_heads: bool = False, hot_ids: jax.Array | None = None,
                out_splits: int | None = None, slots: Slots | None = None,
                layer: jax.Array | None = None, key_signed: bool = False,
-               value_planar: bool | None = None, value_stacked: bool = False) -> Tier1Partials:
+               value_planar: bool | None = None, value_stacked: bool | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -862,7 +866,8 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     key_signed (int_kv): int8 key codes code - 128 (`kernel_layout`). value_planar: whether the value codes are
     packed planar (default: as the cache packs them, `quant.VALUE_PACKING`); the other variants read interleaved
     codes and get planar ones repacked first. value_stacked (with value_planar): all value groups of a block
-    summed by one int8 dot per plane (`_int_value_planes`; same roundings, so the same E_int)."""
+    summed by one int8 dot per plane (`_int_value_planes`; same roundings, so the same E_int); default
+    `VALUE_STACKED` where the sizes allow."""
     if layer is not None:
         if variant != "int_kv":
             raise ValueError(f"layer (stacked tier-1 arrays) is implemented for the int_kv variant only, not "
@@ -879,6 +884,9 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
         B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                            group_size, key_bits, value_bits, key_signed)
     value_planar = cache_values_planar() if value_planar is None else value_planar
+    if value_stacked is None:  # CERTATTN_VALUE_STACKED, where the kernel can take it
+        value_stacked = (VALUE_STACKED and value_planar and variant == "int_kv"
+                         and stacked_planes_supported(q.shape[-1], group_size, value_bits))
     if (key_signed or value_stacked) and variant != "int_kv":
         raise ValueError(f"key_signed / value_stacked are options of the int_kv variant only, not {variant!r}")
     if value_planar and variant != "int_kv":  # the other variants unpack interleaved codes

@@ -168,6 +168,25 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
     assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 6
 
 
+def test_a_verdict_on_one_value_packing_never_vouches_for_another(monkeypatch, tmp_path):
+    """The tier-1 kernel's code path depends on the value packing and the stacked value sums, not only on the
+    shapes: the kept verdict is keyed by them, so switching CERTATTN_VALUE_PACKING checks the kernel again."""
+    from certattn_jax import quant
+    from pallas_kernels import tier1_pass as t1
+
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    calls = []
+    monkeypatch.setattr(selftest, "tier1_disagreement", lambda **cfg: calls.append(cfg))
+    for packing, stacked in (("interleaved", False), ("interleaved", False), ("planar", False), ("planar", True)):
+        monkeypatch.setattr(quant, "VALUE_PACKING", packing)
+        monkeypatch.setattr(t1, "VALUE_STACKED", stacked)
+        selftest.tier1_trusted.cache_clear()
+        assert selftest.tier1_trusted(16, 32, 16, 8, 4)
+    assert len(calls) == 3  # the repeat was read back; each new layout was checked
+    selftest.tier1_trusted.cache_clear()
+
+
 def test_auto_takes_the_kernels_only_where_they_compile_and_the_fused_rung0_only_at_short_contexts(monkeypatch):
     """"auto" (tier 1's default): the Pallas tier-1 kernel on a GPU, jnp where kernels would be interpreted; rung 0's
     "auto": the fused kernel on a GPU up to AUTO_FUSED_MAX_BLOCKS key blocks (where the H200 measured it faster),
