@@ -101,15 +101,20 @@ def dequantize(codes: jax.Array, scale: jax.Array, zero: jax.Array, axis: int) -
     return codes.astype(jnp.float32) * s + z
 
 
+def _codes_per_byte(codes: jax.Array, bits: int) -> int:
+    """How many `bits`-bit codes share a byte; the last axis of `codes` must hold a whole number of bytes."""
+    per = 8 // bits
+    if codes.shape[-1] % per:
+        raise ValueError(f"last axis ({codes.shape[-1]}) must be a multiple of {per} to pack {bits}-bit codes")
+    return per
+
+
 def pack(codes: jax.Array, bits: int) -> jax.Array:
     """Pack uint8 codes < 2^bits along the last axis: [..., n] -> [..., n * bits / 8]."""
     if bits == 8:
         return codes.astype(jnp.uint8)
-    per = 8 // bits
-    n = codes.shape[-1]
-    if n % per:
-        raise ValueError(f"last axis ({n}) must be a multiple of {per} to pack {bits}-bit codes")
-    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], n // per, per)
+    per = _codes_per_byte(codes, bits)
+    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // per, per)
     shifts = jnp.arange(per, dtype=jnp.uint8) * bits
     return _or_reduce(c << shifts)
 
@@ -137,11 +142,8 @@ def pack_planar(codes: jax.Array, bits: int) -> jax.Array:
     codes i + k n/per at bits [k bits, (k+1) bits) (per = 8 / bits). `unpack_planar` inverts it."""
     if bits == 8:
         return codes.astype(jnp.uint8)
-    per = 8 // bits
-    n = codes.shape[-1]
-    if n % per:
-        raise ValueError(f"last axis ({n}) must be a multiple of {per} to pack {bits}-bit codes")
-    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], per, n // per)
+    per = _codes_per_byte(codes, bits)
+    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], per, codes.shape[-1] // per)
     out = c[..., 0, :]
     for k in range(1, per):
         out = out | (c[..., k, :] << (k * bits))

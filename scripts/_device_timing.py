@@ -15,6 +15,16 @@ import jax
 import jax.numpy as jnp
 
 
+def run_info() -> dict:
+    """What a benchmark ran on: the device kind, the jax version and torch's (None where torch is absent)."""
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    return dict(device=jax.devices()[0].device_kind, jax=jax.__version__, torch=torch_version)
+
+
 def per_call_us(make, n1: int, n2: int, reps: int) -> tuple[float, object]:
     """make(n) -> zero-arg function running n calls in one jit. (median per-call µs, the last n2 run's output)."""
     f1, f2 = make(n1), make(n2)

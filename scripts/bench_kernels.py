@@ -319,13 +319,7 @@ def main() -> None:
     ap.add_argument("--ablate", default="", help="comma list of shapes (BxT) to run the ablation kernels at")
     ap.add_argument("--no-checks", action="store_true")
     a = ap.parse_args()
-    try:
-        import torch
-        RESULT["torch"] = torch.__version__
-    except ImportError:
-        RESULT["torch"] = None
-    RESULT.update(device=jax.devices()[0].device_kind, jax=jax.__version__,
-                  interpret=bool(os.environ.get("CERTATTN_PALLAS_INTERPRET")))
+    RESULT.update(timing.run_info(), interpret=bool(os.environ.get("CERTATTN_PALLAS_INTERPRET")))
     t0 = time.perf_counter()
     RESULT["exp_check"] = check_exp_ulps()
     log("exp", RESULT["exp_check"])

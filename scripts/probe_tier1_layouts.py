@@ -191,12 +191,7 @@ def main() -> None:
                          "no_value_dot_planar (planar values, num_stages 3)")
     ap.add_argument("--no-checks", action="store_true")
     a = ap.parse_args()
-    try:
-        import torch
-        RESULT["torch"] = torch.__version__
-    except ImportError:
-        RESULT["torch"] = None
-    RESULT.update(device=jax.devices()[0].device_kind, jax=jax.__version__, command=" ".join(sys.argv))
+    RESULT.update(timing.run_info(), command=" ".join(sys.argv))
     t0 = time.perf_counter()
     if not a.no_checks:
         check_layouts()
