@@ -666,6 +666,7 @@ def test_kernel_layouts_lower_to_triton_and_bad_layouts_are_named(monkeypatch):
     monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
     q, kc, ks, kz, vc, vs, vz, nv = _inputs(seed=7, B=1, H=2, G=4, nb=4, Bk=32, d=64, n_valid=[3])
     k2, v2 = kernel_layout(kc, vc, 8, 4, True, True)
+    _, v_inter = kernel_layout(kc, vc, 8, 4, False, False)
     allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
     for stacked_values in (False, True):
         f = jax.jit(lambda *a, sv=stacked_values: tier1_pass(*a, group_size=GS, blocks_per_split=2, variant="int_kv",
@@ -675,15 +676,14 @@ def test_kernel_layouts_lower_to_triton_and_bad_layouts_are_named(monkeypatch):
                                                                               nv).mlir_module()
         assert "xla.gpu.triton" in text
     with pytest.raises(ValueError, match="stacked value sums need planar"):
-        tier1_pass(q, k2, ks, kz, vc, vs, vz, nv, group_size=GS, variant="int_kv", key_signed=True,
-                   value_stacked=True)
+        tier1_pass(q, k2, ks, kz, v_inter, vs, vz, nv, group_size=GS, variant="int_kv", key_signed=True,
+                   value_planar=False, value_stacked=True)
     with pytest.raises(TypeError, match="k_codes must be int8"):
         tier1_pass(q, kc, ks, kz, vc, vs, vz, nv, group_size=GS, variant="int_kv", key_signed=True)
     with pytest.raises(ValueError, match="int_kv variant only"):
         tier1_pass(q, k2, ks, kz, v2, vs, vz, nv, group_size=GS, variant="dot", key_signed=True)
     monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "1")  # the other variants read planar values repacked
     _, v_planar = kernel_layout(kc, vc, 8, 4, False, True)
-    _, v_inter = kernel_layout(kc, vc, 8, 4, False, False)
     got = tier1_pass(q, kc, ks, kz, v_planar, vs, vz, nv, group_size=GS, variant="dot", value_planar=True)
     want = tier1_pass(q, kc, ks, kz, v_inter, vs, vz, nv, group_size=GS, variant="dot", value_planar=False)
     for name in ("m", "l", "acc", "acc_m"):
