@@ -609,7 +609,7 @@ def test_planar_packing_round_trips(bits, d):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-@pytest.mark.parametrize("key_signed,value_planar", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("key_signed,value_planar", [(True, True)])  # both options at once (CI time)
 def test_kernel_layouts_give_the_standard_layouts_outputs_bit_for_bit(key_signed, value_planar):
     _check_kernel_options(dict(key_signed=key_signed, value_planar=value_planar), bitwise=True)
 
