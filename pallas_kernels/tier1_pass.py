@@ -43,7 +43,6 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from certattn_jax import bounds, quant
-from certattn_jax.quant import pack_planar, unpack_planar  # noqa: F401  (the kernel's planar layout)
 from pallas_kernels import backend
 
 _HI = "highest"
@@ -495,7 +494,7 @@ def value_parts(d: int, group: int, value_bits: int, planar: bool, stacked: bool
                 ) -> list[tuple[int, int, int, int, int]]:
     """How the kernel walks one token row of packed value codes: (first channel, channels, value group, first
     byte, plane) per part. Interleaved (`quant.pack`): one part per group, its bytes unpacked by interleaving.
-    Planar (`pack_planar`): byte i holds the codes of channels i + k d/per in bits [k b, (k+1) b) (per = 8/b
+    Planar (`quant.pack_planar`): byte i holds the codes of channels i + k d/per in bits [k b, (k+1) b) (per = 8/b
     codes per byte, plane k); a part is a chunk of bytes read once, and each plane of it is one value group's
     channels, taken with a shift and a mask (no interleave). Stacked (planar, `_int_value_planes`): one part
     per plane, every group of it at once (value group -1)."""
@@ -532,7 +531,7 @@ def _int_value_planes(p: jax.Array, t_all: jax.Array, y_all: jax.Array, packed: 
     column, the two per-group sums are B-term sums, the pieces' recombination a 4-term sum), so E_int covers it.
 
     p [Bk, G] the weights; t_all, y_all [Bk, ng] the tokens' scales and zeros; packed [Bk, d/per] uint8
-    (`pack_planar`). The weights of all ng groups are split together ([Bk, ng G] -> int8 [Bk, 4 ng G], one
+    (`quant.pack_planar`). The weights of all ng groups are split together ([Bk, ng G] -> int8 [Bk, 4 ng G], one
     column max), the two sums are one reduction each, and per plane one int8 dot of every group's pieces with
     the plane's codes [4 ng G, Bk] x [Bk, d/per] keeps only the rows of the plane's own groups (a masked sum of
     exact integers: exact)."""
@@ -572,16 +571,8 @@ def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: j
     (int_kv): w_ig = p_ig t_i split into int8 pieces down the tokens (`_int8_pieces_cols`), an int32 dot with the
     codes shifted to signed, plus off sum_i w_ig + sum_i p_ig y_i. p [Bk, G], t_j, y_j [Bk] (scale, zero),
     codes_packed [Bk, group * bits / 8]. Rounding: docs/bounds.md section 13 (bounds.int_value_rounding)."""
-    G = p.shape[1]
-    voff = 1 << (value_bits - 1)
-    w = p * t_j[:, None]  # [Bk, G]
-    pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4G]
-    codes = (_unpack(codes_packed, value_bits) - voff).astype(jnp.int8)  # [Bk, group]
-    si = _exact_int_dot(pieces, codes, 0, 0)  # [4G, group]
-    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1), 1)
-    t = jnp.sum(si.reshape(G, 4, codes.shape[1]) * _pow2(-7 * kk), axis=1)  # [G, group]
-    base = voff * jnp.sum(w, axis=0) + jnp.sum(p * y_j[:, None], axis=0)  # [G]
-    return t * inv_f[:, None] + base[:, None]
+    codes = (_unpack(codes_packed, value_bits) - (1 << (value_bits - 1))).astype(jnp.int8)  # [Bk, group]
+    return _int_value_part(_value_weights(p, t_j, y_j, value_bits), codes)
 
 
 class _LayerRef:
@@ -622,7 +613,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     tier 1 has to be materialised for the launch. stacked_slots (with stacked): hot_ids, hot_k, hot_v, res_k and
     res_v are stacked [L, ...] as well and read in place.
     key_signed: the key codes are int8 code - 128 (8-bit keys), fed to the dot as loaded. value_planar: the value
-    codes are packed by `pack_planar` (each plane of a byte one group's channels: no interleave to unpack).
+    codes are packed by `quant.pack_planar` (each plane of a byte one group's channels: no interleave to unpack).
     value_stacked (with value_planar): every group's value sum of a block at once, one int8 dot per plane
     (`_int_value_planes`) instead of one per group."""
     f32 = jnp.float32
@@ -889,10 +880,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                          and stacked_planes_supported(q.shape[-1], group_size, value_bits))
     if (key_signed or value_stacked) and variant != "int_kv":
         raise ValueError(f"key_signed / value_stacked are options of the int_kv variant only, not {variant!r}")
-    if value_planar and variant != "int_kv":  # the other variants unpack interleaved codes
-        if layer is not None:
-            raise ValueError(f"planar values with stacked arrays are implemented for the int_kv variant only, not "
-                             f"{variant!r}")
+    if value_planar and variant != "int_kv":  # the other variants unpack interleaved codes (never stacked: above)
         v_codes, value_planar = _repack_values(v_codes, value_bits, True, False), False
     if value_stacked:
         value_parts(d, group_size, value_bits, value_planar, True)  # names sizes it cannot take

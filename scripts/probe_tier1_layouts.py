@@ -2,7 +2,7 @@
 
 The kernel is ~5x its bytes floor on the H200 (docs/kernels.md). Two layout changes remove per-element work
 before its two integer dots: signed int8 key codes (code - 128: the loaded tile feeds the key dot as it is,
-no widening, offset and narrowing) and planar value bytes (`tier1_pass.pack_planar`: each nibble plane of a byte
+no widening, offset and narrowing) and planar value bytes (`quant.pack_planar`: each nibble plane of a byte
 chunk is one value group's channels, so unpacking is a shift and a mask, no interleave). This probe times, in one
 process on the same random tier-1 arrays (LLaMA-3.1-8B layer: 8 KV heads, G = 4, d = 128, Bk = 64, group 32):
 

@@ -472,7 +472,8 @@ def test_int_value_sums_are_within_their_rounding_bound(family):
     (a off t_max + b y_max) sum_i p_i + 4 B off 2^-126 -- and not vacuously: the worst case comes within a
     factor 1000 of the bound (so a coefficient off by that much would fail here)."""
     from certattn_jax import bounds
-    from pallas_kernels.tier1_pass import _int_value_planes, _int_value_sum, pack_planar
+    from certattn_jax.quant import pack_planar
+    from pallas_kernels.tier1_pass import _int_value_planes, _int_value_sum
 
     rng = np.random.default_rng(21)
     Bk, G, gs, bits = 64, 4, 32, 4
