@@ -17,8 +17,9 @@ per-token error ||v - v_hat||_2 at write time (`token_error_norms`).
 Packing: several codes < 2^bits share a byte. Keys are packed "interleaved" (`pack`: byte i holds codes
 per*i ... per*i + per - 1). Values are packed by `VALUE_PACKING`: "interleaved" (the default), or "planar"
 (`pack_planar`: byte i of a row of n codes holds codes i + k n/per, so each bit plane is a contiguous run of
-channels, which the tier-1 kernel unpacks with a shift and a mask instead of an interleave: 8-15 % faster on the
-H200, docs/kernels.md). CERTATTN_VALUE_PACKING=interleaved|planar chooses it at import.
+channels, which the tier-1 kernel unpacks with a shift and a mask instead of an interleave: on the H200, with 3
+pipeline stages, 8-13 % faster than interleaved values with 2, of which ~5 % is the stages; docs/kernels.md).
+CERTATTN_VALUE_PACKING=interleaved|planar chooses it at import.
 """
 
 from __future__ import annotations
