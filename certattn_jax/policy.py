@@ -46,9 +46,9 @@ def rung0_impl(impl: str, num_blocks: int) -> str:
     """The rung-0 implementation `impl` stands for on a layer of `num_blocks` key blocks: "auto" is "fused" where
     the kernels are compiled and the layer has at most AUTO_FUSED_MAX_BLOCKS blocks, else "jnp".
 
-    The default since 2026-12-02 (fourth session; docs/performance.md): on the H200 the fused rung 0 decodes
-    SmolLM2 1K at 354 against ~152 tokens/s for the jnp rung 0 (random weights, every head at rung 0) and real
-    text at 2K 16 % faster (5.42 against 6.46 ms per step, looped); with its loops rolled it compiles within
+    The default since 2026-12-02 (fourth session; docs/performance.md): on the H200, looped schedule, the fused
+    rung 0 decodes random-weight SmolLM2 1K at 220 tokens/s (the jnp rung 0: 152 in an earlier run) and real
+    text at 2K 16 % faster (5.42 against 6.46 ms per step, same run); with its loops rolled it compiles within
     issue 7's target (adaptive 16.8 s against 2 x 5.3 + 10 s); it checks itself once per machine (~22 s, the
     verdicts kept on disk: pallas_kernels/selftest.py)."""
     if impl != "auto":
