@@ -50,7 +50,10 @@ _HI = "highest"
 _TARGET_PROGRAMS = 1024
 # CERTATTN_VALUE_STACKED=1: with planar value packing (CERTATTN_VALUE_PACKING=planar) the int_kv kernel sums all
 # value groups of a block at once (`value_stacked`). Off by default until timed on the GPU (docs/kernels.md §4).
-VALUE_STACKED = os.environ.get("CERTATTN_VALUE_STACKED", "0").strip() == "1"
+_VALUE_STACKED_SETTING = os.environ.get("CERTATTN_VALUE_STACKED", "0").strip() or "0"
+if _VALUE_STACKED_SETTING not in ("0", "1"):
+    raise ValueError(f"CERTATTN_VALUE_STACKED={_VALUE_STACKED_SETTING!r}: choose 0 or 1")
+VALUE_STACKED = _VALUE_STACKED_SETTING == "1"
 
 
 class Tier1Partials(NamedTuple):

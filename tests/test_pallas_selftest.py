@@ -168,6 +168,18 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
     assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 6
 
 
+@pytest.mark.parametrize("var,value", [("CERTATTN_VALUE_PACKING", "plannar"), ("CERTATTN_VALUE_STACKED", "yes")])
+def test_an_unknown_layout_setting_is_an_error_naming_it(var, value):
+    """A mistyped layout switch must not silently run the default layout."""
+    import subprocess
+    import sys
+
+    code = "import pallas_kernels.tier1_pass"
+    env = {**__import__("os").environ, var: value, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and var in proc.stderr
+
+
 def test_a_verdict_on_one_value_packing_never_vouches_for_another(monkeypatch, tmp_path):
     """The tier-1 kernel's code path depends on the value packing and the stacked value sums, not only on the
     shapes: the kept verdict is keyed by them, so switching CERTATTN_VALUE_PACKING checks the kernel again."""
