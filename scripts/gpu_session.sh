@@ -107,6 +107,7 @@ for s in "$@"; do
     gen_auto_sched) step gen_auto_sched 230 "${B/--timeout 150/--timeout 100} --models smollm2 --prompts 1024 4096 --caches dense certified_adaptive --rung0 auto --out $W/gen_auto_sched.json" ;;
     rung1_ad) step rung1_ad 230 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; for sc in adaptive looped; do CERTATTN_RUNG0=fused \$R --schedule \$sc --out $W/rung1_16_\${sc}_fused_b.json; done" ;;
     t1_stacked) step t1_stacked 300 "python3 scripts/probe_tier1_layouts.py --shapes 1x32768,1x131072,8x32768 --ablate none --layouts standard,planar_values,stacked_values --stages 2,3 --out $W/probe_tier1_stacked.json" ;;
+    gen_sched_hlo) step gen_sched_hlo 230 "${B/--timeout 150/--timeout 150} --models smollm2 --prompts 1024 --caches dense certified_adaptive certified --rung0 fused --dump-hlo $W/hlo --out $W/gen_sched_hlo.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
