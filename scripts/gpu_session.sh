@@ -109,7 +109,7 @@ for s in "$@"; do
     t1_stacked) step t1_stacked 300 "python3 scripts/probe_tier1_layouts.py --shapes 1x32768,1x131072,8x32768 --ablate none --layouts standard,planar_values,stacked_values --stages 2,3 --out $W/probe_tier1_stacked.json" ;;
     gen_sched_hlo) step gen_sched_hlo 230 "${B/--timeout 150/--timeout 150} --models smollm2 --prompts 1024 --caches dense certified_adaptive certified --rung0 fused --dump-hlo $W/hlo --out $W/gen_sched_hlo.json" ;;
     ppl8k_naive) step ppl8k_naive 240 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval ppl --lengths 8192 --samples 48 --ppl-steps 256 --cache dense,naive --no-audit --out $W/eval_h200_ppl_8k_12k_tokens_naive.json" ;;
-    gen_grid_smol) step gen_grid_smol 300 "python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense naive certified --out $W/gen_grid_smol.json" ;;
+    gen_grid_smol) step gen_grid_smol 300 "python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense naive certified certified_adaptive --out $W/gen_grid_smol.json" ;;
     gen_grid_8b32k) step gen_grid_8b32k 330 "python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 32768 --caches dense naive certified --out $W/gen_grid_8b32k.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
