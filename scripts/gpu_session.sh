@@ -111,6 +111,7 @@ for s in "$@"; do
     ppl8k_naive) step ppl8k_naive 240 "export JAX_PLATFORMS=cuda,cpu; python3 -m certattn_jax eval ppl --lengths 8192 --samples 48 --ppl-steps 256 --cache dense,naive --no-audit --out $W/eval_h200_ppl_8k_12k_tokens_naive.json" ;;
     gen_grid_smol) step gen_grid_smol 300 "python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense naive certified certified_adaptive --out $W/gen_grid_smol.json" ;;
     gen_grid_8b32k) step gen_grid_8b32k 330 "python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 32768 --caches dense naive certified --out $W/gen_grid_8b32k.json" ;;
+    gen_grid_smol1k) step gen_grid_smol1k 200 "python3 scripts/bench_generate.py --timeout 100 --new-tokens 64 --models smollm2 --prompts 1024 --caches dense naive certified certified_adaptive --out $W/gen_grid_smol1k.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
