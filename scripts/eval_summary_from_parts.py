@@ -11,7 +11,8 @@ length always come from the same windows; `ppl_source` names each length's file)
 every part's certified audit (head-steps, violations, rung histogram) and lists each part's median tightness and
 mean K* (medians of different runs do not combine into one median); NIAH pools the needles of every part (each
 needle is one paired outcome per mode: accuracies and McNemar's exact test over all of them, each part's own
-figures under "niah_parts"). `--keep-aggressive FILE` carries the
+figures under "niah_parts"); RULER's scores merge per task and length ("ruler" averages each task over the lengths,
+"ruler_by_length" keeps them apart). `--keep-aggressive FILE` carries the
 "aggressive" section of an earlier summary over (with its source) when this set of parts has none.
 """
 
@@ -42,16 +43,29 @@ def pooled_niah(parts: dict[str, dict]) -> dict:
     return out
 
 
+def ruler_figures(scores: dict[str, dict]) -> dict:
+    """RULER's headline figures from {task: {length: {mode: score}}}: "ruler" {task: {mode: mean over lengths}}
+    (the schema of a single run's summary), "ruler_lengths", and "ruler_by_length" {length: {task: {mode: score}}}."""
+    lengths = sorted({n for by_length in scores.values() for n in by_length}, key=int)
+    mean = {task: {mode: float(np.mean([by_length[n][mode] for n in by_length]))
+                   for mode in next(iter(by_length.values()))} for task, by_length in scores.items()}
+    by_length = {n: {task: scores[task][n] for task in scores if n in scores[task]} for n in lengths}
+    return {"ruler": mean, "ruler_lengths": [int(n) for n in lengths], "ruler_by_length": by_length}
+
+
 def combine(parts: dict[str, dict]) -> dict:
     """The summary of several result files, {path: result}."""
     first = next(iter(parts.values()))
     out: dict = {"model": first["model"], "device": first["device"], "sources": {}}
     audits = {}
+    ruler: dict[str, dict] = {}
     for path, result in parts.items():
         s = summarize(result, result["model"], result["device"])
-        for key in ("ruler", "ruler_lengths", "aggressive"):
-            if key in s:
-                out[key] = s[key]
+        if "aggressive" in s:
+            out["aggressive"] = s["aggressive"]
+        if "ruler" in result:  # {task: {length: {mode: score}}}, merged over the parts (a later part's length wins)
+            for task, by_length in result["ruler"]["scores"].items():
+                ruler.setdefault(task, {}).update(by_length)
         if "niah" in s:
             out.setdefault("niah_parts", {})[path] = s["niah"]
         if "ppl" in s and result.get("job") != "audit":  # audit: certified-only windows
@@ -68,6 +82,8 @@ def combine(parts: dict[str, dict]) -> dict:
         if cert and "violations" in cert:
             audits[path] = cert
         out["sources"][path] = result.get("command")
+    if ruler:
+        out.update(ruler_figures(ruler))
     niah = {p: r for p, r in parts.items() if "niah" in r}
     if niah:
         out["niah"] = pooled_niah(niah)

@@ -1,4 +1,5 @@
-"""scripts/eval_summary_from_parts.py: NIAH needles of several runs pooled into one paired comparison."""
+"""scripts/eval_summary_from_parts.py: NIAH needles of several runs pooled into one paired comparison; RULER's
+scores of runs at different lengths kept per length and averaged over them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from eval_summary_from_parts import pooled_niah  # noqa: E402
+from eval_summary_from_parts import combine, pooled_niah  # noqa: E402
 
 from certattn_jax.evals.stats import mcnemar_exact  # noqa: E402
 
@@ -36,3 +37,22 @@ def test_needles_of_every_part_are_pooled_into_one_paired_test():
     want = mcnemar_exact([x["dense"]["correct"] for x in every], [x["naive"]["correct"] for x in every])
     assert want["discordant"] > 0 and got["mcnemar_p_naive_vs_dense"] == want["p_value"]
     assert got["mcnemar_p_certified_vs_dense"] == 1.0  # identical outcomes: no discordant pair
+
+
+def _ruler_part(length, scores):
+    """A RULER run at one length: {task: {mode: score}}."""
+    return {"model": "m", "device": "d", "command": f"ruler {length}",
+            "ruler": {"lengths": [length], "scores": {t: {str(length): s} for t, s in scores.items()}}}
+
+
+def test_ruler_runs_at_two_lengths_are_kept_per_length_and_averaged():
+    parts = {"r4k.json": _ruler_part(4096, {"vt": {"dense": 100.0, "naive": 50.0, "certified": 100.0},
+                                           "cwe": {"dense": 10.0, "naive": 6.0, "certified": 8.0}}),
+             "r8k.json": _ruler_part(8192, {"vt": {"dense": 0.0, "naive": 0.0, "certified": 50.0},
+                                           "cwe": {"dense": 30.0, "naive": 20.0, "certified": 30.0}})}
+    got = combine(parts)
+    assert got["ruler_lengths"] == [4096, 8192]
+    assert got["ruler_by_length"]["4096"]["vt"] == {"dense": 100.0, "naive": 50.0, "certified": 100.0}
+    assert got["ruler_by_length"]["8192"]["cwe"]["naive"] == 20.0
+    assert got["ruler"]["vt"] == {"dense": 50.0, "naive": 25.0, "certified": 75.0}
+    assert got["ruler"]["cwe"] == {"dense": 20.0, "naive": 13.0, "certified": 19.0}
