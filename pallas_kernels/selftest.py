@@ -290,12 +290,10 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
                     "The ladder uses the jnp rung 0 for this configuration instead.")
 
 
-def _process_layouts() -> dict[str, str | bool]:
-    """The process-wide choices the kernels' code paths depend on beyond the shapes (the value packing, the
-    stacked value sums): part of a verdict's key, so a verdict on one layout never vouches for another."""
-    from pallas_kernels import tier1_pass as t1
-
-    return dict(value_packing=quant.VALUE_PACKING, value_stacked=t1.VALUE_STACKED)
+def _process_layouts() -> dict[str, str]:
+    """The process-wide choices the kernels' code paths depend on beyond the shapes (the value packing): part of
+    a verdict's key, so a verdict on one layout never vouches for another."""
+    return dict(value_packing=quant.VALUE_PACKING)
 
 
 def runs_compiled_kernels() -> bool:

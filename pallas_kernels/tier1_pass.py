@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import jax
@@ -48,12 +47,6 @@ from pallas_kernels import backend
 _HI = "highest"
 # Default number of programs to aim for when choosing blocks per split (a few waves of 132 SMs).
 _TARGET_PROGRAMS = 1024
-# CERTATTN_VALUE_STACKED=1: with planar value packing (CERTATTN_VALUE_PACKING=planar) the int_kv kernel sums all
-# value groups of a block at once (`value_stacked`). Off by default until timed on the GPU (docs/kernels.md §4).
-_VALUE_STACKED_SETTING = os.environ.get("CERTATTN_VALUE_STACKED", "0").strip() or "0"
-if _VALUE_STACKED_SETTING not in ("0", "1"):
-    raise ValueError(f"CERTATTN_VALUE_STACKED={_VALUE_STACKED_SETTING!r}: choose 0 or 1")
-VALUE_STACKED = _VALUE_STACKED_SETTING == "1"
 
 
 class Tier1Partials(NamedTuple):
@@ -493,20 +486,12 @@ def _int_value_part(weights, codes_i8: jax.Array) -> jax.Array:
     return t * inv_f[:, None] + base[:, None]
 
 
-def value_parts(d: int, group: int, value_bits: int, planar: bool, stacked: bool = False,
-                ) -> list[tuple[int, int, int, int, int]]:
+def value_parts(d: int, group: int, value_bits: int, planar: bool) -> list[tuple[int, int, int, int, int]]:
     """How the kernel walks one token row of packed value codes: (first channel, channels, value group, first
     byte, plane) per part. Interleaved (`quant.pack`): one part per group, its bytes unpacked by interleaving.
     Planar (`quant.pack_planar`): byte i holds the codes of channels i + k d/per in bits [k b, (k+1) b) (per = 8/b
     codes per byte, plane k); a part is a chunk of bytes read once, and each plane of it is one value group's
-    channels, taken with a shift and a mask (no interleave). Stacked (planar, `_int_value_planes`): one part
-    per plane, every group of it at once (value group -1)."""
-    if stacked:
-        if not (planar and stacked_planes_supported(d, group, value_bits)):
-            raise ValueError(f"stacked value sums need planar {value_bits}-bit values whose planes of "
-                             f"{d} / {8 // value_bits} channels hold whole groups of {group}")
-        plane = d * value_bits // 8
-        return [(k * plane, plane, -1, 0, k) for k in range(8 // value_bits)]
+    channels, taken with a shift and a mask (no interleave)."""
     if not planar or value_bits == 8:
         return [(j * group, group, j, j * group * value_bits // 8, -1) for j in range(d // group)]
     per = 8 // value_bits
@@ -517,55 +502,6 @@ def value_parts(d: int, group: int, value_bits: int, planar: bool, stacked: bool
                          f"{group} to divide one another")
     return [(k * plane + i * chunk, chunk, (k * plane + i * chunk) // group, i * chunk, k)
             for i in range(plane // chunk) for k in range(per)]
-
-
-def stacked_planes_supported(d: int, group: int, value_bits: int) -> bool:
-    """Whether `_int_value_planes` takes these sizes: packed values (bits < 8), each nibble plane of d / per
-    channels made of whole value groups."""
-    per = 8 // value_bits
-    return value_bits < 8 and d % per == 0 and (d // per) % group == 0
-
-
-def _int_value_planes(p: jax.Array, t_all: jax.Array, y_all: jax.Array, packed: jax.Array, value_bits: int,
-                      group: int) -> list[jax.Array]:
-    """Every value group's exact-integer sum for one block at once (`value_stacked`), plane by plane of the
-    planar packed codes: [G, d / per] per plane k (channels k d/per ...), the same numbers `_int_value_sum`
-    forms group by group, with the same roundings (docs/bounds.md section 13: the int8 split is per group's
-    column, the two per-group sums are B-term sums, the pieces' recombination a 4-term sum), so E_int covers it.
-
-    p [Bk, G] the weights; t_all, y_all [Bk, ng] the tokens' scales and zeros; packed [Bk, d/per] uint8
-    (`quant.pack_planar`). The weights of all ng groups are split together ([Bk, ng G] -> int8 [Bk, 4 ng G], one
-    column max), the two sums are one reduction each, and per plane one int8 dot of every group's pieces with
-    the plane's codes [4 ng G, Bk] x [Bk, d/per] keeps only the rows of the plane's own groups (a masked sum of
-    exact integers: exact)."""
-    Bk, G = p.shape
-    ng = t_all.shape[1]
-    per = 8 // value_bits
-    P = packed.shape[1]  # channels per plane
-    nJ = P // group  # groups per plane
-    off, mask = 1 << (value_bits - 1), (1 << value_bits) - 1
-    w = (p[:, None, :] * t_all[:, :, None]).reshape(Bk, ng * G)  # columns (group j, head g)
-    pieces, inv_f = _int8_pieces_cols(w)  # [Bk, 4 ng G]: columns (j, g, k); inv_f [ng G]
-    base = (off * jnp.sum(w, axis=0)
-            + jnp.sum((p[:, None, :] * y_all[:, :, None]).reshape(Bk, ng * G), axis=0))  # [ng G]
-    kk = jax.lax.broadcasted_iota(jnp.int32, (1, 4, 1, 1), 1)
-    j_rows = jax.lax.broadcasted_iota(jnp.int32, (ng, 1, nJ, 1), 0)
-    j_cols = jax.lax.broadcasted_iota(jnp.int32, (ng, 1, nJ, 1), 2)
-    j_of = jax.lax.broadcasted_iota(jnp.int32, (ng, 1, nJ), 0)
-    jl_of = jax.lax.broadcasted_iota(jnp.int32, (ng, 1, nJ), 2)
-    x = packed.astype(jnp.int32)
-    out = []
-    for k in range(per):
-        codes = (((x >> (k * value_bits)) & mask) - off).astype(jnp.int8)  # [Bk, P]: channels k P + c
-        si = _exact_int_dot(pieces, codes, 0, 0)  # [4 ng G, P]
-        own = (j_rows == k * nJ + j_cols).astype(jnp.float32)  # row group j against the column's group
-        si = jnp.sum(si.reshape(ng, 4 * G, nJ, group) * own, axis=0)  # [4G, nJ, gs], rows (g, k)
-        t = jnp.sum(si.reshape(G, 4, nJ, group) * _pow2(-7 * kk), axis=1)  # [G, nJ, gs]
-        sel = (j_of == k * nJ + jl_of).astype(jnp.float32)  # [ng, 1, nJ]: the plane's groups
-        f_k = jnp.sum(inv_f.reshape(ng, G, 1) * sel, axis=0)  # [G, nJ] (exact: one nonzero term)
-        b_k = jnp.sum(base.reshape(ng, G, 1) * sel, axis=0)
-        out.append((t * f_k[:, :, None] + b_k[:, :, None]).reshape(G, P))
-    return out
 
 
 def _int_value_sum(p: jax.Array, t_j: jax.Array, y_j: jax.Array, codes_packed: jax.Array, value_bits: int,
@@ -592,7 +528,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
                       key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
                       out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None,
                       n_slots: int = 0, stacked: bool = False, stacked_slots: bool = False,
-                      key_signed: bool = False, value_planar: bool = False, value_stacked: bool = False):
+                      key_signed: bool = False, value_planar: bool = False):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -616,9 +552,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     tier 1 has to be materialised for the launch. stacked_slots (with stacked): hot_ids, hot_k, hot_v, res_k and
     res_v are stacked [L, ...] as well and read in place.
     key_signed: the key codes are int8 code - 128 (8-bit keys), fed to the dot as loaded. value_planar: the value
-    codes are packed by `quant.pack_planar` (each plane of a byte one group's channels: no interleave to unpack).
-    value_stacked (with value_planar): every group's value sum of a block at once, one int8 dot per plane
-    (`_int_value_planes`) instead of one per group."""
+    codes are packed by `quant.pack_planar` (each plane of a byte one group's channels: no interleave to unpack)."""
     f32 = jnp.float32
     if stacked:
         layer_ref, *refs = refs
@@ -650,7 +584,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     ng = d // group
     hg = group * value_bits // 8  # packed bytes per group and token
     # (first channel, channels) of each value part: a whole group (interleaved) or one plane of a byte chunk
-    parts = value_parts(d, group, value_bits, value_planar, value_stacked)
+    parts = value_parts(d, group, value_bits, value_planar)
     vmask, voff = (1 << value_bits) - 1, 1 << (value_bits - 1)
     q = q_ref[...].astype(f32)  # [G, d]
     if with_delta:
@@ -670,10 +604,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
             dl_ref[:, n] = bounds.key_delta_from_sums(
                 jnp.sum(qa * ks[None, :], axis=1), jnp.sum(qa * mag[None, :], axis=1),
                 jnp.max(qa * ks[None, :], axis=1), qa_sum, d, key_bits, int_pieces=True)
-        if value_stacked:
-            pvs = _int_value_planes(p, vs_ref[n, :, :].astype(f32), vz_ref[n, :, :].astype(f32), vc_ref[n, :, :],
-                                    value_bits, group)
-        elif value_planar and value_bits < 8:
+        if value_planar and value_bits < 8:
             pvs, weights, chunks = [], {}, {}
             for _c0, width, j, b0, plane in parts:
                 if j not in weights:
@@ -840,7 +771,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                padded_heads: bool = False, hot_ids: jax.Array | None = None,
                out_splits: int | None = None, slots: Slots | None = None,
                layer: jax.Array | None = None, key_signed: bool = False,
-               value_planar: bool | None = None, value_stacked: bool | None = None) -> Tier1Partials:
+               value_planar: bool | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -859,9 +790,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     and slots with stacked hot_k, hot_v, res_k, res_v ([L, B, H, ...]) are then read in place as well.
     key_signed (int_kv): int8 key codes code - 128 (`kernel_layout`). value_planar: whether the value codes are
     packed planar (default: as the cache packs them, `quant.VALUE_PACKING`); the other variants read interleaved
-    codes and get planar ones repacked first. value_stacked (with value_planar): all value groups of a block
-    summed by one int8 dot per plane (`_int_value_planes`; same roundings, so the same E_int); default
-    `VALUE_STACKED` where the sizes allow."""
+    codes and get planar ones repacked first."""
     if layer is not None:
         if variant != "int_kv":
             raise ValueError(f"layer (stacked tier-1 arrays) is implemented for the int_kv variant only, not "
@@ -878,15 +807,10 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
         B, H, G, d, nb, Bk = _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid,
                                            group_size, key_bits, value_bits, key_signed)
     value_planar = cache_values_planar() if value_planar is None else value_planar
-    if value_stacked is None:  # CERTATTN_VALUE_STACKED, where the kernel can take it
-        value_stacked = (VALUE_STACKED and value_planar and variant == "int_kv"
-                         and stacked_planes_supported(q.shape[-1], group_size, value_bits))
-    if (key_signed or value_stacked) and variant != "int_kv":
-        raise ValueError(f"key_signed / value_stacked are options of the int_kv variant only, not {variant!r}")
-    if value_planar and variant != "int_kv":  # the other variants unpack interleaved codes (never stacked: above)
+    if key_signed and variant != "int_kv":
+        raise ValueError(f"key_signed is an option of the int_kv variant only, not {variant!r}")
+    if value_planar and variant != "int_kv":  # the other variants unpack interleaved codes
         v_codes, value_planar = _repack_values(v_codes, value_bits, True, False), False
-    if value_stacked:
-        value_parts(d, group_size, value_bits, value_planar, True)  # names sizes it cannot take
     bps = blocks_per_split or default_blocks_per_split(B, H, nb)
     if bps <= 0:
         raise ValueError(f"blocks_per_split must be positive, got {bps}")
@@ -939,7 +863,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                       out_splits=out_splits, slots=None if slots is None else slots._replace(
                           hot_ids=None, r_count=slots.r_count.astype(jnp.int32), n_slots=None),
                       n_slots=0 if slots is None else slots.n_slots, layer=layer, key_signed=key_signed,
-                      value_planar=value_planar, value_stacked=value_stacked)
+                      value_planar=value_planar)
     if Gp == G or padded_heads:
         return out
     return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (every field: axis 2 is G)
@@ -957,11 +881,11 @@ def padded_heads_for(G: int, variant: str) -> int:
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
                                              "num_stages", "variant", "interpret", "scale", "out_blocks", "out_splits",
-                                             "n_slots", "key_signed", "value_planar", "value_stacked"))
+                                             "n_slots", "key_signed", "value_planar"))
 def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
                 per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks, hot_ids=None,
                 out_splits=None, slots=None, n_slots=0, layer=None, key_signed=False,
-                value_planar=False, value_stacked=False) -> Tier1Partials:
+                value_planar=False) -> Tier1Partials:
     B, H, G, d = q.shape
     stacked = layer is not None
     lead = k_codes.shape[:1] if stacked else ()  # the layer axis of stacked tier-1 arrays
@@ -974,7 +898,7 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
     extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks, n_hot=n_hot,
                                                 out_splits=out_splits, n_slots=n_slots, stacked=stacked,
                                                 stacked_slots=stacked_slots, key_signed=key_signed,
-                                                value_planar=value_planar, value_stacked=value_stacked)
+                                                value_planar=value_planar)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
                                value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731

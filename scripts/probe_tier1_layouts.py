@@ -6,15 +6,16 @@ no widening, offset and narrowing) and planar value bytes (`quant.pack_planar`: 
 chunk is one value group's channels, so unpacking is a shift and a mask, no interleave). This probe times, in one
 process on the same random tier-1 arrays (LLaMA-3.1-8B layer: 8 KV heads, G = 4, d = 128, Bk = 64, group 32):
 
-  * the kernel in each layout (standard, signed keys, planar values, both; "stacked_values": both plus every
-    value group of a block summed by one int8 dot per plane, `value_stacked`) and a few num_stages / warps;
+  * the kernel in each layout (standard, signed keys, planar values, both) and a few num_stages / warps (a
+    "stacked_values" layout, every value group of a block summed by one int8 dot per plane, was timed 1.5-1.9x
+    slower on 2026-12-02, `results/probe_tier1_stacked_h200.json`, and removed);
   * ablations of the standard kernel (its value half or its key half replaced by a constant, by patching the
     kernel's helpers at trace time: what the other half costs alone);
   * a stream kernel (codes read and summed: the loop-and-memory floor) and the dense baselines of the same run
     (torch SDPA from a CUDA graph, cuDNN), with the bytes floor from the measured bandwidth.
 
 Before timing, each layout's outputs are compared with the standard layout's (bit for bit where only the order the
-bytes are unpacked in differs; stacked value sums reorder float32 sums) and with the jnp reference.
+bytes are unpacked in differs) and with the jnp reference.
 
     python scripts/probe_tier1_layouts.py --out results/probe_tier1_layouts_h200.json [--shapes 1x32768,1x131072]
 """
@@ -42,7 +43,7 @@ from pallas_kernels import tier1_pass as t1  # noqa: E402
 HQ, HKV, D, GS = 32, 8, 128, 32
 RESULT: dict = {"rows": [], "checks": [], "errors": []}
 LAYOUTS = {"standard": (False, False), "signed_keys": (True, False), "planar_values": (False, True),
-           "signed_planar": (True, True), "stacked_values": (True, True)}  # stacked: + value_stacked
+           "signed_planar": (True, True)}
 
 
 def log(*a) -> None:
@@ -59,8 +60,7 @@ def in_layout(args, layout: str):
     key_signed, value_planar = LAYOUTS[layout]
     q, kc, ks, kz, vc, vs, vz, nv = args
     kc, vc = t1.kernel_layout(kc, vc, 8, 4, key_signed, value_planar)
-    return (q, kc, ks, kz, vc, vs, vz, nv), dict(key_signed=key_signed, value_planar=value_planar,
-                                                 value_stacked=layout == "stacked_values")
+    return (q, kc, ks, kz, vc, vs, vz, nv), dict(key_signed=key_signed, value_planar=value_planar)
 
 
 def check_layouts() -> None:

@@ -168,34 +168,32 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
     assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 6
 
 
-@pytest.mark.parametrize("var,value", [("CERTATTN_VALUE_PACKING", "plannar"), ("CERTATTN_VALUE_STACKED", "yes")])
-def test_an_unknown_layout_setting_is_an_error_naming_it(var, value):
+def test_an_unknown_layout_setting_is_an_error_naming_it():
     """A mistyped layout switch must not silently run the default layout."""
     import subprocess
     import sys
 
     code = "import pallas_kernels.tier1_pass"
-    env = {**__import__("os").environ, var: value, "JAX_PLATFORMS": "cpu"}
+    var = "CERTATTN_VALUE_PACKING"
+    env = {**__import__("os").environ, var: "plannar", "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and var in proc.stderr
 
 
 def test_a_verdict_on_one_value_packing_never_vouches_for_another(monkeypatch, tmp_path):
-    """The tier-1 kernel's code path depends on the value packing and the stacked value sums, not only on the
-    shapes: the kept verdict is keyed by them, so switching CERTATTN_VALUE_PACKING checks the kernel again."""
+    """The tier-1 kernel's code path depends on the value packing, not only on the shapes: the kept verdict is
+    keyed by it, so switching CERTATTN_VALUE_PACKING checks the kernel again."""
     from certattn_jax import quant
-    from pallas_kernels import tier1_pass as t1
 
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
     monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
     calls = []
     monkeypatch.setattr(selftest, "tier1_disagreement", lambda **cfg: calls.append(cfg))
-    for packing, stacked in (("interleaved", False), ("interleaved", False), ("planar", False), ("planar", True)):
+    for packing in ("interleaved", "interleaved", "planar"):
         monkeypatch.setattr(quant, "VALUE_PACKING", packing)
-        monkeypatch.setattr(t1, "VALUE_STACKED", stacked)
         selftest.tier1_trusted.cache_clear()
         assert selftest.tier1_trusted(16, 32, 16, 8, 4)
-    assert len(calls) == 3  # the repeat was read back; each new layout was checked
+    assert len(calls) == 2  # the repeat was read back; the new layout was checked
     selftest.tier1_trusted.cache_clear()
 
 
