@@ -6,8 +6,10 @@ results/eval_summary.json's schema.
         --out results/eval_summary.json
 
 Each part is summarised by `certattn_jax.evals.runner.summarize`; perplexities merge per length, a later part's
-figures replacing every mode's at the lengths it ran (e.g. a larger 8K sample after a first run's; the modes of a
-length always come from the same windows; `ppl_source` names each length's file); the soundness section adds up
+figures replacing every mode's at the lengths it ran (e.g. a larger 8K sample after a first run's), unless it
+scored the same windows (`same_windows`), when it adds the modes they lack (e.g. naive run later on the
+same sample); the modes of a length always come from the same windows; `ppl_source` names each length's
+file(s); the soundness section adds up
 every part's certified audit (head-steps, violations, rung histogram) and lists each part's median tightness and
 mean K* (medians of different runs do not combine into one median); NIAH pools the needles of every part (each
 needle is one paired outcome per mode: accuracies and McNemar's exact test over all of them, each part's own
@@ -53,12 +55,44 @@ def ruler_figures(scores: dict[str, dict]) -> dict:
     return {"ruler": mean, "ruler_lengths": [int(n) for n in lengths], "ruler_by_length": by_length}
 
 
+def same_windows(a: dict | None, b: dict | None) -> bool:
+    """Whether two runs scored the same tokens, from their dense rows: as many windows and tokens, and the same
+    total perplexity to 1e-5 (another sample of the prose differs by percents). Per-window perplexities are not
+    compared: on the H200 the two 8K runs of 2026-12-02 agree to 1e-6 in total but differ by up to 0.56 % per
+    window (docs/evaluation.md, sixth run)."""
+    if a is None or b is None or "per_window_ppl" not in a or "per_window_ppl" not in b:
+        return False
+    return (len(a["per_window_ppl"]) == len(b["per_window_ppl"]) and a.get("tokens") == b.get("tokens")
+            and abs(a["ppl"] - b["ppl"]) <= 1e-5 * abs(a["ppl"]))
+
+
+def merge_ppl(out: dict, windows: dict, path: str, per_length: dict) -> None:
+    """Merge one part's perplexities {length: {mode: row}} into out["ppl"] {mode: {length: ppl}}. A part that
+    scored the same windows as the figures already held for a length (`same_windows`) adds the modes they lack;
+    otherwise it replaces every mode's figure at that length. So the modes of one length always come from the
+    same windows; `ppl_source` names the file(s) of each length."""
+    ppl, source = out.setdefault("ppl", {}), out.setdefault("ppl_source", {})
+    for n, rows in per_length.items():
+        dense = rows.get("dense")
+        if n in windows and same_windows(windows[n], dense):
+            for mode, row in rows.items():
+                ppl.setdefault(mode, {}).setdefault(n, row["ppl"])
+            source[n] = [*([source[n]] if isinstance(source[n], str) else source[n]), path]
+            continue
+        for mode in ppl:
+            ppl[mode].pop(n, None)
+        for mode, row in rows.items():
+            ppl.setdefault(mode, {})[n] = row["ppl"]
+        windows[n], source[n] = dense, path
+
+
 def combine(parts: dict[str, dict]) -> dict:
     """The summary of several result files, {path: result}."""
     first = next(iter(parts.values()))
     out: dict = {"model": first["model"], "device": first["device"], "sources": {}}
     audits = {}
     ruler: dict[str, dict] = {}
+    windows: dict[str, dict | None] = {}  # per length: the dense row of the part its figures come from
     for path, result in parts.items():
         s = summarize(result, result["model"], result["device"])
         if "aggressive" in s:
@@ -69,15 +103,7 @@ def combine(parts: dict[str, dict]) -> dict:
         if "niah" in s:
             out.setdefault("niah_parts", {})[path] = s["niah"]
         if "ppl" in s and result.get("job") != "audit":  # audit: certified-only windows
-            # merged per length: a later part's figures replace every mode's at the lengths it ran (the modes of
-            # one length always come from the same windows, so that they compare)
-            lengths = {n for per_length in s["ppl"].values() for n in per_length}
-            ppl = out.setdefault("ppl", {})
-            for mode in ppl:
-                ppl[mode] = {n: v for n, v in ppl[mode].items() if n not in lengths}
-            for mode, per_length in s["ppl"].items():
-                ppl.setdefault(mode, {}).update(per_length)
-            out.setdefault("ppl_source", {}).update({n: path for n in lengths})
+            merge_ppl(out, windows, path, result["ppl"]["per_length"])
         cert = result.get("audit", {}).get("certified")
         if cert and "violations" in cert:
             audits[path] = cert

@@ -56,3 +56,24 @@ def test_ruler_runs_at_two_lengths_are_kept_per_length_and_averaged():
     assert got["ruler_by_length"]["8192"]["cwe"]["naive"] == 20.0
     assert got["ruler"]["vt"] == {"dense": 50.0, "naive": 25.0, "certified": 75.0}
     assert got["ruler"]["cwe"] == {"dense": 20.0, "naive": 13.0, "certified": 19.0}
+
+
+def _ppl_part(modes, dense_windows, shift=0.0):
+    """A perplexity run at 8K: {mode: ppl} with dense's per-window perplexities."""
+    rows = {m: {"ppl": v + shift, "tokens": 768, **({"per_window_ppl": dense_windows} if m == "dense" else {})}
+            for m, v in modes.items()}
+    return {"model": "m", "device": "d", "command": "ppl", "job": "ppl",
+            "ppl": {"lengths": [8192], "per_length": {"8192": rows}}}
+
+
+def test_a_later_run_on_the_same_windows_adds_its_modes_and_other_windows_replace_them():
+    w = [15.5, 16.0, 19.2]
+    first = _ppl_part({"dense": 20.5545, "certified": 20.5434}, w)
+    naive = _ppl_part({"dense": 20.55448, "naive": 20.5632}, [x * 1.005 for x in w])  # the same tokens
+    got = combine({"a.json": first, "b.json": naive})
+    assert got["ppl"] == {"dense": {"8192": 20.5545}, "certified": {"8192": 20.5434}, "naive": {"8192": 20.5632}}
+    assert got["ppl_source"]["8192"] == ["a.json", "b.json"]
+    other = _ppl_part({"dense": 20.56, "naive": 20.5}, w)  # another sample: replace every mode
+    got = combine({"a.json": first, "b.json": naive, "c.json": other})
+    assert got["ppl"] == {"dense": {"8192": 20.56}, "certified": {}, "naive": {"8192": 20.5}}
+    assert got["ppl_source"]["8192"] == "c.json"
