@@ -32,6 +32,34 @@ def test_eval_ppl_and_niah_cli(tmp_path, capsys):
     assert (tmp_path / "plots" / "niah_dense.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
+def test_eval_ruler_audit_ablations_and_aggressive_cli(tmp_path):
+    """The other jobs end to end, tiny (one layer, 256 tokens): each writes its part, and every certified head-step
+    they audit is within its bound."""
+    common = ["--layers", "1", "--lengths", "256", "--samples", "1", "--capacity", "320", "--prefill-chunk", "64",
+              "--dtype", "float32"]
+    jobs = {"ruler": ["--cache", "dense,naive,certified", "--tasks", "niah_single_1", "--max-new-tokens", "8"],
+            "audit": ["--cache", "certified", "--ppl-steps", "4"],
+            "ablations": ["--sweep-tau", "0.995", "--sweep-eps", "0.05", "--ppl-steps", "4"],
+            "aggressive": ["--ppl-steps", "4", "--depths", "50", "--niah-new-tokens", "4"]}
+    out = {}
+    for job, args in jobs.items():
+        path = tmp_path / f"{job}.json"
+        assert cli.main(["eval", job, *args, *common, "--out", str(path)]) == 0, job
+        out[job] = json.loads(path.read_text())
+    scores = out["ruler"]["ruler"]["scores"]["niah_single_1"]["256"]
+    assert set(scores) == {"dense", "naive", "certified"} and all(0 <= v <= 100 for v in scores.values())
+    assert out["ruler"]["ruler"]["outputs"][0]["prompt_tokens"] <= 256 - 8
+    audit = out["audit"]["audit"]["certified"]
+    assert audit["head_steps"] == 4 * 9 and audit["violations"] == 0  # 4 steps x 1 layer x 9 query heads
+    (sweep,) = out["ablations"]["ablations"]["sweep"]
+    assert (sweep["tau_cov"], sweep["eps"], sweep["violations"]) == (0.995, 0.05, 0) and sweep["head_steps"] == 36
+    agg = out["aggressive"]["aggressive"]
+    assert set(agg["niah"]["accuracy"]) == {"dense", "naive K4V2", "certified K4V2"}
+    assert agg["audit"]["certified K4V2"]["violations"] == 0
+    assert {r["layout"] for r in agg["memory"]} == {"INT8/INT4", "K4V2"}
+
+
 def test_eval_cli_errors_are_clear(capsys):
     assert cli.main(["eval", "ppl", "--cache", "dense,fast"]) == 2
     assert "--cache" in capsys.readouterr().err
