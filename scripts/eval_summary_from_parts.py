@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from certattn_jax.evals.runner import summarize  # noqa: E402
+from certattn_jax.evals.runner import ruler_means, summarize  # noqa: E402
 from certattn_jax.evals.stats import mcnemar_exact  # noqa: E402
 
 
@@ -49,10 +49,8 @@ def ruler_figures(scores: dict[str, dict]) -> dict:
     """RULER's headline figures from {task: {length: {mode: score}}}: "ruler" {task: {mode: mean over lengths}}
     (the schema of a single run's summary), "ruler_lengths", and "ruler_by_length" {length: {task: {mode: score}}}."""
     lengths = sorted({n for by_length in scores.values() for n in by_length}, key=int)
-    mean = {task: {mode: float(np.mean([by_length[n][mode] for n in by_length]))
-                   for mode in next(iter(by_length.values()))} for task, by_length in scores.items()}
     by_length = {n: {task: scores[task][n] for task in scores if n in scores[task]} for n in lengths}
-    return {"ruler": mean, "ruler_lengths": [int(n) for n in lengths], "ruler_by_length": by_length}
+    return {"ruler": ruler_means(scores), "ruler_lengths": [int(n) for n in lengths], "ruler_by_length": by_length}
 
 
 def same_windows(a: dict | None, b: dict | None) -> bool:

@@ -222,6 +222,12 @@ def run_job(job: str, session: Session, cfg: EvalConfig, stop_ids: Sequence[int]
     return result
 
 
+def ruler_means(scores: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """RULER scores {task: {length: {mode: score}}} -> {task: {mode: mean over the lengths}}."""
+    return {task: {mode: float(np.mean([by_length[n][mode] for n in by_length]))
+                   for mode in next(iter(by_length.values()))} for task, by_length in scores.items()}
+
+
 def summarize(result: dict[str, Any], model: str, device: str) -> dict[str, Any]:
     """The headline figures in results/eval_summary.json's schema (parts not run are absent)."""
     out: dict[str, Any] = {"model": model, "device": device}
@@ -235,8 +241,7 @@ def summarize(result: dict[str, Any], model: str, device: str) -> dict[str, Any]
         for k, v in r.get("mcnemar_vs_dense", {}).items():
             out["niah"][f"mcnemar_p_{k}_vs_dense"] = v["p_value"]
     if "ruler" in result:
-        out["ruler"] = {t: {lab: float(np.mean([by_len[n][lab] for n in by_len])) for lab in next(iter(
-            by_len.values()))} for t, by_len in result["ruler"]["scores"].items()}
+        out["ruler"] = ruler_means(result["ruler"]["scores"])
         out["ruler_lengths"] = result["ruler"]["lengths"]
     audits = [v for v in result.get("audit", {}).values() if "violations" in v]
     audits += [v for v in result.get("aggressive", {}).get("audit", {}).values() if "violations" in v]
