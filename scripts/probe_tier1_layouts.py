@@ -7,7 +7,7 @@ chunk is one value group's channels, so unpacking is a shift and a mask, no inte
 process on the same random tier-1 arrays (LLaMA-3.1-8B layer: 8 KV heads, G = 4, d = 128, Bk = 64, group 32):
 
   * the kernel in each layout (standard, signed keys, planar values, both) and a few num_stages / warps (a
-    "stacked_values" layout, every value group of a block summed by one int8 dot per plane, was timed 1.5-1.9x
+    "stacked_values" layout, every value group of a block summed by one int8 dot per plane, was timed 1.6-1.9x
     slower on 2026-12-02, `results/probe_tier1_stacked_h200.json`, and removed);
   * ablations of the standard kernel (its value half or its key half replaced by a constant, by patching the
     kernel's helpers at trace time: what the other half costs alone);
