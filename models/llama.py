@@ -26,6 +26,7 @@ instead of once per layer.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -211,6 +212,19 @@ def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: K
 # 142 in branches; 8B, 436 MB: 49.8 vs 68.6); on a 2-core CPU conditionals are cheap and copies are not
 # (SmolLM2: 16.5 tokens/s copying vs 30.3 in branches), so never. Other backends: in branches.
 COPY_WEIGHTS_BELOW_BYTES = {"gpu": 32 << 20, "cpu": 0}
+# How small layers (below COPY_WEIGHTS_BELOW_BYTES) reach the looped body when params carry the stacked weights
+# (`params_for_decoding` adds them for certified caches): "stacked" reads row i of the stacked copy by index (a
+# copy, no conditional), "switch" takes them out of a `lax.switch` (a copy and a conditional per layer-step, each
+# conditional a host round trip on the GPU: docs/performance.md, 2026-12-02 sixth session). CERTATTN_LOOPED_WEIGHTS.
+LOOPED_WEIGHTS = ("stacked", "switch")
+_LOOPED_WEIGHTS = os.environ.get("CERTATTN_LOOPED_WEIGHTS", "stacked").strip() or "stacked"
+if _LOOPED_WEIGHTS not in LOOPED_WEIGHTS:
+    raise ValueError(f"CERTATTN_LOOPED_WEIGHTS={_LOOPED_WEIGHTS!r}: choose from {LOOPED_WEIGHTS}")
+
+
+def _small_layers(params: Params) -> bool:
+    """Layers small enough (on this backend) that the looped schedule copies each layer's weights per step."""
+    return max(_nbytes(w) for w in params["layers"]) < COPY_WEIGHTS_BELOW_BYTES.get(jax.default_backend(), 0)
 
 
 def _nbytes(tree: Any) -> int:
@@ -229,11 +243,15 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
         it), so every GEMM reads its weights in place (a switch that returned the weights copied them: 8.9 ms of
         a 20.1 ms 8B step on the H200; a loop over stacked weights copies each slice before its GEMM, 2.5x per
         step: results/probe_layer_loop_h200.json);
-      * small layers on a GPU: one `lax.switch` returns the layer's weights (a copy, cheaper there than a second
-        conditional).
-    Either way the dense code is compiled once per layer in the branches and the attention once."""
+      * small layers on a GPU: row i of the stacked weights (`with_stacked_layers`, which `params_for_decoding`
+        adds for a certified cache), read by index: a copy, and no conditional (`_layers_looped_stacked`); without
+        the stacked copy (or with CERTATTN_LOOPED_WEIGHTS=switch), one `lax.switch` returns the layer's weights (a
+        copy and a conditional, still cheaper there than a second conditional).
+    The attention is compiled once; the dense code once (stacked) or once per layer in the branches."""
     layers = list(params["layers"])
-    if max(_nbytes(w) for w in layers) < COPY_WEIGHTS_BELOW_BYTES.get(jax.default_backend(), 0):
+    if _small_layers(params):
+        if STACKED_LAYERS in params and _LOOPED_WEIGHTS == "stacked":
+            return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
         pick = [lambda w=w: w for w in layers]
 
         def body(i, carry):
@@ -276,10 +294,21 @@ def with_stacked_layers(params: Params) -> Params:
 STACKED_SCHEDULES = ("straight-looped", "adaptive")  # cache schedules whose loops read the weights stacked
 
 
+def reads_stacked_weights(params: Params, cache: Any) -> bool:
+    """Whether a decode loop over `cache` reads the stacked layer weights: the `STACKED_SCHEDULES`, and every
+    certified schedule's loops over small layers on a GPU (`_layers_looped`: the "looped" fast pass and every
+    schedule's second pass)."""
+    if getattr(cache, "mode", None) != "certified":
+        return False
+    if getattr(cache, "schedule", None) in STACKED_SCHEDULES:
+        return True
+    return _LOOPED_WEIGHTS == "stacked" and _small_layers(params)
+
+
 def params_for_decoding(params: Params, cache: Any) -> Params:
-    """params ready for a decode loop over `cache`: with the stacked layer weights when the cache's schedule
-    reads them (`STACKED_SCHEDULES`), built here once, outside the loop; else params unchanged."""
-    return with_stacked_layers(params) if getattr(cache, "schedule", None) in STACKED_SCHEDULES else params
+    """params ready for a decode loop over `cache`: with the stacked layer weights when the loop reads them
+    (`reads_stacked_weights`), built here once, outside the loop; else params unchanged."""
+    return with_stacked_layers(params) if reads_stacked_weights(params, cache) else params
 
 
 def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,

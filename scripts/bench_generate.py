@@ -98,7 +98,8 @@ def _model_config(name: str):
 
 def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk: int,
             prefill_only: bool = False, k_max: int | None = None, tier1: str | None = None,
-            rung0: str | None = None, dump_hlo: str | None = None, hot_slots: int | None = None) -> dict:
+            rung0: str | None = None, dump_hlo: str | None = None, hot_slots: int | None = None,
+            eps: float | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -119,6 +120,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
         policy = dataclasses.replace(policy, tier1=tier1)
     if rung0 is not None:
         policy = dataclasses.replace(policy, rung0=rung0)
+    if eps is not None:
+        policy = dataclasses.replace(policy, eps=eps)
     params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
     mode, _, schedule = cache.partition("_")
@@ -158,7 +161,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "tier1_impl": tier1_impl(policy.tier1),
             "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
             else None,
-            "hot_refresh": policy.hot_refresh,
+            "hot_refresh": policy.hot_refresh, "eps": float(policy.eps),
+            "looped_weights": os.environ.get("CERTATTN_LOOPED_WEIGHTS", "stacked"),
             "fetch_kernel": warm.cache.store.reads_tier2_by_kernel() if hasattr(warm.cache, "store") else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
@@ -184,6 +188,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hot-slots", type=int, default=None, help="the policy's hot_slots (default: k_max)")
     ap.add_argument("--tier1", choices=("auto", "jnp", "pallas"), default=None, help="tier-1 implementation")
     ap.add_argument("--rung0", choices=("auto", "jnp", "fused"), default=None, help="rung-0 implementation")
+    ap.add_argument("--eps", type=float, default=None,
+                    help="the policy's eps (default CertPolicy's); e.g. 0.01 sends random-weight SmolLM2 1K heads "
+                         "to rung 1 on every step, as real text does")
     ap.add_argument("--dump-hlo", default=None, help="write each row's compiled decode loop to DIR")
     args = ap.parse_args(argv)
     new_tokens = args.new_tokens or (8 if args.tiny else 64)
@@ -191,7 +198,7 @@ def main(argv=None) -> int:
     if args.row:
         model, cache, prompt = args.row
         row = run_row(model, cache, int(prompt), new_tokens, chunk, args.prefill_only, args.k_max, args.tier1,
-                      args.rung0, args.dump_hlo, args.hot_slots)
+                      args.rung0, args.dump_hlo, args.hot_slots, args.eps)
         print("ROW " + json.dumps(row), flush=True)
         return 0
     if args.merge:
@@ -214,6 +221,7 @@ def main(argv=None) -> int:
                 cmd += ["--tier1", args.tier1] if args.tier1 is not None else []
                 cmd += ["--rung0", args.rung0] if args.rung0 is not None else []
                 cmd += ["--dump-hlo", args.dump_hlo] if args.dump_hlo else []
+                cmd += ["--eps", str(args.eps)] if args.eps is not None else []
                 t0 = time.perf_counter()
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)

@@ -111,6 +111,15 @@ for s in "$@"; do
     gen_grid_smol) step gen_grid_smol 300 "python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense naive certified certified_adaptive --out $W/gen_grid_smol.json" ;;
     gen_grid_8b32k) step gen_grid_8b32k 330 "python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 32768 --caches dense naive certified --out $W/gen_grid_8b32k.json" ;;
     gen_grid_smol1k) step gen_grid_smol1k 200 "python3 scripts/bench_generate.py --timeout 100 --new-tokens 64 --models smollm2 --prompts 1024 --caches dense naive certified certified_adaptive --out $W/gen_grid_smol1k.json" ;;
+    sched_rand)  # looped with stacked weights (the new default for small layers) vs the weight switch, vs adaptive;
+      # eps 0.01 sends ~30 % of random-weight head-steps to rung 1 (every step leaves rung 0), as real text does
+      step sched_rand 230 "$B --models smollm2 --prompts 1024 --caches dense certified certified_adaptive --out $W/sched_rand.json"
+      step sched_rand_eps 160 "$B --models smollm2 --prompts 1024 --caches certified certified_adaptive --eps 0.01 --out $W/sched_rand_eps01.json"
+      step sched_rand_switch 160 "CERTATTN_LOOPED_WEIGHTS=switch $B --models smollm2 --prompts 1024 --caches certified certified_adaptive --eps 0.01 --out $W/sched_rand_switch_eps01.json"
+      step sched_rand_switch0 90 "CERTATTN_LOOPED_WEIGHTS=switch $B --models smollm2 --prompts 1024 --caches certified --out $W/sched_rand_switch.json" ;;
+    sched_real)  # real text (the GGUF assembled first): looped stacked / switch, adaptive stacked
+      step sched_real 300 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/real_looped_stacked.json && CERTATTN_LOOPED_WEIGHTS=switch \$R --schedule looped --out $W/real_looped_switch.json && \$R --schedule adaptive --out $W/real_adaptive_stacked.json" ;;
+    gen_grid_8b) step gen_grid_8b 520 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/gen_grid_8b.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

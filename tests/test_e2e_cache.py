@@ -252,7 +252,10 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
     runs = {s: run(s) for s in ("unrolled", "two-pass", "straight", "straight-looped", "adaptive", "looped")}
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
-    runs["looped, weights copied"] = run("looped")
+    runs["looped, weights stacked"] = run("looped")
+    monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "switch")
+    monkeypatch.setattr(gen, "_COMPILED", {})
+    runs["looped, weights switched"] = run("looped")
     ref = runs.pop("unrolled")
     rungs = np.asarray(ref.step_records.rung)  # [steps, L, B, Hq]
     if eps == 0.05:
@@ -429,6 +432,32 @@ def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params):
     assert straight == [("loop", False)], straight
     looped = first_pass("looped")
     assert ("cond", True) in looped, looped
+
+
+@pytest.mark.parametrize("weights", ["stacked", "switch"])
+def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkeypatch, weights):
+    """Small layers on a GPU (below COPY_WEIGHTS_BELOW_BYTES): `params_for_decoding` adds the stacked weights for a
+    certified cache of any schedule, and the looped fast pass reads row i by index, so its body holds one
+    conditional (rung 1) instead of two (the weight switch too, each a host round trip on the GPU);
+    CERTATTN_LOOPED_WEIGHTS=switch keeps the switch. Not for naive caches (no loop over layers)."""
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
+    monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", weights)
+    cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
+    p = llama.params_for_decoding(params, cache)
+    assert (llama.STACKED_LAYERS in p) == (weights == "stacked")
+    naive = cache_spec("naive", CFG, jnp.float32, POLICY)(1, 64)
+    assert llama.params_for_decoding(params, naive) is params
+    x = jnp.zeros((1, 1, CFG.hidden_size), jnp.float32)
+    cos, sin = llama.rope_cos_sin(CFG, jnp.zeros((1, 1), jnp.int32))
+    jaxpr = jax.make_jaxpr(lambda p, c: llama._layers_looped(p, CFG, x, c, cos, sin, jnp.ones((1,), jnp.int32)))(
+        p, cache.decode_fast_path())
+
+    def conds_in_loop_body(jaxpr):  # conditionals directly in the loop's body (not those nested in rung 1's)
+        (loop,) = [e for e in jaxpr.eqns if e.primitive.name in ("while", "scan")]
+        (body,) = jax.extend.core.jaxprs_in_params(loop.params)
+        return sum(e.primitive.name == "cond" for e in body.eqns)
+
+    assert conds_in_loop_body(jaxpr.jaxpr) == (1 if weights == "stacked" else 2)
 
 
 def test_stacked_weights_are_built_once_outside_the_step(params):

@@ -77,6 +77,11 @@ class EvalCache:
         return self.inner.layers
 
     @property
+    def mode(self) -> str:
+        """The inner cache's mode ("certified" | "naive"): `models.llama.params_for_decoding` reads it."""
+        return self.inner.mode
+
+    @property
     def schedule(self) -> str:
         """The inner cache's layer schedule: `models.llama.forward_hidden` reads it to run the fast pass in a loop
         over layers (without it the eval's fast pass was unrolled over every layer: the ~100 s certified compile
