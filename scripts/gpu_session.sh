@@ -119,6 +119,7 @@ for s in "$@"; do
       step sched_rand_switch0 90 "CERTATTN_LOOPED_WEIGHTS=switch $B --models smollm2 --prompts 1024 --caches certified --out $W/sched_rand_switch.json" ;;
     sched_real)  # real text (the GGUF assembled first): looped stacked / switch, adaptive stacked
       step sched_real 300 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/real_looped_stacked.json && CERTATTN_LOOPED_WEIGHTS=switch \$R --schedule looped --out $W/real_looped_switch.json && \$R --schedule adaptive --out $W/real_adaptive_stacked.json" ;;
+    trace_eps) step trace_eps 240 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --eps 0.01 --caches certified certified_adaptive --steps 16 --out $W/trace_eps01.json" ;;
     gen_grid_8b) step gen_grid_8b 520 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/gen_grid_8b.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;

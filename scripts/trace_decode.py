@@ -162,7 +162,7 @@ def summarize(events: list[dict], scopes: dict[str, str], steps: int, wall_s: fl
                                      for k, v in sorted(by_scope.items(), key=lambda kv: -kv[1])}}
 
 
-def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str) -> dict:
+def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str, eps: float | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -179,6 +179,8 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str) ->
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     policy = CertPolicy(block_size=16, group_size=16) if model == "tiny" else CertPolicy()
     policy = dataclasses.replace(policy, **{k: v for k, v in (("tier1", tier1), ("rung0", rung0)) if v})
+    if eps is not None:
+        policy = dataclasses.replace(policy, eps=eps)
     params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, prompt).tolist()
     kw = dict(eos_token_ids=(), progress=False, prefill_chunk=1024, policy=policy,
@@ -209,7 +211,8 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str) ->
            "decode_tokens_per_s": round(warm.tokens_per_s, 2), "compile_and_first_run_s": round(compile_and_first_s, 2),
            "trace_file": os.path.relpath(files[-1], trace_dir), "processes": processes,
            "events_total": len(events), "events_in_loop": len(loop_events),
-           "layers": cfg.num_layers}
+           "layers": cfg.num_layers, "eps": float(policy.eps),
+           "looped_weights": os.environ.get("CERTATTN_LOOPED_WEIGHTS", "stacked")}
     decode_s = warm.num_steps / warm.tokens_per_s if warm.tokens_per_s else float("nan")
     row.update(summarize(loop_events or events, scopes, max(warm.num_steps, 1), decode_s))
     span = loop_events or events
@@ -227,6 +230,7 @@ def main(argv=None) -> int:
                     help="mode[:tier1[:rung0]] each")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", default=str(ROOT / "results/trace_decode.json"))
+    ap.add_argument("--eps", type=float, default=None, help="the policy's eps (default CertPolicy's)")
     ap.add_argument("--keep-traces", default=None, help="a folder to keep the raw traces in")
     args = ap.parse_args(argv)
     import jax
@@ -237,7 +241,7 @@ def main(argv=None) -> int:
             Path(args.keep_traces).mkdir(parents=True, exist_ok=True)
         d = tempfile.mkdtemp(prefix="trace_", dir=args.keep_traces)
         try:
-            row = run_cache(spec, args.model, args.prompt, args.steps, d)
+            row = run_cache(spec, args.model, args.prompt, args.steps, d, args.eps)
         except Exception as e:  # noqa: BLE001 -- one cache failing must not lose the others' rows
             row = {"cache": spec, "error": f"{type(e).__name__}: {e}"[:2000]}
         print(json.dumps({k: v for k, v in row.items() if k not in ("top_kernels",)}), flush=True)
