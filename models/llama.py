@@ -291,18 +291,17 @@ def with_stacked_layers(params: Params) -> Params:
     return {**params, STACKED_LAYERS: jax.jit(_stack_layer_weights)(params["layers"])}
 
 
-STACKED_SCHEDULES = ("straight-looped", "adaptive")  # cache schedules whose loops read the weights stacked
+STACKED_SCHEDULES = ("straight-looped", "adaptive")  # schedules whose first pass reads small layers stacked
 
 
 def reads_stacked_weights(params: Params, cache: Any) -> bool:
-    """Whether a decode loop over `cache` reads the stacked layer weights: the `STACKED_SCHEDULES`, and every
-    certified schedule's loops over small layers on a GPU (`_layers_looped`: the "looped" fast pass and every
-    schedule's second pass)."""
-    if getattr(cache, "mode", None) != "certified":
-        return False
-    if getattr(cache, "schedule", None) in STACKED_SCHEDULES:
-        return True
-    return _LOOPED_WEIGHTS == "stacked" and _small_layers(params)
+    """Whether a decode loop over `cache` reads the stacked layer weights: every certified schedule's loops over
+    small layers (`_small_layers`: on a GPU, below COPY_WEIGHTS_BELOW_BYTES; `_layers_looped` is the "looped"
+    fast pass and every schedule's second pass; `_layers_looped_stacked` the `STACKED_SCHEDULES`' first pass).
+    Large layers never: a stacked copy would double their memory and copy each layer's slice on every step."""
+    if getattr(cache, "mode", None) != "certified" or not _small_layers(params):
+        return False  # large layers run in place, in per-layer switch branches (`_layers_looped`)
+    return getattr(cache, "schedule", None) in STACKED_SCHEDULES or _LOOPED_WEIGHTS == "stacked"
 
 
 def params_for_decoding(params: Params, cache: Any) -> Params:
@@ -316,8 +315,12 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
     """Every layer in a `lax.fori_loop` whose body holds no conditional: layer i's weights are row i of the
     stacked weights (`with_stacked_layers`; stacked here when params lack them), read with a dynamic index. For
     the "straight-looped" schedule, whose attention at rung 0 has no conditional either (docs/performance.md,
-    2026-12-02)."""
+    2026-12-02). Large layers without a stacked copy (`_small_layers` false: 8B-sized, or any on the CPU) run
+    `_layers_looped`'s per-layer switch branches instead: copying a 436 MB layer every step costs far more than
+    two conditionals."""
     stacked = params.get(STACKED_LAYERS)
+    if stacked is None and not _small_layers(params):  # large layers: in place, in per-layer switch branches
+        return _layers_looped(params, config, x, cache, cos, sin, new_lengths)
     if stacked is None:  # a caller's own loop without `params_for_decoding`: stacked on every call
         stacked = _stack_layer_weights(params["layers"])
 

@@ -256,6 +256,9 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
     monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "switch")
     monkeypatch.setattr(gen, "_COMPILED", {})
     runs["looped, weights switched"] = run("looped")
+    monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "stacked")
+    monkeypatch.setattr(gen, "_COMPILED", {})
+    runs["adaptive, weights stacked"] = run("adaptive")  # both first passes and the second one read them stacked
     ref = runs.pop("unrolled")
     rungs = np.asarray(ref.step_records.rung)  # [steps, L, B, Hq]
     if eps == 0.05:
@@ -402,7 +405,7 @@ def test_the_straight_fast_pass_holds_no_conditional():
     assert bool(np.all(np.asarray(escalate)))
 
 
-def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params):
+def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params, monkeypatch):
     """The "straight-looped" schedule's first pass: one loop over layers (the attention compiled once) whose body
     holds no cond or switch -- the weights come from a stacked copy by index -- while the "looped" schedule's
     body has the rung-1 conditional and the weight switch. Only the step's own conditionals (the slow pass, the
@@ -418,6 +421,8 @@ def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params):
                 for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                     found += control_flow(sub, inside_loop or loop)
         return found
+
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)  # small layers (a GPU's)
 
     def first_pass(schedule):
         cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule=schedule)(1, 64)
@@ -460,10 +465,15 @@ def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkey
     assert conds_in_loop_body(jaxpr.jaxpr) == (1 if weights == "stacked" else 2)
 
 
-def test_stacked_weights_are_built_once_outside_the_step(params):
+def test_stacked_weights_are_built_once_outside_the_step(params, monkeypatch):
     """With `with_stacked_layers` (what `generate` does for "straight-looped"), the step reads the stacked copy and
     stacks nothing itself; without it, the step stacks the weights on every call (a copy of all of them), and
-    both give the same hidden states."""
+    both give the same hidden states. Large layers (8B-sized; any on the CPU) are never stacked: they run in place,
+    in per-layer switch branches."""
+    large = llama.params_for_decoding(params, cache_spec("certified", CFG, jnp.float32, POLICY,
+                                                         schedule="straight-looped")(1, 64))
+    assert large is params  # the CPU's threshold: every layer counts as large
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)  # small layers (a GPU's)
     cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="straight-looped")(1, 64)
     fast = cache.decode_fast_path()
     x = jax.random.normal(jax.random.key(3), (1, 1, CFG.hidden_size), jnp.float32)
@@ -487,6 +497,7 @@ def test_stacked_weights_are_built_once_outside_the_step(params):
     assert llama.with_stacked_layers(stacked) is stacked
     assert llama.STACKED_LAYERS in llama.params_for_decoding(params, cache)  # what generate and the eval do
     looped = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
+    monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "switch")
     assert llama.params_for_decoding(params, looped) is params
     assert stacks(params) == len(params["layers"][0]) and stacks(stacked) == 0
     run = jax.jit(step)
