@@ -76,8 +76,9 @@ class TieredModelCache:
     schedule:         static; how a certified decode step runs the layers (`models.llama`, docs/performance.md):
                       "looped" (default) every layer at rungs 0-1 in a loop over layers, then, only if some head
                       needs more, the step again from its start with the whole ladder, in the same kind of loop:
-                      two layer bodies are compiled whatever the depth; each layer's weights are copied out of a
-                      `lax.switch` on every step (one extra pass over the weights);
+                      two layer bodies are compiled whatever the depth; small layers (on a GPU) are read from a
+                      stacked copy of the weights by index, large ones in place inside per-layer switch branches
+                      (`models.llama._layers_looped`);
                       "two-pass" the same, but the fast pass unrolled (the weights read in place; compiles
                       rungs 0-1 once per layer);
                       "straight" as "two-pass", but the fast pass answers at rung 0 only: it holds no conditional
@@ -91,9 +92,10 @@ class TieredModelCache:
                       else "looped" (one conditional on the last certificates): on text where rung 1 is common
                       it does not pay for a rung-0 pass that will be redone; it compiles three layer bodies;
                       "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile).
-                      The default is chosen by measurement on the H200 (docs/performance.md, 2026-12-02 fourth
-                      session): "looped" compiles fastest and decodes real text fastest (5.4 ms per step against
-                      6.1 for "adaptive", which is 1.6x faster where every head stays at rung 0).
+                      The default is chosen by measurement on the H200 (docs/performance.md, 2026-12-02 sixth
+                      session): "looped" compiles fastest and decodes real text fastest (SmolLM2-135M-Instruct, 2K:
+                      4.2 ms per step against 4.9 for "adaptive", which is 1.2x faster where every head stays at
+                      rung 0).
 
     `attend(layer, ...)` accepts a Python int or a traced layer index (a loop over layers): it works on a *layer
     view* (`layer_view`) and writes back only the fields the step changed (`with_layer`).
