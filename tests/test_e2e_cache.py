@@ -253,12 +253,12 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
     runs["looped, weights stacked"] = run("looped")
-    monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "switch")
     monkeypatch.setattr(gen, "_COMPILED", {})
-    runs["looped, weights switched"] = run("looped")
-    monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "stacked")
-    monkeypatch.setattr(gen, "_COMPILED", {})
-    runs["adaptive, weights stacked"] = run("adaptive")  # both first passes and the second one read them stacked
+    if eps == 0.05:  # adaptive runs both first passes here (rung-0 steps and rung-1 steps), all reading them stacked
+        runs["adaptive, weights stacked"] = run("adaptive")
+    else:  # (CI time: one extra run per case)
+        monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "switch")
+        runs["looped, weights switched"] = run("looped")
     ref = runs.pop("unrolled")
     rungs = np.asarray(ref.step_records.rung)  # [steps, L, B, Hq]
     if eps == 0.05:
