@@ -222,6 +222,12 @@ if _LOOPED_WEIGHTS not in LOOPED_WEIGHTS:
     raise ValueError(f"CERTATTN_LOOPED_WEIGHTS={_LOOPED_WEIGHTS!r}: choose from {LOOPED_WEIGHTS}")
 
 
+def looped_weights() -> str:
+    """How small layers reach the looped body in this process ("stacked" | "switch", CERTATTN_LOOPED_WEIGHTS);
+    benchmarks record it."""
+    return _LOOPED_WEIGHTS
+
+
 def _small_layers(params: Params) -> bool:
     """Layers small enough (on this backend) that the looped schedule copies each layer's weights per step."""
     return max(_nbytes(w) for w in params["layers"]) < COPY_WEIGHTS_BELOW_BYTES.get(jax.default_backend(), 0)

@@ -162,7 +162,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
             else None,
             "hot_refresh": policy.hot_refresh, "eps": float(policy.eps),
-            "looped_weights": os.environ.get("CERTATTN_LOOPED_WEIGHTS", "stacked"),
+            "looped_weights": llama.looped_weights(),
             "fetch_kernel": warm.cache.store.reads_tier2_by_kernel() if hasattr(warm.cache, "store") else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}

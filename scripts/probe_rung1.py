@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -50,6 +49,7 @@ def main(argv=None) -> int:
     from certattn_jax.cache import TieredKVCache
     from certattn_jax.evals import decode, ppl
     from certattn_jax.policy import CertPolicy
+    from models import llama
     from models.pretrained import load_pretrained
 
     events = []  # (kv heads widening, of which reading tier 2) per rung-1 branch run
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
                                           "jax": jax.__version__, "length": args.length, "k_max": policy.k_max,
                                           "hot_slots": policy.slots, "hot_refresh": policy.hot_refresh,
                                           "schedule": args.schedule or "default",
-                                          "looped_weights": os.environ.get("CERTATTN_LOOPED_WEIGHTS", "stacked"),
+                                          "looped_weights": llama.looped_weights(),
                                           "fetch_unroll_up_to": select.FETCH_UNROLL_UP_TO,
                                           "fetch_whole_below_bytes": select.FETCH_WHOLE_LAYER_BELOW_BYTES,
                                           "fetch_kernel": cache.inner.store.reads_tier2_by_kernel(),
