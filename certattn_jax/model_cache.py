@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,9 +50,22 @@ from certattn_jax.policy import CertPolicy
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
-# TieredModelCache.schedule; the first is the default
+# TieredModelCache.schedule: the concrete layer schedules, and "auto" (the default), which a cache resolves when
+# it is built: per backend, the schedule measured fastest there (`AUTO_SCHEDULE`; docs/performance.md, 2026-12-02
+# seventh session: on the H200 "adaptive" decodes rung-0 steps 1.2x faster than "looped" and rung-1 steps as
+# fast; on a CPU conditionals cost no host round trip and "looped" compiles ~30 % faster)
 SCHEDULES = ("looped", "two-pass", "straight", "straight-looped", "adaptive", "unrolled")
-DEFAULT_SCHEDULE = SCHEDULES[0]
+SCHEDULE_CHOICES = ("auto",) + SCHEDULES
+DEFAULT_SCHEDULE = "auto"
+AUTO_SCHEDULE = {"gpu": "adaptive"}  # backend -> schedule; other backends "looped"
+
+
+def resolve_schedule(schedule: str) -> str:
+    """The concrete layer schedule that `schedule` names on this process's default backend ("auto" ->
+    `AUTO_SCHEDULE`, else "looped"); a concrete name is returned as is. Unknown names raise."""
+    if schedule not in SCHEDULE_CHOICES:
+        raise ValueError(f"unknown layer schedule {schedule!r}; choose from {SCHEDULE_CHOICES}")
+    return AUTO_SCHEDULE.get(jax.default_backend(), "looped") if schedule == "auto" else schedule
 
 
 # the per-layer fields of a TieredKVCache that live on the device (a layer view slices them; tier 2 is never sliced)
@@ -70,12 +84,17 @@ class TieredModelCache:
                       per layer); `last_certificate` is the Certificate with [L, B, Hq] leaves
     escalate:         [B] bool, set during a decode step's fast pass (`decode_fast_path`) when some head of that
                       sequence needs a rung above 1 (the step must then be answered by the whole ladder)
+    rung0_streak:     int32 scalar, decode steps in a row, up to the last, that answered every head at rung 0
+                      (saturating); the "adaptive" schedule's predictor
+    slow_steps:       int32 scalar, decode steps since the cache was built that the whole ladder answered (the
+                      second pass of a two-pass schedule): benchmarks and users read what the fast pass missed
     policy:           CertPolicy (tolerances are leaves: changing them does not recompile)
     mode:             "certified" | "naive" (static)
     fast:             static; True while a decode step runs its fast pass (rungs 0-1 only, see `models.llama`)
     schedule:         static; how a certified decode step runs the layers (`models.llama`, docs/performance.md):
-                      "looped" (default) every layer at rungs 0-1 in a loop over layers, then, only if some head
-                      needs more, the step again from its start with the whole ladder, in the same kind of loop:
+                      "looped" (the default on a CPU) every layer at rungs 0-1 in a loop over layers, then, only
+                      if some head needs more, the step again from its start with the whole ladder, in the same
+                      kind of loop:
                       two layer bodies are compiled whatever the depth; small layers (on a GPU) are read from a
                       stacked copy of the weights by index, large ones in place inside per-layer switch branches
                       (`models.llama._layers_looped`);
@@ -88,14 +107,16 @@ class TieredModelCache:
                       "straight-looped" as "straight", but the rung-0 fast pass in a loop over layers (compiled once,
                       like "looped"), each layer's weights taken from a stacked copy by index (no `lax.switch`), so
                       the loop body holds no conditional either: a while loop that command buffers may capture;
-                      "adaptive" per step, "straight-looped" when the previous step answered every head at rung 0,
-                      else "looped" (one conditional on the last certificates): on text where rung 1 is common
-                      it does not pay for a rung-0 pass that will be redone; it compiles three layer bodies;
+                      "adaptive" (the default on a GPU) per step, "straight-looped" after
+                      `adaptive_rung0_streak()` decode steps in a row
+                      that answered every head at rung 0, else "looped" (one conditional on `rung0_streak`): on
+                      text where rung 1 is common it does not pay for a rung-0 pass that will be redone (a miss
+                      costs a whole second pass); it compiles three layer bodies;
                       "unrolled" one pass, the whole ladder inlined in every layer (the reference; slow to compile).
-                      The default is chosen by measurement on the H200 (docs/performance.md, 2026-12-02 sixth
-                      session): "looped" compiles fastest and decodes real text fastest (SmolLM2-135M-Instruct, 2K:
-                      4.2 ms per step against 4.9 for "adaptive", which is 1.2x faster where every head stays at
-                      rung 0).
+                      Built with "auto" (the default), a cache holds the schedule measured fastest on the
+                      backend (`resolve_schedule`; docs/performance.md, 2026-12-02 seventh session): on the H200
+                      "adaptive" decodes 1.2x faster than "looped" where every head stays at rung 0 and as fast
+                      on real text (SmolLM2-135M-Instruct, 2K: 4.14 vs 4.11 ms per step).
 
     `attend(layer, ...)` accepts a Python int or a traced layer index (a loop over layers): it works on a *layer
     view* (`layer_view`) and writes back only the fields the step changed (`with_layer`).
@@ -110,6 +131,8 @@ class TieredModelCache:
     fast: bool = struct.field(pytree_node=False, default=False)
     fast_top_rung: int = struct.field(pytree_node=False, default=1)  # the fast pass's highest rung (0 or 1)
     schedule: str = struct.field(pytree_node=False, default=DEFAULT_SCHEDULE)
+    rung0_streak: jax.Array = None  # int32 scalar (set by `_wrap`)
+    slow_steps: jax.Array = None  # int32 scalar (set by `_wrap`)
 
     @classmethod
     def init(cls, *, num_layers: int, batch: int, capacity: int, num_kv_heads: int, num_q_heads: int,
@@ -129,12 +152,12 @@ class TieredModelCache:
     @classmethod
     def _wrap(cls, store: TieredKVCache, lengths: jax.Array, num_q_heads: int, policy: CertPolicy,
               mode: str, schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown layer schedule {schedule!r}; choose from {SCHEDULES}")
+        schedule = resolve_schedule(schedule)
         L, B = store.k_codes.shape[0], store.batch
         cert = jnp.broadcast_to(pack(empty_like_heads(B, num_q_heads)), (L, B, num_q_heads, len(PACKED_FIELDS)))
         return commit_arrays(cls(store=store, lengths=lengths, cert_packed=jnp.asarray(cert),
-                                 escalate=jnp.zeros((B,), bool), policy=policy, mode=mode, schedule=schedule))
+                                 escalate=jnp.zeros((B,), bool), policy=policy, mode=mode, schedule=schedule,
+                                 rung0_streak=jnp.zeros((), jnp.int32), slow_steps=jnp.zeros((), jnp.int32)))
 
     @classmethod
     def from_dense(cls, dense: DenseKVCache, *, num_q_heads: int, policy: CertPolicy | None = None,
@@ -274,8 +297,14 @@ class TieredModelCache:
 
     def left_rung0_last_step(self) -> jax.Array:
         """Scalar bool: some head of some layer answered above rung 0 in the last decode step (its certificates,
-        `cert_packed`); the "adaptive" schedule then runs this step's fast pass with rung 1."""
+        `cert_packed`)."""
         return jnp.any(self.cert_packed[..., PACKED_FIELDS.index("rung")] > 0)
+
+    def wants_rung1_pass(self) -> jax.Array:
+        """Scalar bool, for the "adaptive" schedule: fewer than `adaptive_rung0_streak()` decode steps in a row
+        answered every head at rung 0, so this step's fast pass should include rung 1 (a rung-0 pass that misses
+        costs the whole ladder's second pass: docs/performance.md, 2026-12-02 seventh session)."""
+        return self.rung0_streak < adaptive_rung0_streak()
 
     def needs_slow_path(self) -> jax.Array:
         """Scalar bool, after a fast pass: some head of some layer needs a rung above 1."""
@@ -288,8 +317,35 @@ class TieredModelCache:
         return self.replace(fast_top_rung=1)
 
     def fast_path_done(self) -> TieredModelCache:
-        """The fast pass's result as an ordinary cache (same pytree structure as the input of the step)."""
-        return self.replace(fast=False, fast_top_rung=1, escalate=jnp.zeros_like(self.escalate))
+        """The fast pass's result as an ordinary cache (same pytree structure as the input of the step), the
+        step counted (`rung0_streak`)."""
+        done = self.replace(fast=False, fast_top_rung=1, escalate=jnp.zeros_like(self.escalate))
+        return done._count_step(slow=False)
+
+    def slow_path_done(self) -> TieredModelCache:
+        """After a step's second pass (the whole ladder): the step counted (`rung0_streak`, `slow_steps`)."""
+        return self._count_step(slow=True)
+
+    def _count_step(self, slow: bool) -> TieredModelCache:
+        above0 = self.left_rung0_last_step()
+        streak = jnp.where(above0, 0, jnp.minimum(self.rung0_streak, _STREAK_CAP) + 1).astype(jnp.int32)
+        return self.replace(rung0_streak=streak, slow_steps=self.slow_steps + jnp.int32(slow))
+
+
+_STREAK_CAP = 1 << 30
+
+
+# The "adaptive" schedule's threshold: the fast pass stops at rung 0 only after this many decode steps in a row
+# answered every head at rung 0. CERTATTN_ADAPTIVE_STREAK (an experiment knob); the default is measured
+# (docs/performance.md, 2026-12-02 seventh session).
+_ADAPTIVE_RUNG0_STREAK = int(os.environ.get("CERTATTN_ADAPTIVE_STREAK", "4").strip() or "4")
+if _ADAPTIVE_RUNG0_STREAK < 1:
+    raise ValueError(f"CERTATTN_ADAPTIVE_STREAK={_ADAPTIVE_RUNG0_STREAK}: must be a positive integer")
+
+
+def adaptive_rung0_streak() -> int:
+    """Rung-0 steps in a row after which the "adaptive" schedule's fast pass stops at rung 0 (this process)."""
+    return _ADAPTIVE_RUNG0_STREAK
 
 
 def _stack_layers(layers: Sequence[TieredKVCache]) -> TieredKVCache:
@@ -320,8 +376,7 @@ class CacheSpec:
             raise ValueError(f"unknown cache mode {self.mode!r}; choose from {CACHE_MODES}")
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads {self.num_q_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown layer schedule {self.schedule!r}; choose from {SCHEDULES}")
+        resolve_schedule(self.schedule)  # a clear error for an unknown name, when the spec is made
 
     @property
     def tiered(self) -> bool:

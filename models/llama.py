@@ -141,11 +141,11 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
         def second_pass_if_needed(x_fast, c_fast):
             return jax.lax.cond(
                 c_fast.needs_slow_path(),
-                lambda: _layers_looped(params, config, x, cache, cos, sin, new_lengths),
+                lambda: _slow_path_done(*_layers_looped(params, config, x, cache, cos, sin, new_lengths)),
                 lambda: (x_fast, c_fast.fast_path_done()))
 
         schedule = getattr(fast, "schedule", "")
-        if schedule == "adaptive":  # rung 1 in the first pass only where the last step needed it
+        if schedule == "adaptive":  # rung 1 in the first pass unless the last steps stayed at rung 0
             def first_pass(layers, top_rung):
                 def run():
                     x_fast, c_fast = layers(params, config, x, cache.decode_fast_path(top_rung), cos, sin,
@@ -154,7 +154,7 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
                 return run
 
             # one second pass after either first pass: the whole ladder is compiled once, not once per branch
-            x, cache = second_pass_if_needed(*jax.lax.cond(cache.left_rung0_last_step(),
+            x, cache = second_pass_if_needed(*jax.lax.cond(cache.wants_rung1_pass(),
                                                            first_pass(_layers_looped, 1),
                                                            first_pass(_layers_looped_stacked, 0)))
         else:
@@ -166,6 +166,10 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     bad = overflow_mask(new_lengths, cache.capacity)
     x = jnp.where(bad[:, None, None], jnp.nan, x)
     return x, cache.with_lengths(new_lengths)
+
+
+def _slow_path_done(x: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    return x, cache.slow_path_done()
 
 
 def _attention_inputs(layer: Params, config: LlamaConfig, x: jax.Array, cos: jax.Array, sin: jax.Array,
@@ -222,6 +226,24 @@ if _LOOPED_WEIGHTS not in LOOPED_WEIGHTS:
     raise ValueError(f"CERTATTN_LOOPED_WEIGHTS={_LOOPED_WEIGHTS!r}: choose from {LOOPED_WEIGHTS}")
 
 
+# Layers per iteration of the loops over layers (`fori_loop(..., unroll=k)`): an experiment knob for the GPU,
+# where each iteration of a loop costs a host round of thunks (one command buffer launch per iteration).
+# CERTATTN_LAYER_UNROLL; 1 (no unrolling) unless measured better (docs/performance.md, 2026-12-02 seventh).
+_LAYER_UNROLL = int(os.environ.get("CERTATTN_LAYER_UNROLL", "1").strip() or "1")
+if _LAYER_UNROLL < 1:
+    raise ValueError(f"CERTATTN_LAYER_UNROLL={_LAYER_UNROLL}: must be a positive integer")
+
+
+def layer_unroll() -> int:
+    """Layers per iteration of the certified loops over layers in this process (CERTATTN_LAYER_UNROLL)."""
+    return _LAYER_UNROLL
+
+
+def _loop_over_layers(n: int, body: Any, carry: Any) -> Any:
+    """`lax.fori_loop(0, n, body, carry)` with `layer_unroll()` layers per iteration."""
+    return jax.lax.fori_loop(0, n, body, carry, unroll=min(_LAYER_UNROLL, n))
+
+
 def looped_weights() -> str:
     """How small layers reach the looped body in this process ("stacked" | "switch", CERTATTN_LOOPED_WEIGHTS);
     benchmarks record it."""
@@ -264,7 +286,7 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
             x, cache = carry
             return _layer(jax.lax.switch(i, pick), config, x, cache, i, cos, sin, new_lengths)
 
-        return jax.lax.fori_loop(0, len(layers), body, (x, cache))
+        return _loop_over_layers(len(layers), body, (x, cache))
 
     pre = [lambda x, w=w: _attention_inputs(w, config, x, cos, sin) for w in layers]
     post = [lambda x, a, w=w: _attention_output_and_mlp(w, config, x, a) for w in layers]
@@ -275,7 +297,7 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
         attn, cache = cache.attend(i, q, k, v, new_lengths)
         return jax.lax.switch(i, post, x, attn), cache
 
-    return jax.lax.fori_loop(0, len(layers), body, (x, cache))
+    return _loop_over_layers(len(layers), body, (x, cache))
 
 
 STACKED_LAYERS = "layers_stacked"  # params key of the stacked layer weights (`with_stacked_layers`)
@@ -335,7 +357,7 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
         layer = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False), stacked)
         return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
 
-    return jax.lax.fori_loop(0, len(params["layers"]), body, (x, cache))
+    return _loop_over_layers(len(params["layers"]), body, (x, cache))
 
 
 def logits_from_hidden(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax.Array:

@@ -52,7 +52,8 @@ GRID = {"smollm2": (1024, 4096), "llama3.1-8b": (8192, 32768)}
 CPU_GRID = {"smollm2": (256, 1024)}  # --cpu-smollm2: the SmolLM2 shapes at prompts a 2-core CPU can prefill
 TINY_GRID = {"tiny": (100, 300)}
 CACHES = ("dense", "naive", "certified")
-# certified with a given layer schedule (TieredModelCache.schedule; "certified" is the default schedule)
+# certified with a given layer schedule (TieredModelCache.schedule; "certified" is the default, "auto": rows
+# record the schedule it resolved to)
 # (the names of certattn_jax.model_cache.SCHEDULES, kept here so that argument parsing does not import jax;
 # tests/test_bench_scripts.py checks that they agree)
 VARIANTS = ("certified_looped", "certified_two-pass", "certified_straight", "certified_straight-looped",
@@ -104,7 +105,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     import jax.numpy as jnp
     import numpy as np
 
-    from certattn_jax.model_cache import cache_spec
+    from certattn_jax.model_cache import adaptive_rung0_streak, cache_spec
     from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
     from models import generate as gen
     from models import llama
@@ -162,7 +163,12 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
             else None,
             "hot_refresh": policy.hot_refresh, "eps": float(policy.eps),
-            "looped_weights": llama.looped_weights(),
+            "looped_weights": llama.looped_weights(), "layer_unroll": llama.layer_unroll(),
+            "schedule": getattr(warm.cache, "schedule", None),  # the concrete one ("auto" resolved)
+            "adaptive_streak": adaptive_rung0_streak(),
+            # decode steps the whole ladder answered (the second pass), of the warm run's decode_steps
+            "second_pass_steps": int(warm.cache.slow_steps) if getattr(warm.cache, "slow_steps", None) is not None
+            else None,
             "fetch_kernel": warm.cache.store.reads_tier2_by_kernel() if hasattr(warm.cache, "store") else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}

@@ -120,6 +120,25 @@ for s in "$@"; do
     sched_real)  # real text (the GGUF assembled first): looped stacked / switch, adaptive stacked
       step sched_real 300 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule looped --out $W/real_looped_stacked.json && CERTATTN_LOOPED_WEIGHTS=switch \$R --schedule looped --out $W/real_looped_switch.json && \$R --schedule adaptive --out $W/real_adaptive_stacked.json" ;;
     trace_eps) step trace_eps 240 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --eps 0.01 --caches certified certified_adaptive --steps 16 --out $W/trace_eps01.json" ;;
+    trace_def) step trace_def 240 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified certified_adaptive --steps 16 --out $W/trace_default.json" ;;
+    cb_probe)  # issue 7: the looped body's per-iteration host cost (one command buffer launch per layer-step, traced)
+      C="python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --models smollm2 --prompts 1024"
+      CB=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN
+      step cb_default 150 "$C --caches dense certified --out $W/cb_default.json"
+      step cb_unroll2 120 "CERTATTN_LAYER_UNROLL=2 $C --caches certified --out $W/cb_unroll2.json"
+      step cb_unroll3 120 "CERTATTN_LAYER_UNROLL=3 $C --caches certified --out $W/cb_unroll3.json"
+      step cb_nodsf 120 "XLA_FLAGS=--xla_gpu_enable_command_buffer=$CB $C --caches certified --out $W/cb_nodsf.json"
+      step cb_while_unroll 150 "XLA_FLAGS='--xla_gpu_enable_command_buffer=$CB,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL --xla_gpu_command_buffer_unroll_loops=true' $C --caches dense certified --out $W/cb_while_unroll.json"
+      step cb_while 150 "XLA_FLAGS=--xla_gpu_enable_command_buffer=$CB,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL $C --caches certified --out $W/cb_while.json" ;;
+    streak)  # issue 7: adaptive with a rung-0 streak before its rung-0 pass (1 = the old rule) vs looped, random weights
+      C="python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --models smollm2 --prompts 1024"
+      step streak_def 200 "$C --caches dense certified certified_adaptive --out $W/streak4_default.json"
+      step streak_eps 150 "$C --caches certified certified_adaptive --eps 0.01 --out $W/streak4_eps01.json"
+      step streak1_eps 100 "CERTATTN_ADAPTIVE_STREAK=1 $C --caches certified_adaptive --eps 0.01 --out $W/streak1_eps01.json"
+      step streak16_eps 100 "CERTATTN_ADAPTIVE_STREAK=16 $C --caches certified_adaptive --eps 0.01 --out $W/streak16_eps01.json"
+      step streak16_def 100 "CERTATTN_ADAPTIVE_STREAK=16 $C --caches certified_adaptive --out $W/streak16_default.json" ;;
+    streak_real)  # real text (the GGUF assembled first): looped vs adaptive (streak 4, and 1 = the old rule)
+      step streak_real 330 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule adaptive --out $W/real_adaptive_streak4.json && \$R --schedule looped --out $W/real_looped.json && CERTATTN_ADAPTIVE_STREAK=1 \$R --schedule adaptive --out $W/real_adaptive_streak1.json" ;;
     gen_grid_8b) step gen_grid_8b 520 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/gen_grid_8b.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;

@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     from certattn_jax import policy as policy_impls
     from certattn_jax.cache import TieredKVCache
     from certattn_jax.evals import decode, ppl
+    from certattn_jax.model_cache import adaptive_rung0_streak
     from certattn_jax.policy import CertPolicy
     from models import llama
     from models.pretrained import load_pretrained
@@ -128,9 +129,10 @@ def main(argv=None) -> int:
         cache, _ = decode.prefill(pre.params, pre.config, fresh(), ids[:args.length])
         jax.block_until_ready(cache)
         t0 = time.perf_counter()
-        nll, _, _ = decode.teacher_forced(pre.params, pre.config, cache, inputs, targets)
+        nll, _, done = decode.teacher_forced(pre.params, pre.config, cache, inputs, targets)
         jax.block_until_ready(nll)
         times.append(time.perf_counter() - t0)
+    slow_steps = int(done.inner.slow_steps)  # of the timed window's steps, answered by the whole ladder
     Path(args.out).write_text(json.dumps({"model": args.model, "device": str(jax.devices()[0].device_kind),
                                           "jax": jax.__version__, "length": args.length, "k_max": policy.k_max,
                                           "hot_slots": policy.slots, "hot_refresh": policy.hot_refresh,
@@ -145,6 +147,8 @@ def main(argv=None) -> int:
                                               policy.rung0, cache.inner.store.num_blocks),
                                           "tier1_impl": policy_impls.tier1_impl(policy.tier1),
                                           "decode_ms_per_step": round(times[-1] * 1e3 / args.steps, 3),
+                                          "second_pass_steps": slow_steps,
+                                          "adaptive_streak": adaptive_rung0_streak(),
                                           "decode_timing": "window 0's steps teacher-forced again, compiled, no "
                                                            "records or counting callbacks",
                                           "rows": rows}, indent=1))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from certattn_jax import cli, runner, tiers
+from certattn_jax import cli, model_cache, runner, tiers
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.model_cache import CACHE_MODES, CacheSpec, TieredModelCache, cache_spec
@@ -254,7 +254,9 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
     monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
     runs["looped, weights stacked"] = run("looped")
     monkeypatch.setattr(gen, "_COMPILED", {})
-    if eps == 0.05:  # adaptive runs both first passes here (rung-0 steps and rung-1 steps), all reading them stacked
+    if eps == 0.05:  # adaptive runs both first passes here (rung-0 steps and rung-1 steps), all reading them stacked;
+        # with a streak of 1 the rung-0 pass follows every rung-0 step
+        monkeypatch.setattr(model_cache, "_ADAPTIVE_RUNG0_STREAK", 1)
         runs["adaptive, weights stacked"] = run("adaptive")
     else:  # (CI time: one extra run per case)
         monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "switch")
@@ -267,6 +269,19 @@ def test_layer_schedules_decode_identically(params, eps, monkeypatch):
         assert np.all(rungs <= 1) and np.any(rungs == 0)
     else:
         assert np.all(rungs >= 3)
+    # the second pass (whole ladder) runs exactly on the steps the fast pass cannot answer: some head above rung 1
+    # (rung 0 for the straight schedules); adaptive in between
+    top = rungs.reshape(rungs.shape[0], -1).max(axis=1)  # per decode step
+    above1, above0 = int(np.sum(top >= 2)), int(np.sum(top >= 1))
+    assert int(ref.cache.slow_steps) == 0  # one pass, the whole ladder inlined: no second pass
+    for name, run in runs.items():
+        slow = int(run.cache.slow_steps)
+        if name.startswith(("looped", "two-pass")):
+            assert slow == above1, (name, slow, top)
+        elif name.startswith("straight"):
+            assert slow == above0, (name, slow, top)
+        else:
+            assert above1 <= slow <= above0, (name, slow, top)
     for name, run in runs.items():
         assert run.tokens == ref.tokens, name
         for field in ("rung", "k_star", "certified", "ranking_ok"):
@@ -504,18 +519,42 @@ def test_stacked_weights_are_built_once_outside_the_step(params, monkeypatch):
     np.testing.assert_array_equal(np.asarray(run(stacked, fast)), np.asarray(run(params, fast)))
 
 
+def test_the_default_schedule_is_resolved_per_backend_when_the_cache_is_built(monkeypatch):
+    """"auto" (the default) becomes the backend's measured schedule in the built cache (so compiled loops and
+    benchmarks see a concrete one); a concrete name stays; an unknown one is refused when the spec is made."""
+    backend = jax.default_backend()
+    assert cache_spec("certified", CFG, jnp.float32, POLICY)(1, 64).schedule == \
+        model_cache.AUTO_SCHEDULE.get(backend, "looped")
+    monkeypatch.setitem(model_cache.AUTO_SCHEDULE, backend, "straight-looped")
+    assert cache_spec("certified", CFG, jnp.float32, POLICY)(1, 64).schedule == "straight-looped"
+    assert cache_spec("certified", CFG, jnp.float32, POLICY, schedule="two-pass")(1, 64).schedule == "two-pass"
+    with pytest.raises(ValueError, match="unknown layer schedule 'fastest'"):
+        cache_spec("certified", CFG, jnp.float32, POLICY, schedule="fastest")
+
+
 def test_the_adaptive_schedule_picks_its_first_pass_from_the_last_certificates():
-    """"adaptive" runs the rung-0 fast pass after a step where every head answered at rung 0 (and on a fresh
-    cache), and the rungs-0-1 fast pass after a step where some head of some layer needed rung 1 or more."""
+    """"adaptive" runs the rung-0 fast pass only after `adaptive_rung0_streak()` decode steps in a row where every
+    head answered at rung 0, and the rungs-0-1 fast pass otherwise (on a fresh cache too); a step where some head
+    of some layer needed rung 1 or more starts the count again, and each second pass is counted."""
     from certattn_jax.certificate import PACKED_FIELDS
 
     cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="adaptive")(2, 64)
-    assert not bool(cache.left_rung0_last_step())
+    assert not bool(cache.left_rung0_last_step()) and bool(cache.wants_rung1_pass())
     assert cache.decode_fast_path().fast_top_rung == 1 and cache.decode_fast_path(0).fast_top_rung == 0
     rung = PACKED_FIELDS.index("rung")
     for value, want in ((0.0, False), (1.0, True), (4.0, True)):
         c = cache.replace(cert_packed=cache.cert_packed.at[1, 1, 3, rung].set(value))
         assert bool(c.left_rung0_last_step()) == want, value
+    n = model_cache.adaptive_rung0_streak()
+    above = cache.cert_packed.at[0, 0, 0, rung].set(1.0)
+    c = cache
+    for step in range(n):
+        assert bool(c.wants_rung1_pass()), step
+        c = c.decode_fast_path().fast_path_done()
+        assert int(c.rung0_streak) == step + 1
+    assert not bool(c.wants_rung1_pass())
+    c = c.replace(cert_packed=above).slow_path_done()  # a step that needed rung 1, answered by the second pass
+    assert int(c.rung0_streak) == 0 and int(c.slow_steps) == 1 and bool(c.wants_rung1_pass())
     straight = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="straight-looped")(1, 64)
     assert straight.decode_fast_path().fast_top_rung == 0
     done = straight.decode_fast_path().fast_path_done()

@@ -114,8 +114,8 @@ class EvalCache:
         fast = self.inner.decode_fast_path(top_rung)
         return None if fast is None else self.replace(inner=fast)
 
-    def left_rung0_last_step(self) -> jax.Array:
-        return self.inner.left_rung0_last_step()
+    def wants_rung1_pass(self) -> jax.Array:
+        return self.inner.wants_rung1_pass()
 
     def needs_slow_path(self) -> jax.Array:
         return self.inner.needs_slow_path()
@@ -125,6 +125,9 @@ class EvalCache:
 
     def fast_path_done(self) -> EvalCache:
         return self.replace(inner=self.inner.fast_path_done())
+
+    def slow_path_done(self) -> EvalCache:
+        return self.replace(inner=self.inner.slow_path_done())
 
     def with_lengths(self, new_lengths: jax.Array) -> EvalCache:
         return self.replace(inner=self.inner.with_lengths(new_lengths))
