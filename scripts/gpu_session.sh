@@ -139,6 +139,11 @@ for s in "$@"; do
       step streak16_def 100 "CERTATTN_ADAPTIVE_STREAK=16 $C --caches certified_adaptive --out $W/streak16_default.json" ;;
     streak_real)  # real text (the GGUF assembled first): looped vs adaptive (streak 4, and 1 = the old rule)
       step streak_real 330 "export JAX_PLATFORMS=cuda,cpu; R='python3 scripts/probe_rung1.py --length 2048 --steps 64 --samples 1 --hot-slots 16'; \$R --schedule adaptive --out $W/real_adaptive_streak4.json && \$R --schedule looped --out $W/real_looped.json && CERTATTN_ADAPTIVE_STREAK=1 \$R --schedule adaptive --out $W/real_adaptive_streak1.json" ;;
+    grid_auto)  # issue 7's rows with the "auto" schedule (adaptive on the GPU): SmolLM2 1K, 8B 8K (never run), 8B 32K
+      G="python3 scripts/bench_generate.py --timeout 170 --new-tokens 64"
+      step grid_smol1k 150 "$G --models smollm2 --prompts 1024 --caches dense naive certified --out $W/grid_auto_smol1k.json"
+      step grid_8b8k 230 "$G --models llama3.1-8b --prompts 8192 --caches dense naive certified --out $W/grid_auto_8b8k.json"
+      step grid_8b32k 200 "$G --models llama3.1-8b --prompts 32768 --caches certified --out $W/grid_auto_8b32k.json" ;;
     gen_grid_8b) step gen_grid_8b 520 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/gen_grid_8b.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
