@@ -164,7 +164,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             else None,
             "hot_refresh": policy.hot_refresh, "eps": float(policy.eps),
             "looped_weights": llama.looped_weights(), "layer_unroll": llama.layer_unroll(),
-            "schedule": getattr(warm.cache, "schedule", None),  # the concrete one ("auto" resolved)
+            # the concrete one ("auto" resolved); naive has none (one pass)
+            "schedule": getattr(warm.cache, "schedule", None) if mode == "certified" else None,
             "adaptive_streak": adaptive_rung0_streak(),
             # decode steps the whole ladder answered (the second pass), of the warm run's decode_steps
             "second_pass_steps": int(warm.cache.slow_steps) if getattr(warm.cache, "slow_steps", None) is not None
