@@ -13,8 +13,6 @@ import jax
 import numpy as np
 from flax import struct
 
-from certattn_jax.kv_cache import is_concrete
-
 _static = {"pytree_node": False}
 TIER1_IMPLS = ("auto", "jnp", "pallas")
 RUNG0_IMPLS = ("auto", "jnp", "fused")
@@ -59,9 +57,13 @@ def rung0_impl(impl: str, num_blocks: int) -> str:
 
 
 def _is_number(x: object) -> bool:
-    if isinstance(x, (int, float, np.number)):
-        return True
-    return isinstance(x, (np.ndarray, jax.Array)) and is_concrete(x) and np.ndim(x) == 0
+    """A tolerance given on the host (a Python or NumPy number), which the constructor validates. A jax.Array
+    tolerance is not read back: policies come out of every jitted call that returns a cache (the pytree is rebuilt
+    from device arrays), and reading each tolerance would be a blocking device-to-host transfer every time (7 per
+    prefill chunk, conversion and user decode step; docs/performance.md, 2026-12-02 seventh session)."""
+    if isinstance(x, jax.Array):
+        return False
+    return isinstance(x, (int, float, np.number)) or (isinstance(x, np.ndarray) and np.ndim(x) == 0)
 
 
 @struct.dataclass
@@ -164,7 +166,7 @@ class CertPolicy:
             raise ValueError(f"hot_slots ({self.hot_slots}) must be 0 (= k_max) or at least k_max ({self.k_max})")
         tolerances = (self.eps, self.abs_tol, self.tau_cov, self.v_tol, self.rank_margin,
                       self.layer_fallback_fraction)
-        if not all(_is_number(t) for t in tolerances):  # rebuilt by a jax transformation: validated before
+        if not all(_is_number(t) for t in tolerances):  # device arrays or tracers: rebuilt by jax, validated before
             return
         if not 0.0 < self.tau_cov <= 1.0:
             raise ValueError(f"tau_cov must be in (0, 1], got {self.tau_cov}")

@@ -541,3 +541,28 @@ def test_fetching_the_whole_layer_or_slot_by_slot_gives_what_the_block_loop_give
     assert np.all(np.asarray(whole[0])[np.asarray(ids) < 0] == 7.0)
     none = jax.jit(select.fetch_blocks)(dst, dst, host_k, host_v, jnp.full_like(ids, -1), layer)
     assert np.all(np.asarray(none[1]) == 7.0)
+
+
+@pytest.mark.parametrize("bad, message", [(dict(tau_cov=0.0), "tau_cov"), (dict(tau_cov=np.float32(1.5)), "tau_cov"),
+                                          (dict(eps=-0.1), "eps"), (dict(layer_fallback_fraction=0.0), "layer_fallback")])
+def test_a_policy_with_a_bad_tolerance_is_refused_by_name(bad, message):
+    with pytest.raises(ValueError, match=message):
+        CertPolicy(**bad)
+
+
+def test_a_policy_rebuilt_from_device_arrays_reads_nothing_back(monkeypatch):
+    """Every jitted call that returns a cache rebuilds its policy from device arrays: validating those would read
+    each tolerance back to the host (a blocking transfer per call; 7 per prefill chunk, conversion or user decode
+    step). Host-given tolerances are validated when the policy is made (above)."""
+    from jax._src import array as jax_array
+
+    policy = jax.jit(lambda p: p)(CertPolicy(eps=0.02))
+    leaves, tree = jax.tree.flatten(policy)
+    assert all(isinstance(x, jax.Array) for x in leaves)
+
+    def read_back(self):
+        raise AssertionError("a tolerance was read back to the host")
+
+    monkeypatch.setattr(jax_array.ArrayImpl, "_value", property(read_back))
+    rebuilt = jax.tree.unflatten(tree, leaves)
+    assert rebuilt.k_max == policy.k_max and any(rebuilt.eps is x for x in leaves)

@@ -1,0 +1,109 @@
+"""Where a certified prefill's time goes beyond the dense one (time to first token, issue 7).
+
+    python scripts/probe_ttft_phases.py --model smollm2 --prompt 1024 --out results/probe_ttft_phases.json
+
+Random bf16 weights of the model's shape, one prompt, the capacity `generate` would use for 64 new tokens.
+Median of --repeats warm runs (each phase compiled first), wall-clock with the results blocked on:
+  dense_prefill        `models.generate.prefill` into the dense cache (the TTFT baseline)
+  certified_prefill    the same into the certified cache (staging prefill + one conversion)
+  staging_prefill      the staging part alone (a dense cache of the tiered capacity)
+  conversion           `CacheSpec.from_staging` alone (tier 1 quantized, tier 2 to pinned host)
+  conversion_on_device the same with tier 2 left on the device (what the host copy and its allocation cost)
+  host_copy            the staging keys and values copied to pinned host memory alone (`jax.device_put`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _median_seconds(fn, repeats: int, name: str = "") -> float:
+    import jax
+
+    jax.block_until_ready(fn())  # compile / warm
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    if name:  # as it goes: a run stopped at its time limit still tells what it measured
+        print(f"{name}: {statistics.median(times) * 1e3:.3f} ms", flush=True)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--prompt", type=int, default=1024)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", default=str(ROOT / "results/probe_ttft_phases.json"))
+    args = ap.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from certattn_jax import model_cache, tiers
+    from certattn_jax.policy import CertPolicy
+    from models import generate as gen
+    from models import llama
+    from scripts.bench_generate import _model_config
+
+    cfg = _model_config(args.model)
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    policy = CertPolicy(block_size=16, group_size=16) if args.model == "tiny" else CertPolicy()
+    params = llama.fuse_projections(llama.init_params(cfg, jax.random.key(0), dtype))
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, args.prompt).tolist()
+    cap = gen.round_up(args.prompt + args.new_tokens, gen.CAPACITY_BUCKET)
+    dense = model_cache.cache_spec("dense", cfg, dtype, policy)
+    cert = model_cache.cache_spec("certified", cfg, dtype, policy)
+    staging_spec = model_cache.cache_spec("dense", cfg, dtype, policy)
+    staging_cap = cert.staging_capacity(cap)
+
+    def prefill(spec, capacity):
+        return lambda: gen.prefill(params, cfg, [ids], capacity, cache_factory=spec, policy=policy)
+
+    row = {"model": args.model, "prompt": args.prompt, "capacity": cap, "backend": jax.default_backend(),
+           "device": jax.devices()[0].device_kind, "jax": jax.__version__, "repeats": args.repeats,
+           "host_memory_kind": tiers.host_memory_kind()}
+    row["dense_prefill_s"] = _median_seconds(prefill(dense, cap), args.repeats, "dense_prefill")
+    row["certified_prefill_s"] = _median_seconds(prefill(cert, cap), args.repeats, "certified_prefill")
+    row["staging_prefill_s"] = _median_seconds(prefill(staging_spec, staging_cap), args.repeats, "staging_prefill")
+    staged, _ = gen.prefill(params, cfg, [ids], staging_cap, cache_factory=staging_spec, policy=policy)
+    row["conversion_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats, "conversion")
+    kinds = tiers.host_memory_kind()
+    if kinds is not None:
+        host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kinds)
+        kv = (jnp.stack(staged.k), jnp.stack(staged.v))
+        row["tier2_bytes"] = int(sum(x.size * x.dtype.itemsize for x in kv))
+        row["host_copy_s"] = _median_seconds(lambda: jax.device_put(kv, host), args.repeats, "host_copy")
+        real = tiers.host_memory_kind
+        tiers.host_memory_kind = lambda: None  # tier 2 stays on the device (traced anew below)
+        try:
+            on_device = jax.jit(lambda d: model_cache.TieredModelCache.from_dense(
+                d, num_q_heads=cfg.num_heads, policy=policy, mode="certified", schedule=cert.schedule))
+            row["conversion_on_device_s"] = _median_seconds(lambda: on_device(staged), args.repeats,
+                                                            "conversion_on_device")
+        finally:
+            tiers.host_memory_kind = real
+    for k in list(row):
+        if k.endswith("_s"):
+            row[k] = round(row[k], 5)
+    row["certified_over_dense"] = round(row["certified_prefill_s"] / row["dense_prefill_s"], 3)
+    print(json.dumps(row), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(row, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
