@@ -543,8 +543,9 @@ def test_fetching_the_whole_layer_or_slot_by_slot_gives_what_the_block_loop_give
     assert np.all(np.asarray(none[1]) == 7.0)
 
 
-@pytest.mark.parametrize("bad, message", [(dict(tau_cov=0.0), "tau_cov"), (dict(tau_cov=np.float32(1.5)), "tau_cov"),
-                                          (dict(eps=-0.1), "eps"), (dict(layer_fallback_fraction=0.0), "layer_fallback")])
+@pytest.mark.parametrize("bad, message", [
+    (dict(tau_cov=0.0), "tau_cov"), (dict(tau_cov=np.float32(1.5)), "tau_cov"), (dict(eps=-0.1), "eps"),
+    (dict(layer_fallback_fraction=0.0), "layer_fallback")])
 def test_a_policy_with_a_bad_tolerance_is_refused_by_name(bad, message):
     with pytest.raises(ValueError, match=message):
         CertPolicy(**bad)
