@@ -144,6 +144,12 @@ for s in "$@"; do
       step grid_smol1k 150 "$G --models smollm2 --prompts 1024 --caches dense naive certified --out $W/grid_auto_smol1k.json"
       step grid_8b8k 230 "$G --models llama3.1-8b --prompts 8192 --caches dense naive certified --out $W/grid_auto_8b8k.json"
       step grid_8b32k 200 "$G --models llama3.1-8b --prompts 32768 --caches certified --out $W/grid_auto_8b32k.json" ;;
+    ttft_phases) step ttft_phases 120 "python3 scripts/probe_ttft_phases.py --model smollm2 --prompt 1024 --repeats 7 --out $W/probe_ttft_phases_smol1k.json" ;;
+    second_pass)  # what the whole ladder's second pass costs per call (its first run in a call) and per step:
+      # eps 1e-6 sends every step there; 8 against 64 new tokens separates the per-call cost from the per-step one
+      C="python3 scripts/bench_generate.py --timeout 120 --models smollm2 --prompts 1024 --caches certified --eps 1e-6"
+      step second_pass8 120 "$C --new-tokens 8 --out $W/second_pass_8.json"
+      step second_pass64 120 "$C --new-tokens 64 --out $W/second_pass_64.json" ;;
     gen_grid_8b) step gen_grid_8b 520 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/gen_grid_8b.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
