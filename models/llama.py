@@ -18,10 +18,11 @@ docs/results.md). `forward` accepts either form.
 Layers are a Python list (unrolled in the trace) rather than stacked arrays: each layer's weights are then
 separate buffers that the GEMMs read in place (a loop over stacked weights copies each layer's slice before its
 GEMM: 2.5x slower per step for the 8B shape on the H200, results/probe_layer_loop_h200.json). A certified
-decode step runs in two passes: every layer at rungs 0-1 (`decode_fast_path`; in a loop over layers by default,
-see `TieredModelCache.schedule`), and only when some head needs a higher rung, the step again with the whole
-ladder in a `lax.fori_loop` over layers (`_layers_looped`), so the rarely-taken rungs are compiled once
-instead of once per layer.
+decode step runs in two passes: every layer at rungs 0-1, or at rung 0 alone (`decode_fast_path`; in a loop over
+layers by default; "adaptive", the GPU's default, picks the rung-0 pass after steps that stayed at rung 0: see
+`TieredModelCache.schedule`), and only when some head needs a higher rung, the step again with the whole ladder
+in a `lax.fori_loop` over layers (`_layers_looped`), so the rarely-taken rungs are compiled once instead of once
+per layer.
 """
 
 from __future__ import annotations
