@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -116,16 +117,33 @@ def _store_verdict(path: Path, key: str, verdict: dict) -> None:
         pass  # a read-only home: the check simply runs again next time
 
 
+_SECONDS_CHECKING = [0.0]  # wall seconds this process spent running checks (not reading kept verdicts)
+
+
+def seconds_checking() -> float:
+    """Wall seconds this process has spent running kernel self-checks so far (benchmarks report the share of a
+    compile that was checking: a one-time cost per machine and configuration, not the compile's)."""
+    return _SECONDS_CHECKING[0]
+
+
+def _timed(problem: Callable[[], str | None]) -> str | None:
+    t0 = time.perf_counter()
+    try:
+        return problem()
+    finally:
+        _SECONDS_CHECKING[0] += time.perf_counter() - t0
+
+
 def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str | None]) -> str | None:
     """problem(), or the verdict kept on disk for the same key."""
     path = verdict_cache_path()
     if path is None:
-        return problem()
+        return _timed(problem)
     key = _verdict_key(what, config)
     kept = _load_verdicts(path).get(key)
     if isinstance(kept, dict) and "problem" in kept:
         return kept["problem"]
-    found = problem()
+    found = _timed(problem)
     _store_verdict(path, key, {"what": what, "config": config, "problem": found,
                                "device": jax.devices()[0].device_kind, "jax": jax.__version__})
     return found

@@ -18,6 +18,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          conversion of the dense staging cache into the tiered cache for naive / certified)
   prefill_cold_s         the same, first call (includes compiling the prefill chunk and the conversion)
   compile_s              compiling the decode loop (first call)
+  selftest_s             of the cold run, seconds of one-time kernel self-checks (their verdicts then kept on disk)
   decode_tokens_per_s    new tokens per second of the warm decode loop
   launches_per_step      kernel launches in one decode step: instructions of the compiled decode loop's while
                          body that launch a kernel (fusions, custom calls such as cuBLAS GEMMs, and unfused ops;
@@ -109,6 +110,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
     from models import generate as gen
     from models import llama
+    from pallas_kernels import selftest
 
     cfg = _model_config(model)
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
@@ -134,7 +136,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
                 "prefill_s": round(min(times[1:]), 4), "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)),
                 "prefill_chunk": prefill_chunk}
     record = mode == "certified"  # the rung histogram says whether the slow pass ran (a tiny per-step write)
+    checking = selftest.seconds_checking()
     cold = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
+    checking = selftest.seconds_checking() - checking  # one-time kernel self-checks inside the cold run's compiles
     del cold.cache
     warm = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     (decode,) = gen._COMPILED.values()
@@ -153,6 +157,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "batch": 1,
             "prefill_s": round(prefill_s, 4), "prefill_cold_s": round(cold.prefill_seconds, 4),
             "compile_s": round(cold.compile_seconds, 3),
+            # seconds of the cold run (prefill and decode compiles) spent in one-time kernel self-checks (verdicts
+            # not yet on disk: pallas_kernels/selftest.py); 0 when every verdict was kept
+            "selftest_s": round(checking, 3),
             "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
             "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),

@@ -168,6 +168,26 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
     assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 6
 
 
+def test_the_time_spent_checking_is_counted_and_a_kept_verdict_costs_none(monkeypatch, tmp_path):
+    """Benchmarks split a compile's one-time self-checks out of it (`seconds_checking`): a check that runs adds
+    its wall time; a verdict read back from the file adds nothing."""
+    import time
+
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+
+    def slow_check():
+        time.sleep(0.05)
+        return None
+
+    before = selftest.seconds_checking()
+    assert selftest._trusted("kernel B", dict(block_size=16), slow_check, "")
+    spent = selftest.seconds_checking() - before
+    assert 0.05 <= spent < 5.0, spent
+    assert selftest._trusted("kernel B", dict(block_size=16), slow_check, "")
+    assert selftest.seconds_checking() - before == spent
+
+
 def test_an_unknown_layout_setting_is_an_error_naming_it():
     """A mistyped layout switch must not silently run the default layout."""
     import subprocess
