@@ -338,9 +338,22 @@ _STREAK_CAP = 1 << 30
 # The "adaptive" schedule's threshold: the fast pass stops at rung 0 only after this many decode steps in a row
 # answered every head at rung 0. CERTATTN_ADAPTIVE_STREAK (an experiment knob); the default is measured
 # (docs/performance.md, 2026-12-02 seventh session).
-_ADAPTIVE_RUNG0_STREAK = int(os.environ.get("CERTATTN_ADAPTIVE_STREAK", "4").strip() or "4")
-if _ADAPTIVE_RUNG0_STREAK < 1:
-    raise ValueError(f"CERTATTN_ADAPTIVE_STREAK={_ADAPTIVE_RUNG0_STREAK}: must be a positive integer")
+def positive_int_from_env(name: str, default: int) -> int:
+    """The environment variable `name` as a positive integer (`default` when unset or empty); anything else is an
+    error naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={raw!r}: must be a positive integer")
+    return value
+
+
+_ADAPTIVE_RUNG0_STREAK = positive_int_from_env("CERTATTN_ADAPTIVE_STREAK", 4)
 
 
 def adaptive_rung0_streak() -> int:

@@ -37,7 +37,7 @@ import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
-from certattn_jax.model_cache import cache_spec
+from certattn_jax.model_cache import cache_spec, positive_int_from_env
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
 
@@ -230,9 +230,7 @@ if _LOOPED_WEIGHTS not in LOOPED_WEIGHTS:
 # Layers per iteration of the loops over layers (`fori_loop(..., unroll=k)`): an experiment knob for the GPU,
 # where each iteration of a loop costs a host round of thunks (one command buffer launch per iteration).
 # CERTATTN_LAYER_UNROLL; 1 (no unrolling) unless measured better (docs/performance.md, 2026-12-02 seventh).
-_LAYER_UNROLL = int(os.environ.get("CERTATTN_LAYER_UNROLL", "1").strip() or "1")
-if _LAYER_UNROLL < 1:
-    raise ValueError(f"CERTATTN_LAYER_UNROLL={_LAYER_UNROLL}: must be a positive integer")
+_LAYER_UNROLL = positive_int_from_env("CERTATTN_LAYER_UNROLL", 1)
 
 
 def layer_unroll() -> int:

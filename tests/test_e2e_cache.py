@@ -563,3 +563,13 @@ def test_the_adaptive_schedule_picks_its_first_pass_from_the_last_certificates()
     assert straight.decode_fast_path().fast_top_rung == 0
     done = straight.decode_fast_path().fast_path_done()
     assert jax.tree.structure(done) == jax.tree.structure(straight)  # the conditional's branches must agree
+
+
+@pytest.mark.parametrize("raw, want", [("", 4), (" 7 ", 7), ("abc", None), ("0", None), ("-1", None)])
+def test_a_numeric_setting_from_the_environment_is_checked_by_name(monkeypatch, raw, want):
+    monkeypatch.setenv("CERTATTN_SOME_SETTING", raw)
+    if want is None:
+        with pytest.raises(ValueError, match="CERTATTN_SOME_SETTING.*positive integer"):
+            model_cache.positive_int_from_env("CERTATTN_SOME_SETTING", 4)
+    else:
+        assert model_cache.positive_int_from_env("CERTATTN_SOME_SETTING", 4) == want
