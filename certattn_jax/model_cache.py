@@ -85,7 +85,8 @@ class TieredModelCache:
     escalate:         [B] bool, set during a decode step's fast pass (`decode_fast_path`) when some head of that
                       sequence needs a rung above 1 (the step must then be answered by the whole ladder)
     rung0_streak:     int32 scalar, decode steps in a row, up to the last, that answered every head at rung 0
-                      (saturating); the "adaptive" schedule's predictor
+                      (saturating); the "adaptive" schedule's predictor. Counted by the schedules with a fast
+                      pass (all but "unrolled")
     slow_steps:       int32 scalar, decode steps since the cache was built that the whole ladder answered (the
                       second pass of a two-pass schedule): benchmarks and users read what the fast pass missed
     policy:           CertPolicy (tolerances are leaves: changing them does not recompile)
@@ -335,9 +336,6 @@ class TieredModelCache:
 _STREAK_CAP = 1 << 30
 
 
-# The "adaptive" schedule's threshold: the fast pass stops at rung 0 only after this many decode steps in a row
-# answered every head at rung 0. CERTATTN_ADAPTIVE_STREAK (an experiment knob); the default is measured
-# (docs/performance.md, 2026-12-02 seventh session).
 def positive_int_from_env(name: str, default: int) -> int:
     """The environment variable `name` as a positive integer (`default` when unset or empty); anything else is an
     error naming the variable."""
@@ -353,6 +351,9 @@ def positive_int_from_env(name: str, default: int) -> int:
     return value
 
 
+# The "adaptive" schedule's threshold: the fast pass stops at rung 0 only after this many decode steps in a row
+# answered every head at rung 0. CERTATTN_ADAPTIVE_STREAK (an experiment knob); the default is measured
+# (docs/performance.md, 2026-12-02 seventh session).
 _ADAPTIVE_RUNG0_STREAK = positive_int_from_env("CERTATTN_ADAPTIVE_STREAK", 4)
 
 
