@@ -150,6 +150,8 @@ for s in "$@"; do
       C="python3 scripts/bench_generate.py --timeout 120 --models smollm2 --prompts 1024 --caches certified --eps 1e-6"
       step second_pass8 120 "$C --new-tokens 8 --out $W/second_pass_8.json"
       step second_pass64 120 "$C --new-tokens 64 --out $W/second_pass_64.json" ;;
+    cmdbuf_why)  # which thunks of the looped body XLA leaves out of command buffers (why CONDITIONAL changed nothing)
+      step cmdbuf_why 200 "TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_conversion_pass=2,command_buffer_thunk=1 XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL python3 scripts/bench_generate.py --timeout 150 --new-tokens 8 --models smollm2 --prompts 1024 --caches certified_looped --out $W/cmdbuf_why.json > $W/cmdbuf_why_vlog.txt 2>&1; grep -c . $W/cmdbuf_why_vlog.txt; grep -i 'unsupported thunk\\|not convertible\\|convert' $W/cmdbuf_why_vlog.txt | sort | uniq -c | sort -rn | head -40 > $W/cmdbuf_why_summary.txt" ;;
     gen_grid_8b) step gen_grid_8b 520 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/gen_grid_8b.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
