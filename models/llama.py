@@ -37,7 +37,7 @@ import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
-from certattn_jax.model_cache import cache_spec, positive_int_from_env
+from certattn_jax.model_cache import cache_spec
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
 
@@ -227,22 +227,6 @@ if _LOOPED_WEIGHTS not in LOOPED_WEIGHTS:
     raise ValueError(f"CERTATTN_LOOPED_WEIGHTS={_LOOPED_WEIGHTS!r}: choose from {LOOPED_WEIGHTS}")
 
 
-# Layers per iteration of the loops over layers (`fori_loop(..., unroll=k)`): an experiment knob for the GPU,
-# where each iteration of a loop costs a host round of thunks (one command buffer launch per iteration).
-# CERTATTN_LAYER_UNROLL; 1 (no unrolling) unless measured better (docs/performance.md, 2026-12-02 seventh).
-_LAYER_UNROLL = positive_int_from_env("CERTATTN_LAYER_UNROLL", 1)
-
-
-def layer_unroll() -> int:
-    """Layers per iteration of the certified loops over layers in this process (CERTATTN_LAYER_UNROLL)."""
-    return _LAYER_UNROLL
-
-
-def _loop_over_layers(n: int, body: Any, carry: Any) -> Any:
-    """`lax.fori_loop(0, n, body, carry)` with `layer_unroll()` layers per iteration."""
-    return jax.lax.fori_loop(0, n, body, carry, unroll=min(_LAYER_UNROLL, n))
-
-
 def looped_weights() -> str:
     """How small layers reach the looped body in this process ("stacked" | "switch", CERTATTN_LOOPED_WEIGHTS);
     benchmarks record it."""
@@ -285,7 +269,7 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
             x, cache = carry
             return _layer(jax.lax.switch(i, pick), config, x, cache, i, cos, sin, new_lengths)
 
-        return _loop_over_layers(len(layers), body, (x, cache))
+        return jax.lax.fori_loop(0, len(layers), body, (x, cache))
 
     pre = [lambda x, w=w: _attention_inputs(w, config, x, cos, sin) for w in layers]
     post = [lambda x, a, w=w: _attention_output_and_mlp(w, config, x, a) for w in layers]
@@ -296,7 +280,7 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
         attn, cache = cache.attend(i, q, k, v, new_lengths)
         return jax.lax.switch(i, post, x, attn), cache
 
-    return _loop_over_layers(len(layers), body, (x, cache))
+    return jax.lax.fori_loop(0, len(layers), body, (x, cache))
 
 
 STACKED_LAYERS = "layers_stacked"  # params key of the stacked layer weights (`with_stacked_layers`)
@@ -356,7 +340,7 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
         layer = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False), stacked)
         return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
 
-    return _loop_over_layers(len(params["layers"]), body, (x, cache))
+    return jax.lax.fori_loop(0, len(params["layers"]), body, (x, cache))
 
 
 def logits_from_hidden(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax.Array:

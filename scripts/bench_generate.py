@@ -170,7 +170,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
             else None,
             "hot_refresh": policy.hot_refresh, "eps": float(policy.eps),
-            "looped_weights": llama.looped_weights(), "layer_unroll": llama.layer_unroll(),
+            "looped_weights": llama.looped_weights(),
             # the concrete one ("auto" resolved); naive has none (one pass)
             "schedule": getattr(warm.cache, "schedule", None) if mode == "certified" else None,
             "adaptive_streak": adaptive_rung0_streak(),

@@ -125,8 +125,7 @@ for s in "$@"; do
       C="python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --models smollm2 --prompts 1024"
       CB=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN
       step cb_default 150 "$C --caches dense certified --out $W/cb_default.json"
-      step cb_unroll2 120 "CERTATTN_LAYER_UNROLL=2 $C --caches certified --out $W/cb_unroll2.json"
-      step cb_unroll3 120 "CERTATTN_LAYER_UNROLL=3 $C --caches certified --out $W/cb_unroll3.json"
+      # (2 and 3 layers per loop iteration ran here on 2026-12-02 with a CERTATTN_LAYER_UNROLL knob, since removed)
       step cb_nodsf 120 "XLA_FLAGS=--xla_gpu_enable_command_buffer=$CB $C --caches certified --out $W/cb_nodsf.json"
       step cb_while_unroll 150 "XLA_FLAGS='--xla_gpu_enable_command_buffer=$CB,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL --xla_gpu_command_buffer_unroll_loops=true' $C --caches dense certified --out $W/cb_while_unroll.json"
       step cb_while 150 "XLA_FLAGS=--xla_gpu_enable_command_buffer=$CB,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL $C --caches certified --out $W/cb_while.json" ;;
