@@ -15,11 +15,12 @@ This is the per-element bound the key-error term uses (`bounds.py`). Values addi
 per-token error ||v - v_hat||_2 at write time (`token_error_norms`).
 
 Packing: several codes < 2^bits share a byte. Keys are packed "interleaved" (`pack`: byte i holds codes
-per*i ... per*i + per - 1). Values are packed by `VALUE_PACKING`: "interleaved" (the default), or "planar"
-(`pack_planar`: byte i of a row of n codes holds codes i + k n/per, so each bit plane is a contiguous run of
-channels, which the tier-1 kernel unpacks with a shift and a mask instead of an interleave: on the H200, with 3
-pipeline stages, 8-13 % faster than interleaved values with 2, of which ~5 % is the stages; docs/kernels.md).
-CERTATTN_VALUE_PACKING=interleaved|planar chooses it at import.
+per*i ... per*i + per - 1). Values are packed by `VALUE_PACKING`: "planar" (the default since 2026-12-02:
+`pack_planar`, byte i of a row of n codes holds codes i + k n/per, so each bit plane is a contiguous run of
+channels, which the tier-1 kernel unpacks with a shift and a mask instead of an interleave: on the H200 the tier-1
+pass takes 53.9 / 248.5 / 486.6 us against 69.9 / 265.4 / 510.1 interleaved at 32K, 128K and 8 x 32K, and the
+compiled kernel tests and soundness suites pass with it; docs/performance.md, eighth session), or "interleaved"
+(as keys). CERTATTN_VALUE_PACKING=planar|interleaved chooses it at import.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ SCALE_DTYPE = jnp.bfloat16
 # float32 rounding in (x - z) / s and in s * c + z: a few ulps of L (<= 255) in units of s.
 QUANT_ROUNDING_SLACK = 4 * 256 * float(jnp.finfo(jnp.float32).eps)
 _TINY_SCALE = float(jnp.finfo(SCALE_DTYPE).tiny)
-VALUE_PACKINGS = ("interleaved", "planar")
-VALUE_PACKING = os.environ.get("CERTATTN_VALUE_PACKING", "interleaved").strip() or "interleaved"
+VALUE_PACKINGS = ("planar", "interleaved")
+VALUE_PACKING = os.environ.get("CERTATTN_VALUE_PACKING", "planar").strip() or "planar"
 if VALUE_PACKING not in VALUE_PACKINGS:
     raise ValueError(f"CERTATTN_VALUE_PACKING={VALUE_PACKING!r}: choose one of {VALUE_PACKINGS}")
 
