@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from certattn_jax import bounds, select, tiers
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate
-from certattn_jax.policy import CertPolicy, rung0_impl
+from certattn_jax.policy import CertPolicy
 from certattn_jax.step import (
     ExactItems,
     Partials,
@@ -37,10 +37,10 @@ from certattn_jax.step import (
     evaluate_stage,
     exact_items,
     exact_keys_values,
-    fused_supported,
     log_mass,
     overlay_residual,
     rung0_fused,
+    uses_fused_rung0,
 )
 
 __all__ = ["run", "run_fast", "exact_bound"]
@@ -267,7 +267,7 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     G = Hq // H
     cache0 = cache  # the step's input: the selection reads its hot set (rung 1 refreshes the hot set)
     # the fused rung 0: one kernel; a higher rung builds its own context
-    if rung0_impl(policy.rung0, cache.num_blocks) == "fused" and fused_supported(cache, policy.k_max):
+    if uses_fused_rung0(cache, policy):
         with jax.named_scope("rung0_fused"):
             fused = rung0_fused(q, cache0, policy)
         st0, tol, bad, active0 = fused.stage, fused.tolerance, fused.bad, fused.active

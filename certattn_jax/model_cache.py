@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from certattn_jax import tiers
+from certattn_jax import kernel_checks, tiers
 from certattn_jax.attention import (
     certified_attention_fast,
     certified_attention_step,
@@ -415,7 +415,13 @@ class CacheSpec:
                                      schedule=self.schedule)
 
     def staging(self, batch: int, capacity: int) -> DenseKVCache:
-        """A dense cache to prefill into (for the dense mode: the cache itself)."""
+        """A dense cache to prefill into (for the dense mode: the cache itself). For a tiered mode this also
+        starts, in the background, the compiled kernels' one-time self-checks that the decode step will need
+        (`kernel_checks.start`): they run while the prompt is prefilled instead of inside the decode compile."""
+        if self.tiered:
+            kernel_checks.start(mode=self.mode, batch=batch, capacity=self.staging_capacity(capacity),
+                                num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+                                policy=self._policy())
         return DenseKVCache.init(num_layers=self.num_layers, batch=batch, capacity=self.staging_capacity(capacity),
                                  num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype)
 

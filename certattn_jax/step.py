@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from certattn_jax import bounds, quant, select
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.kv_cache import masked_attention_f32
-from certattn_jax.policy import CertPolicy, tier1_impl
+from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
 
 _HI = "highest"
 
@@ -331,6 +331,12 @@ def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
     return certify_rung0.supports(cache.head_dim, cache.k_max) and selftest.rung0_trusted(
         cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, k_max,
         hot_slots=cache.k_max if cache.k_max != k_max else 0)
+
+
+def uses_fused_rung0(cache: TieredKVCache, policy: CertPolicy) -> bool:
+    """Whether the ladder answers rung 0 of this cache with the fused kernel (`rung0_fused`): the policy's rung-0
+    implementation for the layer's block count (`policy.rung0_impl`), and `fused_supported`."""
+    return rung0_impl(policy.rung0, cache.num_blocks) == "fused" and fused_supported(cache, policy.k_max)
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:

@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -104,49 +105,123 @@ def _load_verdicts(path: Path) -> dict:
         return {}  # absent or damaged: check again
 
 
+_STORE_LOCK = threading.Lock()  # checks finish in several threads: no lost update of the verdict file
+
+
 def _store_verdict(path: Path, key: str, verdict: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        verdicts = _load_verdicts(path)
-        verdicts[key] = verdict
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kernel_selftest.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(verdicts, f, indent=1)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+        with _STORE_LOCK:  # read, add, replace: one thread at a time
+            verdicts = _load_verdicts(path)
+            verdicts[key] = verdict
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kernel_selftest.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(verdicts, f, indent=1)
+            os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
     except OSError:
         pass  # a read-only home: the check simply runs again next time
 
 
-_SECONDS_CHECKING = [0.0]  # wall seconds this process spent running checks (not reading kept verdicts)
+_SECONDS_CHECKING = [0.0]  # wall seconds callers of this process were held up by checks (running or awaiting one)
+# verdict key -> the Future of a check in progress in this process: a check started in the background
+# (`start_in_background`) is awaited, not run a second time, by the trace that needs its verdict (which then
+# reads it from the verdict file, or runs the check itself where that is off)
+_CHECKS: dict[str, concurrent.futures.Future] = {}
+_CHECKS_LOCK = threading.Lock()
+_THREAD = threading.local()  # .background: this thread runs `start_in_background`'s checks
 
 
 def seconds_checking() -> float:
-    """Wall seconds this process has spent running kernel self-checks so far (benchmarks report the share of a
-    compile that was checking: a one-time cost per machine and configuration, not the compile's)."""
+    """Wall seconds this process's callers have been held up by kernel self-checks so far: running one, or
+    waiting for one started in the background (benchmarks report the share of a compile that was checking: a
+    one-time cost per machine and configuration, not the compile's). Checks that finish in the background
+    before anyone asks for their verdict cost nothing here."""
     return _SECONDS_CHECKING[0]
 
 
-def _timed(problem: Callable[[], str | None]) -> str | None:
+def _timed(run: Callable[[], str | None]) -> str | None:
     t0 = time.perf_counter()
     try:
-        return problem()
+        return run()
     finally:
-        _SECONDS_CHECKING[0] += time.perf_counter() - t0
+        if not getattr(_THREAD, "background", False):  # nobody waits on a background thread
+            _SECONDS_CHECKING[0] += time.perf_counter() - t0
+
+
+def _run_once(key: str, problem: Callable[[], str | None],
+              keep: Callable[[str | None], None] = lambda found: None) -> tuple[bool, str | None]:
+    """(ran, problem()) with each key's check run at most once at a time in this process: a caller that finds
+    the same check in progress (another thread, e.g. a background start) waits for its verdict instead. A check
+    that raised hands its waiters nothing: they run it again (and see the error themselves). `keep(found)` (the
+    verdict file's update) runs before the check stops being "in progress", so a later caller finds one or the
+    other."""
+    while True:
+        with _CHECKS_LOCK:
+            fut = _CHECKS.get(key)
+            owner = fut is None
+            if owner:
+                fut = _CHECKS[key] = concurrent.futures.Future()
+        if not owner:
+            try:
+                return False, fut.result()
+            except Exception:  # the running caller's error is its own; check here instead
+                continue
+        try:
+            found = problem()
+        except BaseException as e:
+            fut.set_exception(e)
+            raise
+        else:
+            keep(found)
+            fut.set_result(found)
+        finally:
+            with _CHECKS_LOCK:
+                _CHECKS.pop(key, None)
+        return True, found
 
 
 def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str | None]) -> str | None:
-    """problem(), or the verdict kept on disk for the same key."""
+    """problem(), or the verdict kept on disk for the same key, or that of the same check in progress."""
     path = verdict_cache_path()
-    if path is None:
-        return _timed(problem)
     key = _verdict_key(what, config)
-    kept = _load_verdicts(path).get(key)
-    if isinstance(kept, dict) and "problem" in kept:
-        return kept["problem"]
-    found = _timed(problem)
-    _store_verdict(path, key, {"what": what, "config": config, "problem": found,
-                               "device": jax.devices()[0].device_kind, "jax": jax.__version__})
-    return found
+    if path is not None:
+        kept = _load_verdicts(path).get(key)
+        if isinstance(kept, dict) and "problem" in kept:
+            return kept["problem"]
+    def keep(found: str | None) -> None:
+        if path is not None:
+            _store_verdict(path, key, {"what": what, "config": config, "problem": found,
+                                       "device": jax.devices()[0].device_kind, "jax": jax.__version__})
+
+    return _timed(lambda: _run_once(key, problem, keep))[1]
+
+
+class _CheckedInBackground(Exception):
+    """Raised by `_trusted` in a background check thread once the verdict is known: the `*_trusted` functions'
+    per-process memo (functools.cache) does not keep exceptions, so the foreground call still runs `_trusted`
+    -- and warns there, where the caller sees it -- reading the verdict the background left (`_run_once`)."""
+
+
+def start_in_background(*verdicts: Callable[[], object]) -> list[threading.Thread]:
+    """Start each `verdicts` callable (e.g. `lambda: step.tier1_kernel_runs(cache, impl)`) in a daemon thread of
+    its own and return at once: the checks it leads to run while the caller does other work (a prompt's prefill),
+    and the trace that later asks for the same verdict waits for it (`_run_once`) instead of checking again.
+    Nothing is memoised or warned in the background (`_CheckedInBackground`). Where no compiled kernel runs,
+    nothing is started. An error in the background is dropped: the foreground call checks again and raises it."""
+    if not runs_compiled_kernels():
+        return []
+
+    def quietly(fn: Callable[[], object]) -> None:
+        _THREAD.background = True
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 -- _CheckedInBackground, or an error the foreground call will raise
+            pass
+
+    threads = [threading.Thread(target=quietly, args=(fn,), daemon=True, name="certattn-selftest") for fn in verdicts]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def _trusted(what: str, config: dict[str, int | str], problem: Callable[[], str | None], fallback: str) -> bool:
@@ -156,6 +231,8 @@ def _trusted(what: str, config: dict[str, int | str], problem: Callable[[], str 
     if not runs_compiled_kernels():
         return True
     found = _checked(what, config, problem)
+    if getattr(_THREAD, "background", False):
+        raise _CheckedInBackground(what)
     if found is None:
         return True
     cfg = ", ".join(f"{k}={v}" for k, v in config.items())

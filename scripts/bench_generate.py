@@ -18,7 +18,10 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          conversion of the dense staging cache into the tiered cache for naive / certified)
   prefill_cold_s         the same, first call (includes compiling the prefill chunk and the conversion)
   compile_s              compiling the decode loop (first call)
-  selftest_s             of the cold run, seconds of one-time kernel self-checks (their verdicts then kept on disk)
+  selftest_s             of the cold run, seconds it was held up by one-time kernel self-checks (their verdicts then
+                         kept on disk); the checks start in the background at the prefill, so only what they
+                         still lacked when the decode compile asked for them counts here
+  value_packing          the tiered caches' value-code packing (`certattn_jax.quant.VALUE_PACKING`)
   decode_tokens_per_s    new tokens per second of the warm decode loop
   launches_per_step      kernel launches in one decode step: instructions of the compiled decode loop's while
                          body that launch a kernel (fusions, custom calls such as cuBLAS GEMMs, and unfused ops;
@@ -106,6 +109,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     import jax.numpy as jnp
     import numpy as np
 
+    from certattn_jax import quant
     from certattn_jax.model_cache import adaptive_rung0_streak, cache_spec
     from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
     from models import generate as gen
@@ -157,8 +161,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "batch": 1,
             "prefill_s": round(prefill_s, 4), "prefill_cold_s": round(cold.prefill_seconds, 4),
             "compile_s": round(cold.compile_seconds, 3),
-            # seconds of the cold run (prefill and decode compiles) spent in one-time kernel self-checks (verdicts
-            # not yet on disk: pallas_kernels/selftest.py); 0 when every verdict was kept
+            # seconds the cold run (prefill and decode compiles) was held up by one-time kernel self-checks
+            # (verdicts not yet on disk: pallas_kernels/selftest.py), running one or waiting for one that the
+            # prefill started in the background; 0 when every verdict was kept or had come in by then
             "selftest_s": round(checking, 3),
             "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
@@ -178,6 +183,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "second_pass_steps": int(warm.cache.slow_steps) if getattr(warm.cache, "slow_steps", None) is not None
             else None,
             "fetch_kernel": warm.cache.store.reads_tier2_by_kernel() if hasattr(warm.cache, "store") else None,
+            "value_packing": quant.VALUE_PACKING if mode != "dense" else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 

@@ -271,3 +271,94 @@ def test_the_fetch_takes_the_kernel_only_where_it_runs_compiled_and_passed_its_c
     for forced in (True, False):
         monkeypatch.setattr(select, "FETCH_KERNEL", forced)
         assert select.fetch_by_kernel(host, dst) is forced
+
+
+def test_a_check_in_progress_is_awaited_not_run_twice(monkeypatch, tmp_path):
+    """Two callers of the same check at once (a background start and the trace that needs the verdict): one runs
+    it, the other waits for its verdict; the waiting is counted as time spent checking, the background's own
+    running is not."""
+    import threading
+    import time
+
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", "off")
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    started, calls = threading.Event(), []
+
+    def slow_check():
+        calls.append(1)
+        started.set()
+        time.sleep(0.3)
+        return "out off by 3"
+
+    before = selftest.seconds_checking()
+    (t,) = selftest.start_in_background(lambda: selftest._trusted("kernel C", dict(block_size=8), slow_check, ""))
+    assert started.wait(10)
+    with pytest.warns(RuntimeWarning, match="off by 3"):  # the warning reaches the foreground caller
+        assert not selftest._trusted("kernel C", dict(block_size=8), slow_check, "jnp instead")
+    t.join(10)
+    assert len(calls) == 1
+    waited = selftest.seconds_checking() - before
+    assert 0.0 < waited < 0.3 + 5.0, waited
+
+
+def test_a_failed_background_check_is_run_again_in_the_foreground(monkeypatch, tmp_path):
+    """An error in a background check is not handed to the trace as a verdict: the foreground runs the check
+    itself (and would raise the error where the user sees it)."""
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    outcomes = [RuntimeError("compile failed in the background"), None]
+
+    def flaky():
+        out = outcomes.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    for t in selftest.start_in_background(lambda: selftest._trusted("kernel D", dict(block_size=8), flaky, "")):
+        t.join(10)
+    assert selftest._trusted("kernel D", dict(block_size=8), flaky, "") and not outcomes
+
+
+def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeypatch, tmp_path):
+    """`CacheSpec.staging` (the prefill's cache) starts the checks the decode step will ask for, in the
+    background, with the configuration the step asks with: the step's own predicates then find the verdicts
+    (no second check) and still warn about a failed one. Nothing starts where kernels are interpreted."""
+    from certattn_jax import model_cache
+
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2, tier1="pallas", rung0="fused")
+    spec = model_cache.CacheSpec(mode="certified", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=32,
+                                 dtype=jnp.float32, policy=policy)
+    asked = {"tier1": [], "rung0": [], "gather": []}
+
+    def record(what, problem=None):
+        return lambda **cfg: asked[what].append(cfg) or problem
+
+    monkeypatch.setattr(selftest, "tier1_disagreement", record("tier1"))
+    monkeypatch.setattr(selftest, "rung0_disagreement", record("rung0", "bound smaller than the jnp rung 0's"))
+    monkeypatch.setattr(selftest, "gather_disagreement", record("gather"))
+    for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
+        fn.cache_clear()
+    try:
+        assert model_cache.kernel_checks.start(mode="certified", batch=1, capacity=64, num_kv_heads=2, head_dim=32,
+                                               dtype=jnp.float32, policy=policy) == []  # interpreted: nothing
+        monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+        threads = []
+        real_start = selftest.start_in_background
+        monkeypatch.setattr(selftest, "start_in_background", lambda *fns: threads.extend(real_start(*fns)) or threads)
+        spec.staging(1, 60)
+        assert len(threads) == 3
+        for t in threads:
+            t.join(30)
+        assert [len(v) for v in asked.values()] == [1, 1, 1]
+        layer = model_cache.TieredModelCache.init(num_layers=2, batch=1, capacity=64, num_kv_heads=2,
+                                                  num_q_heads=4, head_dim=32, dtype=jnp.float32,
+                                                  policy=policy).layer_view(0)
+        assert step.tier1_kernel_runs(layer, policy.tier1)
+        with pytest.warns(RuntimeWarning, match="bound smaller"):
+            assert not step.uses_fused_rung0(layer, policy)
+        assert layer.reads_tier2_by_kernel()
+        assert [len(v) for v in asked.values()] == [1, 1, 1], asked  # the step's questions were answered, not re-asked
+    finally:
+        for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
+            fn.cache_clear()

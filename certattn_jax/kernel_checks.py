@@ -1,0 +1,39 @@
+"""The compiled kernels' one-time self-checks, started early for a cache about to be built.
+
+Before a tiered cache's step routes a configuration through a compiled Pallas kernel, the kernel is checked once
+per machine against its jnp reference (`pallas_kernels.selftest`: the tier-1 pass, the fused rung 0, rung 1's
+tier-2 gather). Run where the step is first traced, those checks sit inside the decode compile, one after the
+other (11 s of a 31 s SmolLM2 compile on a fresh H200, eighth session of 2026-12-02). `start` asks the very
+predicates the step asks (`step.tier1_kernel_runs`, `step.uses_fused_rung0`, `TieredKVCache.reads_tier2_by_kernel`),
+on the cache's shapes alone (`jax.eval_shape`), each in a background thread: the checks run side by side while
+the prompt is prefilled, and the step's trace then reads their verdicts (or waits for the rest). Where no
+compiled kernel runs (the CPU) nothing starts.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+
+from certattn_jax.cache import TieredKVCache
+from certattn_jax.policy import CertPolicy
+
+
+def start(*, mode: str, batch: int, capacity: int, num_kv_heads: int, head_dim: int, dtype: Any,
+          policy: CertPolicy) -> list[threading.Thread]:
+    """Start, in the background, the kernel checks a tiered cache of `mode` ("naive" or "certified") with these
+    shapes will need (module docstring); returns the threads (empty where no compiled kernel runs)."""
+    from certattn_jax import step
+    from pallas_kernels import selftest
+
+    if not selftest.runs_compiled_kernels():
+        return []
+    shapes: TieredKVCache = jax.eval_shape(lambda: TieredKVCache.init(
+        batch=batch, capacity=capacity, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, policy=policy,
+        layers=1))
+    checks = [lambda: step.tier1_kernel_runs(shapes, policy.tier1)]
+    if mode == "certified":
+        checks += [lambda: step.uses_fused_rung0(shapes, policy), shapes.reads_tier2_by_kernel]
+    return selftest.start_in_background(*checks)
