@@ -203,8 +203,8 @@ class _CheckedInBackground(Exception):
 
 
 def start_in_background(*verdicts: Callable[[], object]) -> list[threading.Thread]:
-    """Start each `verdicts` callable (e.g. `lambda: step.tier1_kernel_runs(cache, impl)`) in a daemon thread of
-    its own and return at once: the checks it leads to run while the caller does other work (a prompt's prefill),
+    """Start each `verdicts` callable (e.g. `lambda: step.tier1_kernel_runs(cache, impl)`) in a thread of its own
+    and return at once: the checks it leads to run while the caller does other work (a prompt's prefill),
     and the trace that later asks for the same verdict waits for it (`_run_once`) instead of checking again.
     Nothing is memoised or warned in the background (`_CheckedInBackground`). Where no compiled kernel runs,
     nothing is started. An error in the background is dropped: the foreground call checks again and raises it."""
@@ -218,7 +218,9 @@ def start_in_background(*verdicts: Callable[[], object]) -> list[threading.Threa
         except Exception:  # noqa: BLE001 -- _CheckedInBackground, or an error the foreground call will raise
             pass
 
-    threads = [threading.Thread(target=quietly, args=(fn,), daemon=True, name="certattn-selftest") for fn in verdicts]
+    # not daemons: a process that exits before a check ends waits for it (tearing XLA down under a running
+    # compile can crash the interpreter's exit)
+    threads = [threading.Thread(target=quietly, args=(fn,), name="certattn-selftest") for fn in verdicts]
     for t in threads:
         t.start()
     return threads

@@ -152,6 +152,14 @@ for s in "$@"; do
     cmdbuf_why)  # which thunks of the looped body XLA leaves out of command buffers (why CONDITIONAL changed nothing)
       step cmdbuf_why 200 "TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_conversion_pass=2,command_buffer_thunk=1 XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL python3 scripts/bench_generate.py --timeout 150 --new-tokens 8 --models smollm2 --prompts 1024 --caches certified_looped --out $W/cmdbuf_why.json > $W/cmdbuf_why_vlog.txt 2>&1; grep -c . $W/cmdbuf_why_vlog.txt; grep -i 'unsupported thunk\\|not convertible\\|convert' $W/cmdbuf_why_vlog.txt | sort | uniq -c | sort -rn | head -40 > $W/cmdbuf_why_summary.txt" ;;
     gen_grid_8b) step gen_grid_8b 520 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/gen_grid_8b.json" ;;
+    issue7_h)  # eighth session: a fresh machine with the self-checks started at the prefill; 8B 8K grid rows; planar
+      # against interleaved values (compile and speed) at SmolLM2 1K and 8B 8K; the decode compile without autotuning
+      G="python3 scripts/bench_generate.py --timeout 150 --new-tokens 64"
+      step fresh_smol1k 150 "$G --models smollm2 --prompts 1024 --caches dense certified naive --out $W/fresh_smol1k.json"
+      step ab_smol1k 75 "CERTATTN_VALUE_PACKING=interleaved $G --models smollm2 --prompts 1024 --caches certified --out $W/ab_smol1k_interleaved.json"
+      step grid_8b8k_h 240 "$G --models llama3.1-8b --prompts 8192 --caches dense naive certified --out $W/grid_8b8k.json"
+      step ab_8b8k 100 "CERTATTN_VALUE_PACKING=interleaved $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/ab_8b8k_interleaved.json"
+      step autotune_8b8k 90 "XLA_FLAGS=--xla_gpu_autotune_level=0 $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
