@@ -160,6 +160,10 @@ for s in "$@"; do
       step grid_8b8k_h 240 "$G --models llama3.1-8b --prompts 8192 --caches dense naive certified --out $W/grid_8b8k.json"
       step ab_8b8k 100 "CERTATTN_VALUE_PACKING=interleaved $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/ab_8b8k_interleaved.json"
       step autotune_8b8k 90 "XLA_FLAGS=--xla_gpu_autotune_level=0 $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
+    compile_parts)  # issue 7: where the 8B certified compile goes (parts left out; fused against jnp rung 0), and
+      # rung 0 fused against jnp end to end where "auto" switches (SmolLM2 4K: 65 blocks; 8B 8K and 32K)
+      step compile_parts 300 "python3 scripts/probe_compile_parts.py --model llama3.1-8b --capacity 8256 --modes dense certified --rung0 jnp fused --out $W/probe_compile_parts_8b8k.json"
+      step rung0_ab 280 "G='python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --caches certified'; \$G --models smollm2 --prompts 4096 --rung0 fused --out $W/rung0_fused_smol4k.json && \$G --models llama3.1-8b --prompts 8192 --rung0 fused --out $W/rung0_fused_8b8k.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=["dense", "naive", "certified"])
     ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     ap.add_argument("--schedule", default="auto")
+    ap.add_argument("--rung0", nargs="+", default=["auto"], choices=["auto", "jnp", "fused"],
+                    help="rung-0 implementations (CertPolicy.rung0) to compile the tiered modes with, rows for each")
     ap.add_argument("--out", default=str(ROOT / "results/probe_compile_parts.json"))
     args = ap.parse_args(argv)
 
@@ -98,15 +100,17 @@ def main(argv=None) -> int:
     doc = {"model": args.model, "capacity": args.capacity, "backend": jax.default_backend(),
            "device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": []}
     for mode in args.modes:
-        spec = cache_spec(mode, cfg, dtype, None if mode == "dense" else CertPolicy(), schedule=args.schedule)
-        cache = spec(1, args.capacity)
-        for part in [None] + ([] if mode == "dense" else args.parts):
-            if part == "second_pass" and mode != "certified":
-                continue
-            row = {"mode": mode, "schedule": getattr(cache, "schedule", None), **_compile(cfg, params, cache, part)}
-            doc["rows"].append(row)
-            print(json.dumps(row), flush=True)
-        del cache
+        for rung0 in (["-"] if mode == "dense" else args.rung0):
+            policy = None if mode == "dense" else CertPolicy(rung0=rung0)
+            cache = cache_spec(mode, cfg, dtype, policy, schedule=args.schedule)(1, args.capacity)
+            for part in [None] + ([] if mode == "dense" else args.parts):
+                if part == "second_pass" and mode != "certified":
+                    continue
+                row = {"mode": mode, "rung0": None if policy is None else rung0,
+                       "schedule": getattr(cache, "schedule", None), **_compile(cfg, params, cache, part)}
+                doc["rows"].append(row)
+                print(json.dumps(row), flush=True)
+            del cache
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     return 0
