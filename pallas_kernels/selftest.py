@@ -188,6 +188,7 @@ def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str 
         kept = _load_verdicts(path).get(key)
         if isinstance(kept, dict) and "problem" in kept:
             return kept["problem"]
+
     def keep(found: str | None) -> None:
         if path is not None:
             _store_verdict(path, key, {"what": what, "config": config, "problem": found,
