@@ -64,8 +64,15 @@ _F32 = jnp.float32
 _NEG_INF = -jnp.inf
 # Warps per program. The kernel is a long chain of small reductions (one program per KV head): fewer warps make
 # each reduction cheaper (within a warp: shuffles, no shared memory or barrier). Measured with 4 only so far
-# (docs/performance.md); CERTATTN_RUNG0_WARPS=1|2|4|8 selects another for measurements.
-DEFAULT_WARPS = int(os.environ.get("CERTATTN_RUNG0_WARPS", "4"))
+# (docs/performance.md); CERTATTN_RUNG0_WARPS=1|2|4|8|16 selects another for measurements. At long contexts
+# more warps may help: the program holds several [G, blocks] float32 arrays at once (8 KB each per 512 blocks of
+# a 4-row group), which 4 warps keep in registers only up to a few hundred blocks (a guess, not yet timed).
+# The self-check verdict is keyed by a non-default setting (`pallas_kernels.selftest.rung0_trusted`).
+WARP_CHOICES = (1, 2, 4, 8, 16)
+_warps_env = os.environ.get("CERTATTN_RUNG0_WARPS", "4").strip() or "4"
+if _warps_env not in {str(w) for w in WARP_CHOICES}:
+    raise ValueError(f"CERTATTN_RUNG0_WARPS={_warps_env!r}: choose one of {WARP_CHOICES}")
+DEFAULT_WARPS = int(_warps_env)
 
 
 def _i32(x: int) -> jax.Array:

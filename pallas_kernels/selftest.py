@@ -384,8 +384,13 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
                value_bits=value_bits, k_max=k_max)
     if hot_slots and hot_slots != k_max:
         cfg["hot_slots"] = hot_slots
-    return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts()), lambda: rung0_disagreement(**cfg),
-                    "The ladder uses the jnp rung 0 for this configuration instead.")
+    from pallas_kernels import certify_rung0
+
+    # the warps per program change the compiled code: a verdict on one setting never vouches for another (keyed
+    # only when not the default, so the default's kept verdicts stay valid)
+    tuning = {} if certify_rung0.DEFAULT_WARPS == 4 else {"rung0_warps": certify_rung0.DEFAULT_WARPS}
+    return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **tuning),
+                    lambda: rung0_disagreement(**cfg), "The ladder uses the jnp rung 0 for this configuration instead.")
 
 
 def _process_layouts() -> dict[str, str]:

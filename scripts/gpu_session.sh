@@ -164,6 +164,10 @@ for s in "$@"; do
       # rung 0 fused against jnp end to end where "auto" switches (SmolLM2 4K: 65 blocks; 8B 8K and 32K)
       step compile_parts 300 "python3 scripts/probe_compile_parts.py --model llama3.1-8b --capacity 8256 --modes dense certified --rung0 jnp fused --out $W/probe_compile_parts_8b8k.json"
       step rung0_ab 280 "G='python3 scripts/bench_generate.py --timeout 120 --new-tokens 64 --caches certified'; \$G --models smollm2 --prompts 4096 --rung0 fused --out $W/rung0_fused_smol4k.json && \$G --models llama3.1-8b --prompts 8192 --rung0 fused --out $W/rung0_fused_8b8k.json" ;;
+    rung0_warps)  # issue 8: the fused rung 0 at long context with more warps per program (register pressure?)
+      for w in 4 8 16; do
+        step rung0_warps_$w 150 "CERTATTN_RUNG0_WARPS=$w python3 scripts/profile_cert_step.py --shapes smol:1024 8b:32768 8b:131072 --tier1 pallas fused --phases fast --steps 30 --reps 3 --out $W/rung0_warps_$w.json"
+      done ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -362,3 +362,29 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
     finally:
         for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
             fn.cache_clear()
+
+
+def test_a_fused_rung0_verdict_on_one_warp_setting_never_vouches_for_another(monkeypatch, tmp_path):
+    """CERTATTN_RUNG0_WARPS changes the compiled certify kernel: its kept verdict is keyed by a non-default
+    setting (the default's key is unchanged, so kept verdicts stay valid), and a bad setting is refused by name."""
+    import subprocess
+    import sys
+
+    from pallas_kernels import certify_rung0
+
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    calls = []
+    monkeypatch.setattr(selftest, "rung0_disagreement", lambda **cfg: calls.append(cfg))
+    try:
+        for warps in (4, 4, 8, 8, 4):
+            monkeypatch.setattr(certify_rung0, "DEFAULT_WARPS", warps)
+            selftest.rung0_trusted.cache_clear()
+            assert selftest.rung0_trusted(16, 32, 16, 8, 4, 2)
+        assert len(calls) == 2  # once for 4 warps, once for 8; the repeats were read back
+    finally:
+        selftest.rung0_trusted.cache_clear()
+    env = {**__import__("os").environ, "CERTATTN_RUNG0_WARPS": "3", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", "import pallas_kernels.certify_rung0"], env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode != 0 and "CERTATTN_RUNG0_WARPS" in proc.stderr
