@@ -111,7 +111,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
 
     from certattn_jax import quant
     from certattn_jax.model_cache import adaptive_rung0_streak, cache_spec
-    from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
+    from certattn_jax.policy import CertPolicy, tier1_impl
+    from certattn_jax.step import uses_fused_rung0
     from models import generate as gen
     from models import llama
     from pallas_kernels import selftest
@@ -172,8 +173,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "k_max": policy.k_max, "hot_slots": policy.slots, "tier1": policy.tier1, "rung0": policy.rung0,
             # what "auto" resolved to here (rung 0 at this cache's key blocks per layer)
             "tier1_impl": tier1_impl(policy.tier1),
-            "rung0_impl": rung0_impl(policy.rung0, warm.cache.store.num_blocks) if hasattr(warm.cache, "store")
-            else None,
+            # the rung 0 the certified step compiled (its self-check included); naive has no rung 0
+            "rung0_impl": ("fused" if uses_fused_rung0(warm.cache.layer_view(0), policy) else "jnp")
+            if mode == "certified" else None,
             "hot_refresh": policy.hot_refresh, "eps": float(policy.eps),
             "looped_weights": llama.looped_weights(),
             # the concrete one ("auto" resolved); naive has none (one pass)
