@@ -174,3 +174,18 @@ def test_bench_ttft_interleaves_the_caches_and_reports_ratios_against_dense():
     dense, cert = row["caches"]["dense"], row["caches"]["certified"]
     assert dense["ratio_median"] == 1.0 and cert["min_s"] <= cert["median_s"] <= cert["max_s"]
     assert cert["ratio_p10_p90"][0] <= cert["ratio_median"] <= cert["ratio_p10_p90"][1]
+
+
+def test_probe_compile_parts_smoke(tmp_path):
+    """The compile-time probe compiles the decode loop whole and with a part left out (its patch undone after)."""
+    out = tmp_path / "probe_compile_parts.json"
+    cmd = [sys.executable, str(ROOT / "scripts/probe_compile_parts.py"), "--model", "tiny", "--capacity", "64",
+           "--modes", "certified", "--rung0", "jnp", "--parts", "second_pass", "flush", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                   timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["mode"], r["rung0"], r["without"]) for r in rows] == [
+        ("certified", "jnp", None), ("certified", "jnp", "second_pass"), ("certified", "jnp", "flush")]
+    assert all(r["compile_s"] > 0 and r["lower_s"] > 0 for r in rows)
+    whole, no_second, no_flush = (r["stablehlo_chars"] for r in rows)
+    assert no_flush < whole and no_second <= whole  # the flush's code is gone; the second pass's is folded by XLA
