@@ -418,11 +418,11 @@ class CacheSpec:
         """A dense cache to prefill into (for the dense mode: the cache itself). For a tiered mode this also
         starts, in the background, the compiled kernels' one-time self-checks that the decode step will need
         (`kernel_checks.start`): they run while the prompt is prefilled instead of inside the decode compile."""
+        capacity = self.staging_capacity(capacity)
         if self.tiered:
-            kernel_checks.start(mode=self.mode, batch=batch, capacity=self.staging_capacity(capacity),
-                                num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
-                                policy=self._policy())
-        return DenseKVCache.init(num_layers=self.num_layers, batch=batch, capacity=self.staging_capacity(capacity),
+            kernel_checks.start(mode=self.mode, batch=batch, capacity=capacity, num_kv_heads=self.num_kv_heads,
+                                head_dim=self.head_dim, dtype=self.dtype, policy=self._policy())
+        return DenseKVCache.init(num_layers=self.num_layers, batch=batch, capacity=capacity,
                                  num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype)
 
     def from_staging(self, dense: DenseKVCache) -> KVCache:

@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--capacity", type=int, default=1152)
     ap.add_argument("--modes", nargs="+", default=["dense", "naive", "certified"])
-    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    ap.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS,
+                    help="parts to leave out one at a time (none: only the whole loops)")
     ap.add_argument("--schedule", default="auto")
     ap.add_argument("--rung0", nargs="+", default=["auto"], choices=["auto", "jnp", "fused"],
                     help="rung-0 implementations (CertPolicy.rung0) to compile the tiered modes with, rows for each")
