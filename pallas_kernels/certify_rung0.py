@@ -73,6 +73,16 @@ _warps_env = os.environ.get("CERTATTN_RUNG0_WARPS", "4").strip() or "4"
 if _warps_env not in {str(w) for w in WARP_CHOICES}:
     raise ValueError(f"CERTATTN_RUNG0_WARPS={_warps_env!r}: choose one of {WARP_CHOICES}")
 DEFAULT_WARPS = int(_warps_env)
+# Block columns per chunk of the kernel's passes over the blocks (a power of two; the block axis is padded to one, so
+# a chunk never straddles its end). Version 3 held every per-block quantity as a [G, blocks] array at once: at the
+# 8B shape's 128K (2,048 blocks) several 32 KB arrays per program, and its time grew by 0.2-0.4 us per block
+# (docs/kernels.md section 4, item 0b). CERTATTN_RUNG0_CHUNK selects another width for measurements (a width >=
+# the padded block count is version 3's whole-width layout); keyed in the self-check verdict when not the default.
+CHUNK_CHOICES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_chunk_env = os.environ.get("CERTATTN_RUNG0_CHUNK", "256").strip() or "256"
+if _chunk_env not in {str(c) for c in CHUNK_CHOICES}:
+    raise ValueError(f"CERTATTN_RUNG0_CHUNK={_chunk_env!r}: choose one of {CHUNK_CHOICES}")
+DEFAULT_CHUNK = int(_chunk_env)
 
 
 def _i32(x: int) -> jax.Array:
@@ -126,10 +136,13 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
 
 
 def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, *refs, G: int, nb: int, K: int,
-            kp: int, ch: int, block_size: int, split: bool = False):
+            kp: int, ch: int, cw: int, block_size: int, split: bool = False):
     # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
     # split: acc_ref [Gp, Sp, d] holds the tier-1 pass's split accumulators (hot blocks left out) with their maxima
     # am_ref [Gp, Sp], and xa_ref [Gp, K, d] the hot blocks' INT value sums; else acc_ref [Gp, NBp, d] per block.
+    # cw: the block columns one pass handles at a time (`chunk_blocks`): every per-block quantity lives in [Gp, cw]
+    # tiles, so the registers a program needs do not grow with the context, and only chunks holding valid blocks
+    # are visited. Sums and maxima run element-wise across chunks and are reduced once at the end.
     if split:
         am_ref, xa_ref, *refs = refs
     (hid_ref, hm_ref, hl_ref, hacc_ref, hdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref,
@@ -142,44 +155,76 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     margin = par_ref[1]
     g_real = jax.lax.broadcasted_iota(jnp.int32, (Gp,), 0) < G  # padded query-head rows never count
     g_real2 = g_real[:, None]
-    nidx = jax.lax.broadcasted_iota(jnp.int32, (1, NBp), 1)
-    blk_valid = nidx < n_valid
+    cidx = jax.lax.broadcasted_iota(jnp.int32, (1, cw), 1)
+    n_chunks = (n_valid + cw - 1) // cw  # chunks holding valid blocks (the rest are empty: never read)
+
+    def columns(c):  # a chunk's block ids [1, cw] and which of them hold tokens
+        ids = c * cw + cidx
+        return ids, ids < n_valid
+
+    def chunk_lm(c):  # a chunk's INT8 log-masses [Gp, cw] (-inf where no block), ids and validity
+        ids, valid = columns(c)
+        sl = pl.ds(c * cw, cw)
+        return jnp.where(valid, _log_mass(m_ref[:, sl], l_ref[:, sl]), _NEG_INF), ids, valid
+
+    def column(ref, blk):  # one block's column of a [Gp, NBp] input: [Gp]
+        return jnp.sum(ref[:, pl.ds(jnp.clip(blk, 0, NBp - 1), 1)], axis=1)
+
+    def fold(body, init):  # body(c, carry) over the chunks holding valid blocks
+        return jax.lax.fori_loop(0, n_chunks, body, init)
 
     # 1. INT8 log-masses, the residual block (exact), the normalizer and the estimated masses
-    m = m_ref[...]
-    l = l_ref[...]
-    apx_lm = _log_mass(m, l)  # [Gp, NBp]
     res_m, res_l, res_acc, res_delta = hm_ref[:, K], hl_ref[:, K], hacc_ref[:, K, :], hdl_ref[:, K]
     res_lm = _log_mass(res_m, res_l)  # [Gp]
-    top = jnp.maximum(jnp.max(apx_lm, axis=1), res_lm)
+    lm_max = fold(lambda c, x: jnp.maximum(x, chunk_lm(c)[0]), jnp.full((Gp, cw), _NEG_INF, _F32))
+    top = jnp.maximum(jnp.max(lm_max, axis=1), res_lm)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    log_norm = jnp.log(jnp.sum(jnp.exp(apx_lm - top[:, None]), axis=1) + jnp.exp(res_lm - top)) + top
-    est = jnp.exp(apx_lm - log_norm[:, None])
+    sum_exp = fold(lambda c, x: x + jnp.exp(chunk_lm(c)[0] - top[:, None]), jnp.zeros((Gp, cw), _F32))
+    log_norm = jnp.log(jnp.sum(sum_exp, axis=1) + jnp.exp(res_lm - top)) + top
     covered = jnp.exp(res_lm - log_norm)  # [Gp]
 
+    def est_of(lm):  # estimated masses
+        return jnp.exp(lm - log_norm[:, None])
+
     # 2. top-k_max candidates (ties: lower block id first) and K*: one loop iteration per candidate (a rolled loop:
-    # unrolled, k_max = 8 made this kernel the fused rung 0's whole extra compile time, docs/performance.md)
-    score = jnp.where(blk_valid, jnp.max(jnp.where(g_real2, est, _NEG_INF), axis=0, keepdims=True), -1.0)
+    # unrolled, k_max = 8 made this kernel the fused rung 0's whole extra compile time, docs/performance.md). Each
+    # pick is the best block that ranks after the previous pick (value down, id up), found by one pass over the
+    # chunks that keeps each column's best; a block's score is its estimated mass, max over query heads.
+    def chunk_score(c):
+        lm, ids, valid = chunk_lm(c)
+        return jnp.where(valid, jnp.max(jnp.where(g_real2, est_of(lm), _NEG_INF), axis=0, keepdims=True), -1.0), ids
 
     def min_real(x):
         return jnp.min(jnp.where(g_real, x, jnp.inf))
 
     KP = _pow2(kp)
     jidx = jax.lax.broadcasted_iota(jnp.int32, (KP,), 0)
+    no_block = _i32(NBp)
 
     def pick(j, carry):
-        score, covered, k_star, ranked = carry
-        best = jnp.max(score)
-        idx = jnp.min(jnp.where(score == best, nidx, NBp))
+        last, last_id, covered, k_star, ranked = carry
+
+        def best_per_column(c, col):
+            col_best, col_id = col
+            score, ids = chunk_score(c)
+            after = (score < last) | ((score == last) & (ids > last_id))
+            score = jnp.where(after, score, -3.0)
+            better = score > col_best  # chunks in id order: a tie keeps the lower id
+            return jnp.where(better, score, col_best), jnp.where(better, ids, col_id)
+
+        col_best, col_id = fold(best_per_column, (jnp.full((1, cw), -3.0, _F32), jnp.full((1, cw), NBp, jnp.int32)))
+        best = jnp.max(col_best)
+        idx = jnp.min(jnp.where(col_best == best, col_id, no_block))
         ok = best >= 0
-        picked = (nidx == idx) & ok
-        covered = covered + jnp.sum(jnp.where(picked, est, 0.0), axis=1)
+        lm_blk = _log_mass(column(m_ref, idx), column(l_ref, idx))  # [Gp]
+        covered = covered + jnp.where(ok, jnp.exp(lm_blk - log_norm), 0.0)
         k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), j + 1, k_star)
         ranked = jnp.where(jidx == j, jnp.where(ok, idx, _i32(-1)), ranked)
-        return jnp.where(nidx == idx, -2.0, score), covered, k_star, ranked
+        return jnp.where(ok, best, last), jnp.where(ok, idx, last_id), covered, k_star, ranked
 
     k_star = jnp.where(min_real(covered) >= tau, _i32(0), _i32(-1))
-    _, _, k_star, ranked = jax.lax.fori_loop(0, kp, pick, (score, covered, k_star, jnp.full((KP,), -1, jnp.int32)))
+    _, _, _, k_star, ranked = jax.lax.fori_loop(
+        0, kp, pick, (jnp.float32(jnp.inf), _i32(-1), covered, k_star, jnp.full((KP,), -1, jnp.int32)))
     n_cands = jnp.minimum(n_valid, _i32(2 * kp))  # the jnp path ranks 2 k_max candidates
     k_star = jnp.minimum(jnp.minimum(jnp.where(k_star >= 0, k_star, n_cands), n_cands), _i32(kp))
 
@@ -199,22 +244,31 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
         hit = (ids == hid[:, None]) & active[:, None]  # [P, n]
         return (jnp.max(hit.astype(jnp.int32), axis=0) > 0)[None, :]
 
+    def chunk_kept(c):  # a chunk's INT blocks that are merged (valid, not promoted): m, l masked, and the mask
+        ids, valid = columns(c)
+        sl = pl.ds(c * cw, cw)
+        keep = ~promoted(ids) & valid
+        return jnp.where(keep, m_ref[:, sl], _NEG_INF), jnp.where(keep, l_ref[:, sl], 0.0), keep, sl
+
     # 4. the merge (step.combine over [INT blocks not promoted, promoted slots, residual])
-    keep = ~promoted(nidx)
-    am = jnp.where(keep, m, _NEG_INF)
-    al = jnp.where(keep, l, 0.0)
     act2 = active[None, :]
     slot_m, slot_l = hm_ref[...], hl_ref[...]  # [Gp, P]
     hm = jnp.where(act2, slot_m, _NEG_INF)
     hl = jnp.where(act2, slot_l, 0.0)
-    big = jnp.maximum(jnp.maximum(jnp.max(am, axis=1), res_m), jnp.max(hm, axis=1))
+    am_max = fold(lambda c, x: jnp.maximum(x, chunk_kept(c)[0]), jnp.full((Gp, cw), _NEG_INF, _F32))
+    big = jnp.maximum(jnp.maximum(jnp.max(am_max, axis=1), res_m), jnp.max(hm, axis=1))
     big = jnp.where(jnp.isfinite(big), big, 0.0)
 
     def weight(x):
         return jnp.where(jnp.isfinite(x), jnp.exp(x - big if x.ndim == 1 else x - big[:, None]), 0.0)
 
+    def denom_chunk(c, x):
+        am, al, _, _ = chunk_kept(c)
+        return x + al * weight(am)
+
     w_hot = weight(hm)  # [Gp, P]
-    denom = jnp.sum(al * weight(am), axis=1) + res_l * weight(res_m) + jnp.sum(hl * w_hot, axis=1)
+    denom = (jnp.sum(fold(denom_chunk, jnp.zeros((Gp, cw), _F32)), axis=1) + res_l * weight(res_m)
+             + jnp.sum(hl * w_hot, axis=1))
     hot_acc = jnp.where(act2[:, :, None], hacc_ref[...], 0.0)  # [Gp, P, d]
     num = weight(res_m)[:, None] * res_acc + jnp.sum(w_hot[:, :, None] * hot_acc, axis=1)
 
@@ -234,11 +288,10 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
         num, a_blk = carry
         at = pidx == s
         blk = jnp.maximum(jnp.max(jnp.where(at, hid, _i32(-1))), 0)
-        on_blk = nidx == blk
-        at_block = jnp.max(jnp.where(on_blk, apx_lm, _NEG_INF), axis=1)  # [Gp]
+        m_blk = column(m_ref, blk)  # [Gp]
+        at_block = _log_mass(m_blk, column(l_ref, blk))
         a_blk = jnp.where(at, jnp.max(jnp.where(g_real, at_block - log_norm, _NEG_INF)), a_blk)
         if split:
-            m_blk = jnp.max(jnp.where(on_blk, m, _NEG_INF), axis=1)  # [Gp]
             use_s = jnp.max(jnp.where(at & use, _i32(1), _i32(0))) > 0
             xa = jnp.sum(xa_ref[:, pl.ds(s, 1), :], axis=1)  # [Gp, d]
             num = num + jnp.where(use_s, weight(m_blk)[:, None] * xa, 0.0)
@@ -266,22 +319,13 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     out = num / safe[:, None]
     log_denom = jnp.log(safe)
     denom_ok = jnp.isfinite(denom)
-    items = [_item(am, al, big[:, None], log_denom[:, None], denom_ok[:, None], keep & blk_valid, dl_ref[...]),
-             _item(hm, hl, big[:, None], log_denom[:, None], denom_ok[:, None], jnp.broadcast_to(act2, (Gp, P)),
-                   hdl_ref[...]),
-             _item(res_m, res_l, big, log_denom, denom_ok, jnp.broadcast_to(r_count > 0, (Gp,)), res_delta)]
 
     # 5. the bound (bounds.tv_bound, key_error, weighted_sum with evaluate_stage's constants)
     n_items = nb + K + 1
     sum_rel = bounds.sum_error(block_size + 1, n_items + 1)
     lm_shift = math.log1p(2 * (sum_rel + 2 * bounds.EPS_WEIGHT)) * (1.0 + 4 * bounds.U)
 
-    broken = jnp.zeros((Gp,), jnp.bool_)
-    x_sum = jnp.zeros((Gp,), _F32)
-    y_sum = jnp.zeros((Gp,), _F32)
-    d_max = jnp.zeros((Gp,), _F32)
-    lm_up_blocks = items[0].lm + items[0].err + lm_shift
-    for it in items:
+    def item_terms(it: _Item):  # per item: bad, the TV sums' terms x, y, and Delta (0 where not valid)
         lm_up = it.lm + it.err + lm_shift
         bad = it.valid & ~(it.ok & jnp.isfinite(it.lm) & jnp.isfinite(it.delta))
         lmv = jnp.where(it.valid, lm_up, 0.0)
@@ -289,7 +333,36 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
         use_it = it.valid & (dlv > 0)
         xs = jnp.where(use_it, bounds._exp_up(lmv + jnp.log(jnp.where(use_it, jnp.expm1(dlv), 1.0))), 0.0)
         ys = jnp.where(use_it, bounds._exp_up(lmv + jnp.log(jnp.where(use_it, -jnp.expm1(-dlv), 1.0))), 0.0)
-        if it.lm.ndim == 2:  # the INT blocks, the hot slots: reduce over them
+        return bad, xs, ys, dlv, lm_up
+
+    def bound_chunk(c, acc):  # the INT blocks' terms of TV, E_val and the ranking check's tail, element-wise
+        bad_a, x_a, y_a, d_a, v_a, vbad_a, tail_a = acc
+        am, al, keep, sl = chunk_kept(c)
+        it = _item(am, al, big[:, None], log_denom[:, None], denom_ok[:, None], keep, dl_ref[:, sl])
+        bad, xs, ys, dlv, lm_up = item_terms(it)
+        eta = eta_ref[:, sl]
+        use_b = keep & (eta > 0)
+        terms = bounds._exp_up(jnp.where(use_b, lm_up, 0.0) + jnp.log(jnp.where(use_b, eta, 1.0)))
+        vbad = keep & ~jnp.isfinite(eta)
+        apx_lm = _log_mass(m_ref[:, sl], l_ref[:, sl])
+        tail = jnp.where(g_real2 & keep, apx_lm + dl_ref[:, sl] - log_norm[:, None], _NEG_INF)
+        return (jnp.maximum(bad_a, bad.astype(jnp.int32)), x_a + xs, y_a + ys, jnp.maximum(d_a, dlv),
+                v_a + jnp.where(use_b, terms, 0.0), jnp.maximum(vbad_a, vbad.astype(jnp.int32)),
+                jnp.maximum(tail_a, tail))
+
+    zeros, izeros = jnp.zeros((Gp, cw), _F32), jnp.zeros((Gp, cw), jnp.int32)
+    bad_a, x_a, y_a, d_a, v_a, vbad_a, tail_a = fold(
+        bound_chunk, (izeros, zeros, zeros, zeros, zeros, izeros, jnp.full((Gp, cw), _NEG_INF, _F32)))
+    broken = jnp.max(bad_a, axis=1) > 0
+    x_sum = jnp.sum(x_a, axis=1)
+    y_sum = jnp.sum(y_a, axis=1)
+    d_max = jnp.max(d_a, axis=1)
+    items = [_item(hm, hl, big[:, None], log_denom[:, None], denom_ok[:, None], jnp.broadcast_to(act2, (Gp, P)),
+                   hdl_ref[...]),
+             _item(res_m, res_l, big, log_denom, denom_ok, jnp.broadcast_to(r_count > 0, (Gp,)), res_delta)]
+    for it in items:
+        bad, xs, ys, dlv, _ = item_terms(it)
+        if it.lm.ndim == 2:  # the hot slots: reduce over them
             bad, xs, ys, dlv = _any_row(bad), jnp.sum(xs, axis=1), jnp.sum(ys, axis=1), jnp.max(dlv, axis=1)
         broken = broken | bad
         x_sum = x_sum + xs
@@ -303,17 +376,13 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     tv = jnp.minimum(jnp.minimum(weighted, uniform), 1.0)
     tv = jnp.where(broken | jnp.isnan(tv), jnp.inf, tv)
     e_key = bounds.key_error(tv, key_scale)
-    eta = eta_ref[...]  # [Gp, NBp]
-    blocks = items[0]
-    use_b = blocks.valid & (eta > 0)
-    terms = bounds._exp_up(jnp.where(use_b, lm_up_blocks, 0.0) + jnp.log(jnp.where(use_b, eta, 1.0)))
-    e_val = bounds.round_up_sum(jnp.sum(jnp.where(use_b, terms, 0.0), axis=1), nb) + (nb + 1) * bounds.TINY
-    e_val_bad = broken | _any_row(blocks.valid & ~jnp.isfinite(eta))
+    e_val = bounds.round_up_sum(jnp.sum(v_a, axis=1), nb) + (nb + 1) * bounds.TINY
+    e_val_bad = broken | (jnp.max(vbad_a, axis=1) > 0)
     e_val = jnp.where(e_val_bad | jnp.isnan(e_val), jnp.inf, e_val)
 
     # the ranking-consistency check (select.ranking_consistent), per KV head, over pairs of promoted slots
     e_blk = jnp.max(jnp.where(g_real2, _log_mass(slot_m, slot_l) - log_norm[:, None], _NEG_INF), axis=0)  # [P]
-    tail = jnp.max(jnp.where(g_real2 & keep & blk_valid, apx_lm + dl_ref[...] - log_norm[:, None], _NEG_INF))
+    tail = jnp.max(tail_a)
     pair = active[:, None] & active[None, :]
     inv = pair & (a_blk[:, None] > a_blk[None, :]) & (e_blk[None, :] > e_blk[:, None] + margin)
     inverted = jnp.max(inv.astype(jnp.int32)) > 0
@@ -354,7 +423,7 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
                   r_count, key_scale, *, block_size: int, k_max: int, tau_cov: float, rank_margin: float,
                   heads: int | None = None, num_blocks: int | None = None, split_max: jax.Array | None = None,
                   hot_acc: jax.Array | None = None, interpret: bool | None = None,
-                  num_warps: int | None = None) -> Rung0:
+                  num_warps: int | None = None, chunk_blocks: int | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
 
     The exact items come as slots: slot_m, slot_l, slot_delta [B, H, G, P], slot_acc [B, H, G, P, d] with P >=
@@ -389,6 +458,9 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
         raise ValueError(f"k_max {k_max} must be in [1, {K}] (the hot slots)")
     interpret = backend.interpret() if interpret is None else interpret
     num_warps = num_warps or DEFAULT_WARPS
+    chunk_blocks = chunk_blocks or DEFAULT_CHUNK
+    if chunk_blocks not in CHUNK_CHOICES:
+        raise ValueError(f"chunk_blocks {chunk_blocks}: choose one of {CHUNK_CHOICES}")
     if not interpret:
         for name, n in (("head_dim", d), ("hot slots", K)):
             if n & (n - 1):
@@ -420,22 +492,24 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     split_args = (split_max.astype(f32), hot_acc.astype(f32)) if split else ()
     out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
                 apx_delta, eta, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l, slot_acc, slot_delta,
-                G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps)
+                G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps,
+                cw=min(chunk_blocks, NBp))
     o, ek, ev, br, rk, act = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0)
 
 
-@functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw"))
 def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, nb, kp, block_size, interpret,
-          num_warps):
+          num_warps, cw):
     split = len(rest) == 7
     split_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:2], rest[2:]) if split else ((), rest)
     B, H, Gp, NBp = m.shape
     d = acc.shape[-1]
     K = hot_ids.shape[-1]
     P = slot_m.shape[-1]
-    kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), block_size=block_size, split=split)
+    kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), cw=cw, block_size=block_size,
+                               split=split)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))

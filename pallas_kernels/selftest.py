@@ -386,9 +386,11 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
         cfg["hot_slots"] = hot_slots
     from pallas_kernels import certify_rung0
 
-    # the warps per program change the compiled code: a verdict on one setting never vouches for another (keyed
-    # only when not the default, so the default's kept verdicts stay valid)
+    # the warps per program and the chunk width change the compiled code: a verdict on one setting never vouches
+    # for another (keyed only when not the default, so the default's kept verdicts stay valid)
     tuning = {} if certify_rung0.DEFAULT_WARPS == 4 else {"rung0_warps": certify_rung0.DEFAULT_WARPS}
+    if certify_rung0.DEFAULT_CHUNK != 256:
+        tuning["rung0_chunk"] = certify_rung0.DEFAULT_CHUNK
     return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **tuning),
                     lambda: rung0_disagreement(**cfg), "The ladder uses the jnp rung 0 for this configuration instead.")
 

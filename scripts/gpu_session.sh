@@ -168,6 +168,12 @@ for s in "$@"; do
       for w in 4 8 16; do
         step rung0_warps_$w 150 "CERTATTN_RUNG0_WARPS=$w python3 scripts/profile_cert_step.py --shapes smol:1024 8b:32768 8b:131072 --tier1 pallas fused --phases fast --steps 30 --reps 3 --out $W/rung0_warps_$w.json"
       done ;;
+    rung0_v4)  # ninth session: the fused rung 0 in chunked passes (v4): compiled tests, pass width x warps at 512 and
+      # 2,048 blocks against the jnp rung 0, then end to end at 8B 8K (fused against jnp: compile and tokens/s)
+      step rung0_v4_tests 150 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py"
+      P="python3 scripts/profile_cert_step.py --phases fast --steps 30 --reps 3 --tier1 pallas fused"
+      step rung0_chunks 330 "$P --shapes smol:1024 --rung0-variants 256x4 --out $W/chunks_smol1k.json; $P --shapes 8b:32768 --rung0-variants 64x4 128x4 256x4 512x4 256x8 --out $W/chunks_8b32k.json; $P --shapes 8b:131072 --rung0-variants 128x4 256x4 512x4 2048x4 256x8 --out $W/chunks_8b128k.json"
+      step rung0_v4_8b8k 200 "G='python3 scripts/bench_generate.py --timeout 95 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified'; \$G --rung0 fused --out $W/v4_8b8k_fused.json; \$G --rung0 jnp --out $W/v4_8b8k_jnp.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -76,6 +76,22 @@ def phases(policy: CertPolicy):
     return dict(naive=naive, tier1=tier1, context=context, select=select, rung0=rung0, fast=fast, full=full)
 
 
+def set_rung0_variant(variant: str | None) -> dict | None:
+    """Apply "CHUNKxWARPS" to the fused rung 0 (`pallas_kernels.certify_rung0`'s pass width and warps, read when
+    a step is traced) and forget the self-check verdicts, so the variant is checked before it is used. Returns
+    the settings in force (None for variant None: the module's own)."""
+    from pallas_kernels import certify_rung0, selftest
+
+    if variant:
+        chunk, warps = (int(x) for x in variant.lower().split("x"))
+        if chunk not in certify_rung0.CHUNK_CHOICES or warps not in certify_rung0.WARP_CHOICES:
+            raise SystemExit(f"--rung0-variants {variant}: chunk in {certify_rung0.CHUNK_CHOICES}, warps in "
+                             f"{certify_rung0.WARP_CHOICES}")
+        certify_rung0.DEFAULT_CHUNK, certify_rung0.DEFAULT_WARPS = chunk, warps
+        selftest.rung0_trusted.cache_clear()
+    return dict(chunk=certify_rung0.DEFAULT_CHUNK, warps=certify_rung0.DEFAULT_WARPS)
+
+
 def time_loop(fn, cache, q0, steps, reps, dump=None):
     # Only the hot set is carried (the one part of the cache a step changes): carrying the whole cache through
     # the loop makes XLA copy it, tier 2 included, on entry to every call (an artefact a decode loop that
@@ -129,6 +145,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rung0-variants", nargs="+", default=None, metavar="CHUNKxWARPS",
+                    help="for --tier1 fused: the certify kernel's pass width in blocks and warps per program, e.g. "
+                    "256x4 2048x4 (each self-checked anew; default: the module's settings)")
     ap.add_argument("--dump-hlo", default=None, help="write the compiled HLO of the fast phase to DIR/NAME_T_IMPL.hlo")
     args = ap.parse_args()
     dev = jax.devices()[0]
@@ -141,20 +160,33 @@ def main() -> None:
         dense_us = dense_loop_us(kh, vh, q0, lengths, args.steps, args.reps)
         print(f"{name} T={T} dense {dense_us:.1f} us", flush=True)
         rows.append(dict(shape=name, context=T, phase="dense", tier1=None, us=dense_us))
-        for impl in args.tier1:
+        runs = [(impl, None) for impl in args.tier1 if impl != "fused" or not args.rung0_variants]
+        runs += [("fused", v) for v in (args.rung0_variants or []) if "fused" in args.tier1]
+        for impl, variant in runs:
             policy = CertPolicy(tier1="jnp" if impl == "jnp" else "pallas", rung0="fused" if impl == "fused" else "jnp")
+            settings = set_rung0_variant(variant)
             cache = jax.jit(lambda k, v, p=policy: TieredKVCache.from_dense(k, v, p))(k, v)
+            fused_ran = step.uses_fused_rung0(cache, policy) if impl == "fused" else None
             for ph, fn in phases(policy).items():
                 if args.phases and ph not in args.phases:
                     continue
                 if ph == "naive" and impl != args.tier1[0]:
                     continue
-                dump = (f"{args.dump_hlo}/{name}_{T}_{impl}.hlo" if args.dump_hlo and ph == "fast" else None)
-                us, launches, compile_s = time_loop(fn, cache, q0, args.steps, args.reps, dump)
-                print(f"{name} T={T} {impl:6s} {ph:8s} {us:9.1f} us  launches {launches['launches']:4d} "
-                      f"(+{launches['cond_branch_launches']} in branches)  compile {compile_s:.1f} s", flush=True)
+                label = impl + (f"[{variant}]" if variant else "")
+                dump = (f"{args.dump_hlo}/{name}_{T}_{label}.hlo" if args.dump_hlo and ph == "fast" else None)
+                try:
+                    us, launches, compile_s = time_loop(fn, cache, q0, args.steps, args.reps, dump)
+                except Exception as e:  # noqa: BLE001 - one variant that fails must not cost the others
+                    print(f"{name} T={T} {label} {ph} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, rung0=settings,
+                                     error=f"{type(e).__name__}: {e}"[:800]))
+                    continue
+                print(f"{name} T={T} {label:14s} {ph:8s} {us:9.1f} us  launches {launches['launches']:4d} "
+                      f"(+{launches['cond_branch_launches']} in branches)  compile {compile_s:.1f} s"
+                      + ("" if fused_ran is None else f"  fused rung 0 ran: {fused_ran}"), flush=True)
                 rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, us=us, launches=launches["launches"],
-                                 cond_branch_launches=launches["cond_branch_launches"], compile_s=compile_s))
+                                 cond_branch_launches=launches["cond_branch_launches"], compile_s=compile_s,
+                                 rung0=settings, fused_rung0_ran=fused_ran))
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, steps=args.steps,
                   reps=args.reps, xla_flags=os.environ.get("XLA_FLAGS", ""), rows=rows)
     if args.out:
