@@ -92,7 +92,29 @@ def set_rung0_variant(variant: str | None) -> dict | None:
     return dict(chunk=certify_rung0.DEFAULT_CHUNK, warps=certify_rung0.DEFAULT_WARPS)
 
 
-def time_loop(fn, cache, q0, steps, reps, dump=None):
+def trace_loop(compiled, cache, steps: int, trace_dir: str) -> dict:
+    """One more call of a compiled timing loop under `jax.profiler.trace`: its device kernels per step, by name
+    and HLO scope, busy against idle (`trace_decode.summarize`)."""
+    import glob
+    import gzip
+
+    from trace_decode import device_events, hlo_scopes, summarize
+
+    scopes = hlo_scopes(compiled.as_text())
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(cache))
+        wall = time.perf_counter() - t0
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        return {"error": f"no trace under {trace_dir}"}
+    with gzip.open(files[-1], "rt") as f:
+        events, _ = device_events(json.load(f))
+    return summarize(events, scopes, steps, wall)
+
+
+def time_loop(fn, cache, q0, steps, reps, dump=None, trace_dir=None):
     # Only the hot set is carried (the one part of the cache a step changes): carrying the whole cache through
     # the loop makes XLA copy it, tier 2 included, on entry to every call (an artefact a decode loop that
     # donates its cache does not have: measured ~0.6 ms per step at 32K when amortised over 30 steps).
@@ -116,6 +138,8 @@ def time_loop(fn, cache, q0, steps, reps, dump=None):
         t0 = time.perf_counter()
         jax.block_until_ready(compiled(cache))
         times.append(time.perf_counter() - t0)
+    if trace_dir:
+        launches["trace"] = trace_loop(compiled, cache, steps, trace_dir)
     return statistics.median(times) / steps * 1e6, launches, compile_s
 
 
@@ -148,6 +172,8 @@ def main() -> None:
     ap.add_argument("--rung0-variants", nargs="+", default=None, metavar="CHUNKxWARPS",
                     help="for --tier1 fused: the certify kernel's pass width in blocks and warps per program, e.g. "
                     "256x4 2048x4 (each self-checked anew; default: the module's settings)")
+    ap.add_argument("--trace", default=None, help="DIR: trace one more call of each fast phase (jax.profiler) and "
+                    "add its kernels per step, by name and scope, to the row")
     ap.add_argument("--dump-hlo", default=None, help="write the compiled HLO of the fast phase to DIR/NAME_T_IMPL.hlo")
     args = ap.parse_args()
     dev = jax.devices()[0]
@@ -175,7 +201,8 @@ def main() -> None:
                 label = impl + (f"[{variant}]" if variant else "")
                 dump = (f"{args.dump_hlo}/{name}_{T}_{label}.hlo" if args.dump_hlo and ph == "fast" else None)
                 try:
-                    us, launches, compile_s = time_loop(fn, cache, q0, args.steps, args.reps, dump)
+                    tdir = (f"{args.trace}/{name}_{T}_{label}" if args.trace and ph == "fast" else None)
+                    us, launches, compile_s = time_loop(fn, cache, q0, args.steps, args.reps, dump, tdir)
                 except Exception as e:  # noqa: BLE001 - one variant that fails must not cost the others
                     print(f"{name} T={T} {label} {ph} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
                     rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, rung0=settings,
@@ -186,7 +213,7 @@ def main() -> None:
                       + ("" if fused_ran is None else f"  fused rung 0 ran: {fused_ran}"), flush=True)
                 rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, us=us, launches=launches["launches"],
                                  cond_branch_launches=launches["cond_branch_launches"], compile_s=compile_s,
-                                 rung0=settings, fused_rung0_ran=fused_ran))
+                                 rung0=settings, fused_rung0_ran=fused_ran, trace=launches.get("trace")))
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, steps=args.steps,
                   reps=args.reps, xla_flags=os.environ.get("XLA_FLAGS", ""), rows=rows)
     if args.out:
