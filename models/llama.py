@@ -142,10 +142,16 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
         def second_pass_if_needed(x_fast, c_fast):
             return jax.lax.cond(
                 c_fast.needs_slow_path(),
-                lambda: _slow_path_done(*_layers_looped(params, config, x, cache, cos, sin, new_lengths)),
+                lambda: _slow_path_done(*_layers_looped(params, config, x, cache, cos, sin, new_lengths,
+                                                        rare=True)),
                 lambda: (x_fast, c_fast.fast_path_done()))
 
         schedule = getattr(fast, "schedule", "")
+        if schedule == "adaptive" and not _small_layers(params):
+            # large layers run in per-layer switch branches whichever first pass runs, so the rung-0 pass saves
+            # nothing a step could notice (a conditional per layer is free: docs/performance.md), while each
+            # first pass compiles every layer's dense code once more (the 8B shape: 64 branches of GEMMs each)
+            schedule = "looped"
         if schedule == "adaptive":  # rung 1 in the first pass unless the last steps stayed at rung 0
             def first_pass(layers, top_rung):
                 def run():
@@ -244,7 +250,7 @@ def _nbytes(tree: Any) -> int:
 
 
 def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVCache, cos: jax.Array,
-                   sin: jax.Array, new_lengths: jax.Array) -> tuple[jax.Array, KVCache]:
+                   sin: jax.Array, new_lengths: jax.Array, rare: bool = False) -> tuple[jax.Array, KVCache]:
     """Every layer in a `lax.fori_loop`: the cache's attention (the certified ladder) is compiled once. The
     cache must accept a traced layer index (TieredModelCache).
 
@@ -258,8 +264,20 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
         adds for a certified cache), read by index: a copy, and no conditional (`_layers_looped_stacked`); without
         the stacked copy (or with CERTATTN_LOOPED_WEIGHTS=switch), one `lax.switch` returns the layer's weights (a
         copy and a conditional, still cheaper there than a second conditional).
-    The attention is compiled once; the dense code once (stacked) or once per layer in the branches."""
+    rare: the loop runs on few steps (the second pass, when some head needs a rung above 1): large layers too take
+    their weights out of one `lax.switch` (a copy of each layer's weights, ~0.3 ms per 8B layer, paid only on such
+    steps), so the dense code is compiled once instead of once per layer (docs/performance.md, 2026-12-03).
+    The attention is compiled once; the dense code once (stacked, or copied out of a switch) or once per layer in
+    the branches."""
     layers = list(params["layers"])
+    if rare and not _small_layers(params):
+        pick = [lambda w=w: w for w in layers]
+
+        def body(i, carry):
+            x, cache = carry
+            return _layer(jax.lax.switch(i, pick), config, x, cache, i, cos, sin, new_lengths)
+
+        return jax.lax.fori_loop(0, len(layers), body, (x, cache))
     if _small_layers(params):
         if STACKED_LAYERS in params and _LOOPED_WEIGHTS == "stacked":
             return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)

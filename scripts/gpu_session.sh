@@ -176,8 +176,9 @@ for s in "$@"; do
       step rung0_v4_8b8k 200 "G='python3 scripts/bench_generate.py --timeout 95 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified'; \$G --rung0 fused --out $W/v4_8b8k_fused.json; \$G --rung0 jnp --out $W/v4_8b8k_jnp.json" ;;
     why8b)  # ninth session: where an 8B certified decode step goes (8K: 13 ms against dense 4.9), kernel by kernel;
       # and the attention fast pass at 32K (31 launches around ~65 us of tier-1 pass), traced, HLO dumped
-      step why8b_trace 200 "python3 scripts/trace_decode.py --model llama3.1-8b --prompt 8192 --caches dense certified --steps 16 --out $W/trace_decode_8b8k.json"
-      step why_fast32k 120 "python3 scripts/profile_cert_step.py --shapes 8b:32768 --tier1 pallas fused --rung0-variants 256x8 --phases fast --steps 30 --reps 3 --trace /tmp/trc --dump-hlo $W/hlo --out $W/why_fast32k.json"
+      step why8b_trace 200 "python3 scripts/trace_decode.py --model llama3.1-8b --prompt 8192 --caches certified --steps 16 --out $W/trace_decode_8b8k.json"
+      step gen8b8k_looped 110 "python3 scripts/bench_generate.py --timeout 100 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified --out $W/gen8b8k_looped.json"
+      step why_fast32k 120 "python3 scripts/profile_cert_step.py --shapes 8b:32768 --tier1 fused --rung0-variants 256x8 --phases fast --steps 30 --reps 3 --trace /tmp/trc --dump-hlo $W/hlo --out $W/why_fast32k.json"
       hlo_analyses ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
