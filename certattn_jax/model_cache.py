@@ -58,14 +58,35 @@ SCHEDULES = ("looped", "two-pass", "straight", "straight-looped", "adaptive", "u
 SCHEDULE_CHOICES = ("auto",) + SCHEDULES
 DEFAULT_SCHEDULE = "auto"
 AUTO_SCHEDULE = {"gpu": "adaptive"}  # backend -> schedule; other backends "looped"
+# Per backend, the layer-weight size (bytes) below which a layer counts as small: the looped schedules read small
+# layers' weights from a stacked copy by index and large ones in place, inside per-layer switch branches
+# (`models.llama._layers_looped`). For large layers "auto" is "looped": "adaptive"'s extra first pass compiles every
+# layer's dense code once more (the 8B shape on the H200: decode compile 27-31 s against 18.5 s looped, for 8 %
+# more tokens/s on steps where every head stays at rung 0; docs/performance.md, 2026-12-03). On a 2-core CPU
+# copies cost more than conditionals: no layer is small there.
+SMALL_LAYER_BYTES = {"gpu": 32 << 20, "cpu": 0}
 
 
-def resolve_schedule(schedule: str) -> str:
-    """The concrete layer schedule that `schedule` names on this process's default backend ("auto" ->
-    `AUTO_SCHEDULE`, else "looped"); a concrete name is returned as is. Unknown names raise."""
+def resolve_schedule(schedule: str, layer_bytes: int | None = None) -> str:
+    """The concrete layer schedule that `schedule` names on this process's default backend; a concrete name is
+    returned as is, unknown names raise. "auto": "looped" for layers of `layer_bytes` (one layer's weights, when
+    known) at or above `SMALL_LAYER_BYTES`, else `AUTO_SCHEDULE` (else "looped")."""
     if schedule not in SCHEDULE_CHOICES:
         raise ValueError(f"unknown layer schedule {schedule!r}; choose from {SCHEDULE_CHOICES}")
-    return AUTO_SCHEDULE.get(jax.default_backend(), "looped") if schedule == "auto" else schedule
+    if schedule != "auto":
+        return schedule
+    backend = jax.default_backend()
+    if layer_bytes is not None and layer_bytes >= SMALL_LAYER_BYTES.get(backend, 0):
+        return "looped"
+    return AUTO_SCHEDULE.get(backend, "looped")
+
+
+def layer_weight_bytes(config: Any, dtype: Any) -> int:
+    """One decoder layer's weight bytes for a LLaMA-like config (q, k, v, o projections, the gated MLP, two norms)
+    stored in `dtype`."""
+    d, hd = config.hidden_size, config.head_dim
+    attn = d * hd * (2 * config.num_heads + 2 * config.num_kv_heads)
+    return (attn + 3 * d * config.intermediate_size + 2 * d) * jnp.dtype(dtype).itemsize
 
 
 # the per-layer fields of a TieredKVCache that live on the device (a layer view slices them; tier 2 is never sliced)
@@ -453,7 +474,9 @@ def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelC
 def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = None,
                schedule: str = DEFAULT_SCHEDULE) -> CacheSpec:
     """The cache of a LLaMA-like `config` (num_layers, num_heads, num_kv_heads, head_dim) in `mode`;
-    `schedule` see TieredModelCache."""
+    `schedule` see TieredModelCache ("auto" is resolved here with the model's layer size: `resolve_schedule`)."""
+    if schedule == "auto" and hasattr(config, "intermediate_size"):  # resolved with the model's layer size
+        schedule = resolve_schedule(schedule, layer_weight_bytes(config, dtype))
     return CacheSpec(mode=mode, num_layers=config.num_layers, num_q_heads=config.num_heads,
                      num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, dtype=jnp.dtype(dtype), policy=policy,
                      schedule=schedule)

@@ -37,7 +37,7 @@ import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
-from certattn_jax.model_cache import cache_spec
+from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
 
@@ -147,11 +147,6 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
                 lambda: (x_fast, c_fast.fast_path_done()))
 
         schedule = getattr(fast, "schedule", "")
-        if schedule == "adaptive" and not _small_layers(params):
-            # large layers run in per-layer switch branches whichever first pass runs, so the rung-0 pass saves
-            # nothing a step could notice (a conditional per layer is free: docs/performance.md), while each
-            # first pass compiles every layer's dense code once more (the 8B shape: 64 branches of GEMMs each)
-            schedule = "looped"
         if schedule == "adaptive":  # rung 1 in the first pass unless the last steps stayed at rung 0
             def first_pass(layers, top_rung):
                 def run():
@@ -222,7 +217,7 @@ def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: K
 # bytes ~2W / 3 TB/s, so copying wins below ~30 MB per layer (SmolLM2, 7 MB per layer: 170 tokens/s copying vs
 # 142 in branches; 8B, 436 MB: 49.8 vs 68.6); on a 2-core CPU conditionals are cheap and copies are not
 # (SmolLM2: 16.5 tokens/s copying vs 30.3 in branches), so never. Other backends: in branches.
-COPY_WEIGHTS_BELOW_BYTES = {"gpu": 32 << 20, "cpu": 0}
+COPY_WEIGHTS_BELOW_BYTES = SMALL_LAYER_BYTES  # the same dict: the cache's "auto" schedule reads it too
 # How small layers (below COPY_WEIGHTS_BELOW_BYTES) reach the looped body when params carry the stacked weights
 # (`params_for_decoding` adds them for certified caches): "stacked" reads row i of the stacked copy by index (a
 # copy, no conditional), "switch" takes them out of a `lax.switch` (a copy and a conditional per layer-step, each

@@ -180,6 +180,13 @@ for s in "$@"; do
       step gen8b8k_looped 110 "python3 scripts/bench_generate.py --timeout 100 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified --out $W/gen8b8k_looped.json"
       step why_fast32k 120 "python3 scripts/profile_cert_step.py --shapes 8b:32768 --tier1 fused --rung0-variants 256x8 --phases fast --steps 30 --reps 3 --trace /tmp/trc --dump-hlo $W/hlo --out $W/why_fast32k.json"
       hlo_analyses ;;
+    sched8b)  # ninth session: 8B with "auto" = looped for large layers (the second pass copying weights out of one
+      # switch) against "adaptive" by name and dense, one call; HLO dumped (how the GEMVs compile inside the
+      # switch branches against dense's unrolled layers); then the 8B 32K compile
+      G="python3 scripts/bench_generate.py --timeout 110 --new-tokens 64 --models llama3.1-8b"
+      step sched8b8k 260 "$G --prompts 8192 --caches dense certified certified_adaptive --dump-hlo $W/hlo --out $W/sched8b8k.json"
+      step sched8b32k 110 "$G --prompts 32768 --caches certified --out $W/sched8b32k.json"
+      step gemv_kinds 30 "for f in $W/hlo/*.hlo; do echo \$f; grep -o 'input_reduce_fusion[_0-9]* = [a-z0-9]*\[[0-9,]*\]' \$f | sort | uniq -c | sort -rn | head -8; grep -c 'custom_call_target=\"__cublas' \$f; done > $W/gemv_kinds.txt" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -539,10 +539,20 @@ def test_the_default_schedule_is_resolved_per_backend_when_the_cache_is_built(mo
     """"auto" (the default) becomes the backend's measured schedule in the built cache (so compiled loops and
     benchmarks see a concrete one); a concrete name stays; an unknown one is refused when the spec is made."""
     backend = jax.default_backend()
+    monkeypatch.setitem(model_cache.SMALL_LAYER_BYTES, backend, 1 << 40)  # small layers (a GPU's SmolLM2)
     assert cache_spec("certified", CFG, jnp.float32, POLICY)(1, 64).schedule == \
         model_cache.AUTO_SCHEDULE.get(backend, "looped")
     monkeypatch.setitem(model_cache.AUTO_SCHEDULE, backend, "straight-looped")
     assert cache_spec("certified", CFG, jnp.float32, POLICY)(1, 64).schedule == "straight-looped"
+    # large layers (the 8B shape on a GPU): "auto" is "looped" whatever the backend's choice for small ones; a
+    # schedule asked for by name stays
+    monkeypatch.setitem(model_cache.SMALL_LAYER_BYTES, backend, 1)
+    assert cache_spec("certified", CFG, jnp.float32, POLICY)(1, 64).schedule == "looped"
+    assert cache_spec("certified", CFG, jnp.float32, POLICY, schedule="adaptive")(1, 64).schedule == "adaptive"
+    # the size it goes by is the layer's weights as the model holds them
+    p = llama.init_params(CFG, jax.random.key(0), jnp.bfloat16)
+    held = sum(w.size * w.dtype.itemsize for w in jax.tree.leaves(p["layers"][0]))
+    assert model_cache.layer_weight_bytes(CFG, jnp.bfloat16) == held
     assert cache_spec("certified", CFG, jnp.float32, POLICY, schedule="two-pass")(1, 64).schedule == "two-pass"
     with pytest.raises(ValueError, match="unknown layer schedule 'fastest'"):
         cache_spec("certified", CFG, jnp.float32, POLICY, schedule="fastest")
