@@ -105,7 +105,7 @@ def trace_loop(compiled, cache, steps: int, trace_dir: str) -> dict:
         t0 = time.perf_counter()
         jax.block_until_ready(compiled(cache))
         wall = time.perf_counter() - t0
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True),
+    files = sorted(glob.glob(os.path.join(glob.escape(trace_dir), "**", "perfetto_trace.json.gz"), recursive=True),
                    key=os.path.getmtime)
     if not files:
         return {"error": f"no trace under {trace_dir}"}

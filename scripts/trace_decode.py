@@ -76,6 +76,17 @@ def host_events(trace: dict, t0: float, t1: float, steps: int, top: int = 25) ->
     return [{"name": n, "per_step": round(c / steps, 2), "us_per_step": round(t / steps, 2)} for n, (c, t) in rows]
 
 
+def decode_window(trace: dict, program: str = "_decode_loop") -> tuple[float, float] | None:
+    """(start, end) µs from the host's first execution of the decode loop's program (the host event naming it) to
+    the trace's end, or None. The prefill's programs run before it; the loop's kernels may finish after the
+    host's call returns (asynchronous dispatch), so the window stays open to the end."""
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace.get("traceEvents", [])
+             if e.get("ph") == "X" and "dur" in e and program in e.get("name", "") and "Execute" in e.get("name", "")]
+    if not spans:
+        return None
+    return min(a for a, _ in spans), float("inf")
+
+
 def idle_after(events: list[dict]) -> dict[str, float]:
     """Device idle time (µs) between the end of each event and the start of the next one (the events in time
     order; overlapping events leave no gap), summed by what came before the gap: a device-to-host copy (a
@@ -204,9 +215,13 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str, ep
     with gzip.open(files[-1], "rt") as f:
         trace = json.load(f)
     events, processes = device_events(trace)
-    # only the decode loop: the events between its first and last kernel named in the loop's HLO
-    loop_events = [e for e in events if (e.get("args", {}).get("hlo_op") or e.get("name", "")) in scopes
-                   or e.get("name", "").split(".")[0] in scopes]
+    # only the decode loop: kernels named in the loop's HLO, run while the host executed the loop's program (the
+    # prefill's program reuses fusion names such as input_reduce_fusion_62: without the time window its GEMMs
+    # were counted as the decode step's)
+    window = decode_window(trace)
+    loop_events = [e for e in events if ((e.get("args", {}).get("hlo_op") or e.get("name", "")) in scopes
+                                         or e.get("name", "").split(".")[0] in scopes)
+                   and (window is None or window[0] <= e["ts"] <= window[1])]
     row = {"cache": spec, "model": model, "prompt": prompt, "decode_steps": warm.num_steps,
            "decode_tokens_per_s": round(warm.tokens_per_s, 2), "compile_and_first_run_s": round(compile_and_first_s, 2),
            "trace_file": os.path.relpath(files[-1], trace_dir), "processes": processes,
