@@ -186,6 +186,7 @@ for s in "$@"; do
       G="python3 scripts/bench_generate.py --timeout 110 --new-tokens 64 --models llama3.1-8b"
       step sched8b8k 260 "$G --prompts 8192 --caches dense certified certified_adaptive --dump-hlo $W/hlo --out $W/sched8b8k.json"
       step sched8b32k 110 "$G --prompts 32768 --caches certified --out $W/sched8b32k.json" ;;
+    trace8b) step trace8b 150 "python3 scripts/trace_decode.py --model llama3.1-8b --prompt 8192 --caches certified dense --steps 16 --out $W/trace_decode_8b8k.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
