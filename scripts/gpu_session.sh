@@ -186,6 +186,11 @@ for s in "$@"; do
       G="python3 scripts/bench_generate.py --timeout 110 --new-tokens 64 --models llama3.1-8b"
       step sched8b8k 260 "$G --prompts 8192 --caches dense certified certified_adaptive --dump-hlo $W/hlo --out $W/sched8b8k.json"
       step sched8b32k 100 "$G --prompts 32768 --caches certified --rung0 fused --out $W/sched8b32k_fused.json" ;;
+    sched8b_small)  # the same, within a short budget: each row its own step (each packed when it ends)
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models llama3.1-8b --prompts 8192"
+      step s8_certified 80 "$G --caches certified --out $W/s8_certified.json"
+      step s8_dense 50 "$G --caches dense --out $W/s8_dense.json"
+      step s8_adaptive 80 "$G --caches certified_adaptive --out $W/s8_adaptive.json" ;;
     trace8b) step trace8b 150 "python3 scripts/trace_decode.py --model llama3.1-8b --prompt 8192 --caches certified --steps 16 --out $W/trace_decode_8b8k.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
