@@ -24,10 +24,11 @@ _DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "auto").strip() or "auto"
 _DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "auto").strip() or "auto"
 _DEFAULT_HOT_REFRESH = os.environ.get("CERTATTN_HOT_REFRESH", "deferred").strip() or "deferred"
 # rung0="auto" takes the fused rung 0 up to this many key blocks per layer. On the H200 it decodes SmolLM2 faster than
-# the jnp rung 0 at 1K (16 blocks: 361 against 235 tokens/s, straight-looped) and 4K (64 blocks: +9 %), and
-# is slower at the 8B shape's 32K (512 blocks: 351 against 247 µs per layer), where its one program per KV
-# head walks every block (docs/performance.md, 2026-12-01 third session and 2026-12-02 second session).
-AUTO_FUSED_MAX_BLOCKS = 64
+# the jnp rung 0 at 1K (16 blocks: 361 against 235 tokens/s, straight-looped) and 4K (64 blocks: +9 %). Since its
+# passes run in chunks (v4, 2026-12-03) it is also faster at the 8B shape's 8K (128 blocks: 77.6 against 75.6
+# tokens/s end to end) and 32K (512 blocks: the layer's fast pass 264 against 275 µs), and slower at 128K (2,048
+# blocks: 639 against 576 µs), where the jnp rung 0 stays (docs/performance.md, 2026-12-03 ninth session).
+AUTO_FUSED_MAX_BLOCKS = 512
 
 
 def tier1_impl(impl: str) -> str:
