@@ -147,6 +147,20 @@ def test_trace_decode_sums_host_events_in_the_loop_window():
                     {"name": "Update", "per_step": 0.5, "us_per_step": 0.5}]
 
 
+def test_trace_decode_keeps_only_kernels_after_the_decode_program_starts():
+    """The prefill's program reuses fusion names; only kernels from the decode program's first execution on count."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from trace_decode import decode_window
+
+    trace = {"traceEvents": [
+        {"ph": "X", "pid": 2, "name": "CommonPjRtLoadedExecutable::Execute (jit__prefill_chunk)", "ts": 5, "dur": 50},
+        {"ph": "X", "pid": 2, "name": "CommonPjRtLoadedExecutable::Execute (jit__decode_loop)", "ts": 100, "dur": 9},
+        {"ph": "X", "pid": 2, "name": "CommonPjRtLoadedExecutable::Execute (jit__decode_loop)", "ts": 300, "dur": 9}]}
+    start, end = decode_window(trace)
+    assert start == 100 and end > 1e9  # the loop's kernels may run after the host's call returned
+    assert decode_window({"traceEvents": []}) is None
+
+
 def test_batch_limits_count_tier_2_against_the_host():
     """scripts/batch_limits.py: tier 2 is host bytes (exactly the dense cache's K/V), tier 1 device bytes below
     dense; with a host smaller than the device the certified cache's batch is bound by the host."""
