@@ -53,11 +53,12 @@ from _device_timing import (  # noqa: E402
     xla_attention,
 )
 
-from certattn_jax import ladder, select, step  # noqa: E402
+from certattn_jax import ladder, select  # noqa: E402
 from certattn_jax.attention import naive_attention  # noqa: E402
 from certattn_jax.cache import TieredKVCache  # noqa: E402
 from certattn_jax.memory import memory_report  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
+from certattn_jax.step import uses_fused_rung0  # noqa: E402
 
 RESULT: dict = {"rows": [], "errors": []}
 
@@ -197,7 +198,7 @@ def bench_certified(data: str, q, k, v, args, add, attempt, dense_bytes: int) ->
     def certified(name, fast, min_rung=0, pol=policy, m1=n1, m2=n2, pcie=0):
         us, (_, _, hist, esc) = per_call_us(certified_loop(q, cache, pol, fast, min_rung), m1, m2, reps)
         add(name, data, us, t1_bytes, rungs=[int(x) for x in hist], escalations=int(esc), tier1=pol.tier1,
-            rung0=pol.rung0, rung0_ran="fused" if step.uses_fused_rung0(cache, pol) else "jnp", pcie_bytes=pcie)
+            rung0=pol.rung0, rung0_ran="fused" if uses_fused_rung0(cache, pol) else "jnp", pcie_bytes=pcie)
 
     attempt("certified", lambda: certified("certified", True))
     attempt("certified_full", lambda: certified("certified_full", False))
