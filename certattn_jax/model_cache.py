@@ -61,8 +61,8 @@ AUTO_SCHEDULE = {"gpu": "adaptive"}  # backend -> schedule; other backends "loop
 # Per backend, the layer-weight size (bytes) below which a layer counts as small: the looped schedules read small
 # layers' weights from a stacked copy by index and large ones in place, inside per-layer switch branches
 # (`models.llama._layers_looped`). For large layers "auto" is "looped": "adaptive"'s extra first pass compiles every
-# layer's dense code once more (the 8B shape on the H200: decode compile 27-31 s against 18.5 s looped, for 8 %
-# more tokens/s on steps where every head stays at rung 0; docs/performance.md, 2026-12-03). On a 2-core CPU
+# layer's dense code once more (the 8B shape on the H200, one call: decode compile 22.0 s against 11.8 s looped,
+# for 13 % more tokens/s where every head stays at rung 0; docs/performance.md, 2026-12-03). On a 2-core CPU
 # copies cost more than conditionals: no layer is small there.
 SMALL_LAYER_BYTES = {"gpu": 32 << 20, "cpu": 0}
 

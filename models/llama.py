@@ -265,17 +265,10 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     The attention is compiled once; the dense code once (stacked, or copied out of a switch) or once per layer in
     the branches."""
     layers = list(params["layers"])
-    if rare and not _small_layers(params):
-        pick = [lambda w=w: w for w in layers]
-
-        def body(i, carry):
-            x, cache = carry
-            return _layer(jax.lax.switch(i, pick), config, x, cache, i, cos, sin, new_lengths)
-
-        return jax.lax.fori_loop(0, len(layers), body, (x, cache))
-    if _small_layers(params):
-        if STACKED_LAYERS in params and _LOOPED_WEIGHTS == "stacked":
-            return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
+    small = _small_layers(params)
+    if small and STACKED_LAYERS in params and _LOOPED_WEIGHTS == "stacked":
+        return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
+    if small or rare:  # one switch returns the layer's weights (a copy)
         pick = [lambda w=w: w for w in layers]
 
         def body(i, carry):
