@@ -192,6 +192,8 @@ for s in "$@"; do
       step s8_dense 50 "$G --caches dense --out $W/s8_dense.json"
       step s8_adaptive 80 "$G --caches certified_adaptive --out $W/s8_adaptive.json" ;;
     trace8b) step trace8b 150 "python3 scripts/trace_decode.py --model llama3.1-8b --prompt 8192 --caches certified --steps 16 --out $W/trace_decode_8b8k.json" ;;
+    t1_features)  # tenth session: why the fast pass's tier-1 launch is ~2x the plain pass (features one by one, tunings)
+      step t1_features 330 "python3 scripts/probe_tier1_features.py --contexts 32768,131072 --out $W/probe_tier1_features.json; python3 scripts/probe_tier1_features.py --contexts 32768 --batch 8 --out $W/probe_tier1_features_b8.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
