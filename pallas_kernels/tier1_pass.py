@@ -47,6 +47,7 @@ from pallas_kernels import backend
 _HI = "highest"
 # Default number of programs to aim for when choosing blocks per split (a few waves of 132 SMs).
 _TARGET_PROGRAMS = 1024
+SLOT_ROWS = 16  # tokens of a hot slot / the residual per step of the slot programs (see slot_work)
 
 
 class Tier1Partials(NamedTuple):
@@ -675,20 +676,45 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
                                   empty_split, 0)
 
     def slot_work():
+        # The block is read in chunks of SLOT_ROWS tokens, twice (max score and key magnitudes, then the
+        # weights and sums at that max): one [Bk, d] float32 tile per operand would raise the whole kernel's
+        # registers (both branches share one allocation) and slow every split program (H200, 2026-12-03:
+        # +36 us at 32K, +114 us at 128K; scripts/probe_tier1_features.py).
         slot = split - n_split
         hot = jnp.minimum(slot, n_hot - 1)
         is_res = slot == n_hot
-        t = jax.lax.broadcasted_iota(jnp.int32, (Bk, 1), 0)
-        tok = jnp.where(is_res, t < rc_ref[()], (t >= 0) & (slot < n_hot) & (hid_ref[hot] >= 0))  # [Bk, 1]
-        k32 = jnp.where(tok, jnp.where(is_res, rk_ref[:, :].astype(f32), hk_ref[hot, :, :].astype(f32)), 0.0)
-        v32 = jnp.where(tok, jnp.where(is_res, rv_ref[:, :].astype(f32), hv_ref[hot, :, :].astype(f32)), 0.0)
-        s = jnp.where(tok, _scaled(_dot(k32, q, 1), inv_sqrt_d), -jnp.inf)  # [Bk, G] exact scores
-        m = jnp.max(s, axis=0)
-        p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)[None, :])
+        rows = min(SLOT_ROWS, Bk)
+        limit = jnp.where(is_res, rc_ref[()],
+                          jnp.where((slot < n_hot) & (hid_ref[hot] >= 0), jnp.int32(Bk), jnp.int32(0)))
+        t = jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0)
+
+        def chunk(c, ref_res, ref_hot):  # tokens [c*rows, (c+1)*rows) of the slot's block, 0 past its end
+            tok = t + c * rows < limit  # [rows, 1]
+            sl = pl.ds(pl.multiple_of(c * rows, rows), rows)
+            x = jnp.where(is_res, ref_res[sl, :].astype(f32), ref_hot[hot, sl, :].astype(f32))
+            return tok, jnp.where(tok, x, 0.0)
+
+        def scores(c):
+            tok, k32 = chunk(c, rk_ref, hk_ref)
+            return jnp.where(tok, _scaled(_dot(k32, q, 1), inv_sqrt_d), -jnp.inf), k32  # [rows, G] exact
+
+        def first(c, carry):
+            m, kmax = carry
+            s, k32 = scores(c)
+            return jnp.maximum(m, jnp.max(s, axis=0)), jnp.maximum(kmax, jnp.max(jnp.abs(k32), axis=0))
+
+        m, kmax = jax.lax.fori_loop(0, Bk // rows, first, (jnp.full((G,), -jnp.inf, f32), jnp.zeros((d,), f32)))
+        m0 = jnp.where(jnp.isfinite(m), m, 0.0)
+
+        def second(c, carry):
+            l, acc = carry
+            p = jnp.exp(scores(c)[0] - m0[None, :])
+            return l + jnp.sum(p, axis=0), acc + _dot(p, chunk(c, rv_ref, hv_ref)[1], 0, a_contract=0)
+
+        l, acc = jax.lax.fori_loop(0, Bk // rows, second, (jnp.zeros((G,), f32), jnp.zeros((G, d), f32)))
         sm_ref[:, slot] = m
-        sl_ref[:, slot] = jnp.sum(p, axis=0)
-        sacc_ref[:, slot, :] = _dot(p, v32, 0, a_contract=0)  # [G, d]
-        kmax = jnp.max(jnp.abs(k32), axis=0)  # [d]
+        sl_ref[:, slot] = l
+        sacc_ref[:, slot, :] = acc  # [G, d]
         sdl_ref[:, slot] = bounds.key_delta_exact_from_sum(jnp.sum(qa * kmax[None, :], axis=1), qa_sum, d)
 
     if n_slots:

@@ -194,6 +194,16 @@ for s in "$@"; do
     trace8b) step trace8b 150 "python3 scripts/trace_decode.py --model llama3.1-8b --prompt 8192 --caches certified --steps 16 --out $W/trace_decode_8b8k.json" ;;
     t1_features)  # tenth session: why the fast pass's tier-1 launch is ~2x the plain pass (features one by one, tunings)
       step t1_features 330 "python3 scripts/probe_tier1_features.py --contexts 32768,131072 --out $W/probe_tier1_features.json; python3 scripts/probe_tier1_features.py --contexts 32768 --batch 8 --out $W/probe_tier1_features_b8.json" ;;
+    slot_fix)  # tenth session: the slot programs in 16-token chunks; timed with the features that matter, and the
+      # fast pass at 32K and 128K (run after t1_tests sound2)
+      step slot_fix_features 200 "python3 scripts/probe_tier1_features.py --no-check --contexts 32768,131072 --variants features:plain,features:delta_hot,features:delta_hot_slots,features:full,full:warps4,full:stages3,full:bps8 --out $W/probe_tier1_features_slotfix.json"
+      step slot_fix_fast 150 "python3 scripts/profile_cert_step.py --shapes 8b:32768 8b:131072 --tier1 fused --phases fast --steps 30 --reps 3 --out $W/fast_slotfix.json" ;;
+    sched8b_unrolled)  # tenth session: 8B 8K with the fast pass unrolled (two-pass: rung-1 conditional per layer;
+      # straight: none) now that the fused rung 0 makes it small, against auto (looped)
+      G="python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 8192"
+      step u8_auto 100 "$G --caches dense certified --out $W/u8_auto.json"
+      step u8_twopass 160 "$G --caches certified_two-pass --out $W/u8_twopass.json"
+      step u8_straight 160 "$G --caches certified_straight --out $W/u8_straight.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac

@@ -118,7 +118,8 @@ def check(x: dict) -> None:
         for field in ("m", "l", "delta", "slot_m", "slot_acc", "hot_acc"):
             g, w = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
             fin = np.isfinite(w)
-            row[field] = float(np.max(np.abs(g[fin] - w[fin]), initial=0) / max(np.max(np.abs(w[fin]), initial=0), 1e-30))
+            scale = max(float(np.max(np.abs(w[fin]), initial=0)), 1e-30)
+            row[field] = float(np.max(np.abs(g[fin] - w[fin]), initial=0)) / scale
         RESULT["checks"].append(row)
         log("check", row)
 
@@ -136,6 +137,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--n1", type=int, default=10)
     ap.add_argument("--n2", type=int, default=40)
+    ap.add_argument("--variants", default=None, help="comma-separated names to time (features:NAME, full:NAME); "
+                    "default all")
+    ap.add_argument("--no-check", action="store_true")
     a = ap.parse_args()
     RESULT.update(timing.run_info(), command=" ".join(sys.argv))
     bw = timing.measure_bandwidth((2 << 30) if jax.default_backend() == "gpu" else (16 << 20))
@@ -143,13 +147,14 @@ def main() -> None:
     t0 = time.perf_counter()
     for T in (int(c) for c in a.contexts.split(",")):
         x = inputs(a.batch, T)
-        if T == int(a.contexts.split(",")[0]):
+        if T == int(a.contexts.split(",")[0]) and not a.no_check:
             timing.attempt(RESULT, "check", T, a.batch, lambda x=x: check(x))
             save(a.out)
         runs = [(f"features:{n}", f, {}) for n, f in FEATURE_LADDER]
         runs += [(f"full:{n}", FEATURE_LADDER[4][1], kw) for n, kw in TUNINGS[1:]]
-        for name, features, kw in runs:
-            def run(name=name, features=features, kw=kw):
+        wanted = a.variants.split(",") if a.variants else None
+        for name, features, kw in (r for r in runs if wanted is None or r[0] in wanted):
+            def run(name=name, features=features, kw=kw, x=x, T=T):
                 step, arrays = call(x, features, **kw)
                 us = timing.per_call_us(jax_loop(step, x["q"], arrays), a.n1, a.n2, a.reps)[0]
                 row = dict(variant=name, context=T, batch=a.batch, median_us=round(us, 2), bytes=x["bytes"],
