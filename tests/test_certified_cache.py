@@ -410,10 +410,9 @@ def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots)
 
 
 @pytest.mark.parametrize("fast,slots,refresh", [(False, 0, "deferred"), (True, 0, "deferred"),
-                                                (True, 8, "deferred"), (True, 8, "immediate"),
-                                                (False, 0, "immediate")],
+                                                (True, 8, "deferred"), (True, 8, "immediate")],
                          ids=["whole ladder", "fast pass", "fast pass, 8 hot slots",
-                              "fast pass, 8 hot slots, immediate", "whole ladder, immediate"])
+                              "fast pass, 8 hot slots, immediate"])
 def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast, slots, refresh):
     """A model cache's layer views record rung 1's candidates (`hot_pending`) instead of writing the hot set back
     per layer; `with_lengths` makes them resident after the last layer (hot_refresh "deferred"), or write the
