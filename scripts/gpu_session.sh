@@ -198,6 +198,7 @@ for s in "$@"; do
       # fast pass at 32K and 128K (run after t1_tests sound2)
       step slot_fix_features 200 "python3 scripts/probe_tier1_features.py --no-check --contexts 32768,131072 --variants features:plain,features:delta_hot,features:delta_hot_slots,features:full,full:warps4,full:stages3,full:bps8 --out $W/probe_tier1_features_slotfix.json"
       step slot_fix_fast 150 "python3 scripts/profile_cert_step.py --shapes 8b:32768 8b:131072 --tier1 fused --phases fast --steps 30 --reps 3 --out $W/fast_slotfix.json" ;;
+    slot_fix_quick) step slot_fix_quick 120 "python3 scripts/probe_tier1_features.py --no-check --reps 3 --contexts 32768,131072 --variants features:delta_hot,features:full,full:warps4,full:stages3 --out $W/probe_tier1_features_slotfix.json" ;;
     sched8b_unrolled)  # tenth session: 8B 8K with the fast pass unrolled (two-pass: rung-1 conditional per layer;
       # straight: none) now that the fused rung 0 makes it small, against auto (looped)
       G="python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 8192"
