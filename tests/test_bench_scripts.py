@@ -58,11 +58,11 @@ def test_probe_conditionals_smoke(tmp_path):
 def test_probe_eval_compile_smoke(tmp_path):
     out = tmp_path / "probe_eval_compile.json"
     cmd = [sys.executable, str(ROOT / "scripts/probe_eval_compile.py"), "--model", "tiny", "--capacity", "64",
-           "--steps", "2", "--out", str(out)]
+           "--steps", "2", "--schedules", "looped", "--out", str(out)]  # (one schedule: CI time)
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                    timeout=600)
     rows = json.loads(out.read_text())["rows"]
-    assert [r["schedule"] for r in rows] == ["looped", "two-pass"]
+    assert [r["schedule"] for r in rows] == ["looped"]
     assert all(r["compile_s"] > 0 and r["launches_per_step"] > 0 for r in rows)
 
 
@@ -194,12 +194,12 @@ def test_probe_compile_parts_smoke(tmp_path):
     """The compile-time probe compiles the decode loop whole and with a part left out (its patch undone after)."""
     out = tmp_path / "probe_compile_parts.json"
     cmd = [sys.executable, str(ROOT / "scripts/probe_compile_parts.py"), "--model", "tiny", "--capacity", "64",
-           "--modes", "certified", "--rung0", "jnp", "--parts", "second_pass", "flush", "--out", str(out)]
+           "--modes", "certified", "--rung0", "jnp", "--parts", "flush", "--out", str(out)]  # (one part: CI time)
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                    timeout=600)
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["mode"], r["rung0"], r["without"]) for r in rows] == [
-        ("certified", "jnp", None), ("certified", "jnp", "second_pass"), ("certified", "jnp", "flush")]
+    assert [(r["mode"], r["rung0"], r["without"]) for r in rows] == [("certified", "jnp", None),
+                                                                     ("certified", "jnp", "flush")]
     assert all(r["compile_s"] > 0 and r["lower_s"] > 0 for r in rows)
-    whole, no_second, no_flush = (r["stablehlo_chars"] for r in rows)
-    assert no_flush < whole and no_second <= whole  # the flush's code is gone; the second pass's is folded by XLA
+    whole, no_flush = (r["stablehlo_chars"] for r in rows)
+    assert no_flush < whole  # the flush's code is gone
