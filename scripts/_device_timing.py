@@ -7,12 +7,22 @@ CUDA graph, timed with CUDA events.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
+
+
+def write_json(path: str | None, obj: dict) -> None:
+    """Write a result to path (folders made) when a path is given: benchmarks save after every row."""
+    if path:
+        from pathlib import Path
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(obj, indent=1))
 
 
 def run_info() -> dict:

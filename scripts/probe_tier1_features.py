@@ -16,7 +16,6 @@ float32 reassociation where the split size differs).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,9 +43,7 @@ def log(*a) -> None:
 
 
 def save(path: str | None) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(RESULT, indent=1))
+    timing.write_json(path, RESULT)
 
 
 def inputs(B: int, T: int):

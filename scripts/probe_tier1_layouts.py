@@ -23,7 +23,6 @@ bytes are unpacked in differs) and with the jnp reference.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -51,9 +50,7 @@ def log(*a) -> None:
 
 
 def save(path: str | None) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(RESULT, indent=1))
+    timing.write_json(path, RESULT)
 
 
 def in_layout(args, layout: str):
