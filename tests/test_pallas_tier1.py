@@ -187,22 +187,24 @@ def test_int_kv_leaves_the_hot_blocks_out_of_the_splits():
         tier1_pass(*args, variant="int_kv", **dict(kw, per_block_acc=True))
 
 
-def test_int_kv_slot_programs_compute_the_exact_items():
+@pytest.mark.parametrize("Bk,counts", [(16, ([0, 5], [16, 1])), (64, ([37, 64], [16, 1]))])
+def test_int_kv_slot_programs_compute_the_exact_items(Bk, counts):
     """The extra programs of the tier-1 launch: exact partials of the hot slots (one empty) and of the residual
     block (its first r_count tokens: 0, some, all), the padding slots empty; against `slot_partials_reference`
-    and against float64; every slot output written (interpret mode poisons them with NaN)."""
+    and against float64; every slot output written (interpret mode poisons them with NaN). Bk = 64: the slot
+    programs read a block in several chunks of `SLOT_ROWS` tokens, the residual's count ending inside one."""
     from pallas_kernels.tier1_pass import Slots, slot_partials_reference
 
-    case = dict(TWO, n_valid=[4, 1])
+    case = dict(TWO, n_valid=[4, 1], Bk=Bk)
     args = _inputs(**case)
     rng = np.random.default_rng(7)
-    B, H, G, d, Bk, K = 2, 2, 4, 128, 16, 3
+    B, H, G, d, K = 2, 2, 4, 128, 3
     hot_k = jnp.asarray(rng.normal(size=(B, H, K, Bk, d)), jnp.bfloat16)
     hot_v = jnp.asarray(rng.normal(size=(B, H, K, Bk, d)) + 2.0, jnp.bfloat16)
     res_k = jnp.asarray(rng.normal(size=(B, H, Bk, d)) * 3.0, jnp.bfloat16)
     res_v = jnp.asarray(rng.normal(size=(B, H, Bk, d)), jnp.bfloat16)
     hot = jnp.asarray([[[0, 2, -1], [1, -1, 3]], [[0, -1, -1], [-1, 0, -1]]], jnp.int32)
-    for r_count in ([0, 5], [16, 1]):
+    for r_count in counts:
         slots = Slots(hot_k=hot_k, hot_v=hot_v, hot_ids=hot, res_k=res_k, res_v=res_v,
                       r_count=jnp.asarray(r_count, jnp.int32), n_slots=8)
         q_abs = jnp.abs(args[0])
