@@ -303,7 +303,7 @@ def test_a_check_in_progress_is_awaited_not_run_twice(monkeypatch, tmp_path):
 
 def test_a_failed_background_check_is_run_again_in_the_foreground(monkeypatch, tmp_path):
     """An error in a background check is not handed to the trace as a verdict: the foreground runs the check
-    itself (and would raise the error where the user sees it)."""
+    itself (where an error makes the kernel untrusted: the next test)."""
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
     monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
     outcomes = [RuntimeError("compile failed in the background"), None]
@@ -317,6 +317,29 @@ def test_a_failed_background_check_is_run_again_in_the_foreground(monkeypatch, t
     for t in selftest.start_in_background(lambda: selftest._trusted("kernel D", dict(block_size=8), flaky, "")):
         t.join(10)
     assert selftest._trusted("kernel D", dict(block_size=8), flaky, "") and not outcomes
+
+
+def test_a_check_that_raises_in_the_foreground_leaves_the_kernel_unused_and_is_not_kept(monkeypatch, tmp_path):
+    """A kernel whose check cannot run here (e.g. it does not compile on this device) is not trusted: the caller is
+    warned with the error and takes the jnp path; the verdict is not kept on disk, so the next process (here: a
+    check that passes) checks again. Interrupts still propagate."""
+    path = tmp_path / "verdicts.json"
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(path))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+
+    def broken():
+        raise RuntimeError("Triton: cannot compile this kernel\nsecond line")
+
+    with pytest.warns(RuntimeWarning, match="kernel E failed its check.*raised RuntimeError: Triton: cannot compile"):
+        assert not selftest._trusted("kernel E", dict(block_size=8), broken, "jnp instead")
+    assert not path.exists() or "kernel E" not in path.read_text()
+    assert selftest._trusted("kernel E", dict(block_size=8), lambda: None, "jnp instead")
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        selftest._trusted("kernel F", dict(block_size=8), interrupted, "jnp instead")
 
 
 def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeypatch, tmp_path):
