@@ -67,7 +67,7 @@ def inputs(B: int, T: int):
     stacked_slots = slots._replace(hot_k=stack(hot_k), hot_v=stack(hot_v), hot_ids=stack(hot_ids),
                                    res_k=stack(res[0]), res_v=stack(res[1]))
     signed = (kc_signed,) + arrays[1:]
-    return dict(q=q, q_abs=jnp.abs(q), arrays=arrays, stacked=stacked, n_valid=nv, slots=slots,
+    return dict(q=q, arrays=arrays, stacked=stacked, n_valid=nv, slots=slots,
                 arrays_signed=signed, stacked_signed=tuple(stack(x) for x in signed),
                 stacked_slots=stacked_slots, nb=nb, bytes=tier1_bytes((q,) + arrays))
 
@@ -82,7 +82,7 @@ def call(x: dict, features: set[str], bps: int | None = None, warps: int | None 
     layer = "layer" in features
     arrays = x[("stacked" if layer else "arrays") + ("_signed" if signed else "")]
     if "delta" in features:
-        kw.update(q_abs=x["q_abs"], out_blocks=ck.padded_blocks(nb), padded_heads=True)
+        kw.update(out_blocks=ck.padded_blocks(nb), padded_heads=True)
     if "hot" in features:
         slots = x["stacked_slots"] if layer else x["slots"]
         kw.update(hot_ids=slots.hot_ids, out_splits=1 << (-(-nb // chain) - 1).bit_length())
@@ -91,10 +91,9 @@ def call(x: dict, features: set[str], bps: int | None = None, warps: int | None 
     if layer:
         kw.update(layer=jnp.int32(LAYERS - 1))
 
-    def step(q, *arrs):
-        if "delta" in features:
-            kw["q_abs"] = jnp.abs(q)
-        return t1.tier1_pass(q, *arrs, x["n_valid"], **kw)
+    def step(q, *arrs):  # |q| from the step's own query, as the certified path computes it
+        q_abs = {"q_abs": jnp.abs(q)} if "delta" in features else {}
+        return t1.tier1_pass(q, *arrs, x["n_valid"], **kw, **q_abs)
 
     return step, arrays
 
