@@ -363,8 +363,10 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
     for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
         fn.cache_clear()
     try:
+        # where kernels are interpreted (the CPU; forced here so that the test means the same on a GPU): nothing
+        monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: False)
         assert model_cache.kernel_checks.start(mode="certified", batch=1, capacity=64, num_kv_heads=2, head_dim=32,
-                                               dtype=jnp.float32, policy=policy) == []  # interpreted: nothing
+                                               dtype=jnp.float32, policy=policy) == []
         monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
         threads = []
         real_start = selftest.start_in_background

@@ -188,11 +188,19 @@ def verify(q, k, v, lengths, policy, cache, out, cert, *, skip=None, what=""):
     # A head answered at rungs 0-2 passed the tolerance and the ranking check.
     low = c.rung <= 2
     assert np.all(c.certified[low]) and np.all(c.ranking_ok[low]), (c.rung, c.certified, c.ranking_ok)
-    # Rung 4 returns the dense path's output bit for bit.
+    # Rung 4 returns the dense path's output: bit for bit on the CPU; on a GPU, where the two are compiled in
+    # different programs, to float32 reassociation (docs/bounds.md section 7: the H200 differed in the last bits,
+    # test_needle_in_100k_tokens[4] on 2026-12-03, passing on the rerun): within 2^-16 of the largest |v|.
     if np.any(c.rung == 4):
         ref_dense = np.asarray(dense(q, cache))
         r4 = c.rung == 4
-        np.testing.assert_array_equal(np.asarray(out)[r4], ref_dense[r4], err_msg="rung 4 != dense_attention")
+        if jax.default_backend() == "cpu":
+            np.testing.assert_array_equal(np.asarray(out)[r4], ref_dense[r4], err_msg="rung 4 != dense_attention")
+        else:
+            v64 = np.abs(np.asarray(v, np.float64))
+            v_max = float(np.max(v64[np.isfinite(v64)], initial=0.0))
+            np.testing.assert_allclose(np.asarray(out, np.float64)[r4], np.asarray(ref_dense, np.float64)[r4],
+                                       rtol=0, atol=2.0 ** -16 * v_max, err_msg="rung 4 != dense_attention")
     return err, c, out, cache
 
 

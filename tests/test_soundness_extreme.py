@@ -351,8 +351,6 @@ def test_a_block_whose_weights_all_underflow_escalates(monkeypatch):
         p = real_kernel(*args, **kwargs)
         return p._replace(l=p.l.at[..., 1].set(0.0))
 
-    monkeypatch.setattr(step, "tier1_partials", lossy)
-    monkeypatch.setattr(kernel, "tier1_pass", lossy_kernel)
     policy = CertPolicy(block_size=16, group_size=16, k_max=1, eps=0.05, tau_cov=1e-6)  # K* = 0: no promotion
     rng = np.random.default_rng(12)
     B, T, H, d = 1, 100, 1, 32
@@ -361,6 +359,11 @@ def test_a_block_whose_weights_all_underflow_escalates(monkeypatch):
     v[0, 16:32] += 5.0  # block 1's values stand out: dropping it moves the output
     q = rng.standard_normal((B, 2, d)).astype(np.float32)
     cache = TieredKVCache.from_dense(jnp.asarray(k), jnp.asarray(v), policy)
+    # where kernels run compiled (a GPU), their self-checks must see the real kernels, not the lossy ones below
+    # (a check run under the patch finds the "kernel" wrong and sends the ladder to jnp: the H200 did, 2026-12-03)
+    step.tier1_kernel_runs(cache, policy.tier1), step.uses_fused_rung0(cache, policy)
+    monkeypatch.setattr(step, "tier1_partials", lossy)
+    monkeypatch.setattr(kernel, "tier1_pass", lossy_kernel)
     out, cert = certified_attention(jnp.asarray(q), cache, policy)  # eager: the patched function is used
     c = jax.tree.map(np.asarray, cert)
     assert np.all(c.rung >= 1), c.rung  # rung 0 (and its K* = 0 selection) could not be bounded
