@@ -6,19 +6,23 @@ tier-2 gather). Run where the step is first traced, those checks sit inside the 
 other (11 s of a 31 s SmolLM2 compile on a fresh H200, eighth session of 2026-12-02). `start` asks the very
 predicates the step asks (`step.tier1_kernel_runs`, `step.uses_fused_rung0`, `TieredKVCache.reads_tier2_by_kernel`),
 on the cache's shapes alone (`jax.eval_shape`), each in a background thread: the checks run side by side while
-the prompt is prefilled, and the step's trace then reads their verdicts (or waits for the rest). Where no
-compiled kernel runs (the CPU) nothing starts.
+the prompt is prefilled, and the step's trace then reads their verdicts (or waits for the rest). An ahead-of-time
+compile need not wait at all (`compile_while_checking`): it traces on trust and is kept only once the verdicts
+confirm it. Where no compiled kernel runs (the CPU) nothing starts.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.policy import CertPolicy
+
+T = TypeVar("T")
 
 
 def start(*, mode: str, batch: int, capacity: int, num_kv_heads: int, head_dim: int, dtype: Any,
@@ -40,3 +44,15 @@ def start(*, mode: str, batch: int, capacity: int, num_kv_heads: int, head_dim: 
     if mode == "certified":
         checks += [lambda: step.uses_fused_rung0(shapes, policy), shapes.reads_tier2_by_kernel]
     return selftest.start_in_background(*checks)
+
+
+def compile_while_checking(build: Callable[[], T]) -> T:
+    """`build()` -- a trace and compile of a step that uses the kernels, e.g. `jax.jit(f).lower(*args).compile()`
+    -- overlapped with the kernels' self-checks it needs instead of waiting for them at the trace: predicates
+    whose verdict is still out answer "trusted" for the trace, and the result is returned only once every such
+    verdict came in good; otherwise it is traced and compiled again, taking the jnp path for the failed kernel
+    (`pallas_kernels.selftest.compile_while_checking`). Use it for ahead-of-time compiles (the decode loop of
+    `models.generate` does): a plain `jax.jit` call traces and runs in one go, so it keeps waiting at the trace."""
+    from pallas_kernels import selftest
+
+    return selftest.compile_while_checking(build)

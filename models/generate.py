@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from certattn_jax import kernel_checks
 from certattn_jax.kv_cache import KVCache, commit_arrays
 from certattn_jax.model_cache import CacheSpec, cache_spec
 from models.config import LlamaConfig
@@ -131,9 +132,14 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
         (np.shape(x), str(jnp.result_type(x)), getattr(getattr(x, "sharding", None), "memory_kind", None))
         for x in leaves))
     if sig not in _COMPILED:
-        fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record),
-                     donate_argnums=(1,))
-        _COMPILED[sig] = fn.lower(*args).compile()
+        def build():
+            fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record),
+                         donate_argnums=(1,))
+            return fn.lower(*args).compile()
+
+        # on a fresh GPU the kernels' self-checks (started at the prefill) still run: compile beside them, keep
+        # the program only once they confirm the kernels it uses (else it is compiled again without them)
+        _COMPILED[sig] = kernel_checks.compile_while_checking(build)
     return _COMPILED[sig]
 
 

@@ -35,6 +35,7 @@ foreground runs the check again).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import json
@@ -45,6 +46,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +58,7 @@ from pallas_kernels import backend
 # Relative to the largest magnitude of each output: the kernel and the reference agree to ~1e-6 (float32 sums
 # in another order); a miscompile shows as O(1) (the int8 one: a factor of 2)
 TOLERANCE = 1e-3
+T = TypeVar("T")
 
 
 def _eagerly(check: Callable[[], str | None]) -> str | None:
@@ -239,12 +242,92 @@ def start_in_background(*verdicts: Callable[[], object]) -> list[threading.Threa
     return threads
 
 
+_OPTIMISTIC = threading.local()  # .assumed: the list `optimistic_verdicts` collects in this thread, else None
+
+
+class _VerdictPending(Exception):
+    """Raised by `_trusted` inside `optimistic_verdicts` when no verdict is known yet; the memoised `*_trusted`
+    functions do not keep it (functools.cache keeps no exception), and `_assumable` answers True for them."""
+
+
+def _verdict_kept(what: str, config: dict[str, int | str]) -> bool:
+    """Whether the verdict file holds a verdict for this check (answered without running anything)."""
+    path = verdict_cache_path()
+    if path is None:
+        return False
+    kept = _load_verdicts(path).get(_verdict_key(what, config))
+    return isinstance(kept, dict) and "problem" in kept
+
+
+def _assumable(trusted: Callable[..., bool]) -> Callable[..., bool]:
+    """Wrap a memoised `*_trusted` predicate: inside `optimistic_verdicts` a configuration whose verdict is not
+    known yet is answered True at once -- recorded, its check started (or left running) in the background --
+    instead of holding up the trace; everywhere else the predicate as it was."""
+
+    @functools.wraps(trusted)
+    def ask(*args, **kwargs) -> bool:
+        try:
+            return trusted(*args, **kwargs)
+        except _VerdictPending:
+            assumed = _OPTIMISTIC.assumed
+            if not any(a.func is trusted and a.args == args and a.keywords == kwargs for a in assumed):
+                # once per configuration (an unrolled model asks once per layer); a check already in progress
+                # is awaited by this thread, not repeated
+                again = functools.partial(trusted, *args, **kwargs)
+                assumed.append(again)
+                start_in_background(again)
+            return True
+
+    ask.cache_clear = trusted.cache_clear  # type: ignore[attr-defined]
+    return ask
+
+
+@contextlib.contextmanager
+def optimistic_verdicts():
+    """Within the block (this thread only), a kernel predicate whose self-check has not reported yet answers
+    True -- the trace goes on and its compile overlaps the check -- and is recorded in the list this yields.
+    Nothing compiled inside may *run* before `confirm(assumed)` says every assumption held; where one did not,
+    compile again outside the block (`compile_while_checking` does both). Verdicts already known (memoised, or
+    kept on disk) are answered as usual, failures warned."""
+    previous = getattr(_OPTIMISTIC, "assumed", None)
+    assumed: list[Callable[[], bool]] = []
+    _OPTIMISTIC.assumed = assumed
+    try:
+        yield assumed
+    finally:
+        _OPTIMISTIC.assumed = previous
+
+
+def confirm(assumed: list[Callable[[], bool]]) -> bool:
+    """Ask each predicate that `optimistic_verdicts` answered on trust again, now waiting for its verdict (each
+    failed one warns, as it would have at the trace): True when every one holds."""
+    return all([ask() for ask in assumed])  # a list: every one is asked (and warns), not only up to a failure
+
+
+def compile_while_checking(build: Callable[[], T]) -> T:
+    """`build()` (a trace and compile that asks the kernel predicates) run while the kernels' self-checks it
+    needs are still running, instead of after them: optimistic inside (`optimistic_verdicts`), then wait for
+    the verdicts it assumed. If one failed, jax's trace caches (which hold the trust the first trace assumed)
+    are cleared and `build()` runs again, now taking the jnp path for that kernel. Nothing built on an
+    unconfirmed assumption is ever returned. On a fresh GPU the decode compile and the checks then overlap (8B
+    at 8K: a ~20 s decode compile waited ~17 s for the checks before it, 2026-12-03)."""
+    with optimistic_verdicts() as assumed:
+        built = build()
+    if confirm(assumed):
+        return built
+    del built
+    jax.clear_caches()
+    return build()
+
+
 def _trusted(what: str, config: dict[str, int | str], problem: Callable[[], str | None], fallback: str) -> bool:
     """True where no compiled kernel executes or `problem()` finds nothing (or found nothing before, on this
     machine and code: `verdict_cache_path`); else warn (naming the configuration, the device and what
     disagrees) and False."""
     if not runs_compiled_kernels():
         return True
+    if getattr(_OPTIMISTIC, "assumed", None) is not None and not _verdict_kept(what, config):
+        raise _VerdictPending(what)
     found = _checked(what, config, problem)
     if getattr(_THREAD, "background", False):
         raise _CheckedInBackground(what)
@@ -413,6 +496,9 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
                     lambda: rung0_disagreement(**cfg), "The ladder uses the jnp rung 0 for this configuration instead.")
 
 
+rung0_trusted = _assumable(rung0_trusted)
+
+
 def _process_layouts() -> dict[str, str]:
     """The process-wide choices the kernels' code paths depend on beyond the shapes (the value packing): part of
     a verdict's key, so a verdict on one layout never vouches for another."""
@@ -434,6 +520,9 @@ def tier1_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
                value_bits=value_bits)
     return _trusted("the compiled tier-1 kernel", dict(cfg, **_process_layouts()), lambda: tier1_disagreement(**cfg),
                     "Certified and naive attention use the jnp tier-1 computation for this configuration instead.")
+
+
+tier1_trusted = _assumable(tier1_trusted)
 
 
 def gather_disagreement(block_size: int, head_dim: int, host_dtype: str, dst_dtype: str,
@@ -479,3 +568,6 @@ def gather_trusted(block_size: int, head_dim: int, host_dtype: str, dst_dtype: s
     cfg = dict(block_size=block_size, head_dim=head_dim, host_dtype=host_dtype, dst_dtype=dst_dtype)
     return _trusted("the compiled tier-2 gather kernel", cfg, lambda: gather_disagreement(**cfg),
                     "Rung 1 reads tier 2 with XLA's block transfers instead.")
+
+
+gather_trusted = _assumable(gather_trusted)

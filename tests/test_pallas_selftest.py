@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from certattn_jax import CertPolicy, step
@@ -413,3 +415,95 @@ def test_a_fused_rung0_verdict_on_one_warp_setting_never_vouches_for_another(mon
     proc = subprocess.run([sys.executable, "-c", "import pallas_kernels.certify_rung0"], env=env, capture_output=True,
                           text=True)
     assert proc.returncode != 0 and "CERTATTN_RUNG0_WARPS" in proc.stderr
+
+
+def _slow_verdict(problem, seconds, log):
+    """A stand-in for a kernel check: logs when it starts and ends, sleeps, answers `problem`."""
+    import time
+
+    def check(**cfg):
+        log.append(("check starts", time.perf_counter()))
+        time.sleep(seconds)
+        log.append(("check ends", time.perf_counter()))
+        return problem
+
+    return check
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["checking", "kept-on-disk"])
+def test_a_compile_overlaps_the_checks_and_is_kept_once_they_pass(monkeypatch, tmp_path, kept):
+    """compile_while_checking: the trace asks a predicate whose check is still running and goes on at once (the
+    check runs beside it); the build is returned, unbuilt again, once the verdict is in. A verdict already kept on
+    disk is simply read (nothing assumed, nothing started)."""
+    import time
+
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    log = []
+    monkeypatch.setattr(selftest, "tier1_disagreement", _slow_verdict(None, 0.5, log))
+    selftest.tier1_trusted.cache_clear()
+    try:
+        if kept:
+            assert selftest.tier1_trusted(16, 32, 16, 8, 4)
+            selftest.tier1_trusted.cache_clear()
+            log.clear()
+        builds = []
+
+        def build():
+            builds.append((selftest.tier1_trusted(16, 32, 16, 8, 4), time.perf_counter()))
+            assert selftest.tier1_trusted(16, 32, 16, 8, 4)  # asked again (another layer): one check all the same
+            assert len(selftest._OPTIMISTIC.assumed) == (0 if kept else 1)
+            return f"program {len(builds)}"
+
+        assert selftest.compile_while_checking(build) == "program 1"
+        assert len(builds) == 1 and builds[0][0]
+        if kept:
+            assert log == []
+        else:
+            (_, start), (_, end) = log
+            assert builds[0][1] < end  # the trace did not wait for the check
+        assert selftest.tier1_trusted(16, 32, 16, 8, 4) and len(log) == (0 if kept else 2)  # memoised: no recheck
+    finally:
+        selftest.tier1_trusted.cache_clear()
+
+
+def test_a_compile_built_on_a_kernel_that_then_fails_its_check_is_rebuilt_without_it(monkeypatch, tmp_path):
+    """The fused rung 0's check fails after the trace assumed it: the first program is dropped (never returned),
+    the step is traced and compiled again -- now on the jnp rung 0 (the fused one is not even traced) -- with
+    the failure warned, and that program computes what the jnp rung 0 computes."""
+    from certattn_jax.attention import certified_attention
+
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    log = []
+    monkeypatch.setattr(selftest, "rung0_disagreement", _slow_verdict("bound smaller than the jnp rung 0's", 0.3, log))
+    monkeypatch.setattr(selftest, "tier1_disagreement", lambda **cfg: None)
+    from certattn_jax import ladder
+
+    fused_traces = []
+    real_fused = ladder.rung0_fused
+    monkeypatch.setattr(ladder, "rung0_fused", lambda *a, **k: fused_traces.append(1) or real_fused(*a, **k))
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2, tier1="jnp", rung0="fused")
+    rng = np.random.default_rng(3)
+    k, v = (jnp.asarray(rng.standard_normal((1, 70, 1, 32)), jnp.float32) for _ in range(2))
+    q = jnp.asarray(rng.standard_normal((1, 2, 32)), jnp.float32)
+    cache = TieredKVCache.from_dense(k, v, policy)
+    for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
+        fn.cache_clear()
+    try:
+        def build():
+            return jax.jit(lambda q, c: certified_attention(q, c, policy)).lower(q, cache).compile()
+
+        with pytest.warns(RuntimeWarning, match="bound smaller"):
+            program = selftest.compile_while_checking(build)
+        assert len(fused_traces) == 1 and len(log) == 2  # traced once with the kernel, then without; checked once
+        out, cert = program(q, cache)
+        jnp_policy = dataclasses.replace(policy, rung0="jnp")
+        want, want_cert = jax.jit(lambda q, c: certified_attention(q, c, jnp_policy))(q, cache)
+        assert len(fused_traces) == 1
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(cert.rung, want_cert.rung)
+        np.testing.assert_allclose(cert.error_bound, want_cert.error_bound, rtol=1e-6)
+    finally:
+        for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
+            fn.cache_clear()
