@@ -332,8 +332,9 @@ def test_a_flushed_block_enters_the_hot_set_without_a_tier2_read(monkeypatch):
     cache = TieredKVCache.init(batch=2, capacity=64, num_kv_heads=2, head_dim=32, dtype=jnp.float32, policy=POLICY)
     for name in ("read_all", "read_head", "read_block"):
         monkeypatch.setattr(tiers, name, lambda *a, **kw: (_ for _ in ()).throw(AssertionError("tier-2 read")))
+    write = jax.jit(lambda c, k1, v1: c.write_token(k1, v1).flush())  # traced (under the patch) once, not per op
     for t in range(40):  # decode-style writes; the model flushes after each step
-        cache = cache.write_token(k[:, t:t + 1], v[:, t:t + 1]).flush()
+        cache = write(cache, k[:, t:t + 1], v[:, t:t + 1])
         if t == 20:  # pretend slot 0 (block 0) was promoted at this step: block 1 must not evict it
             cache = cache.replace(hot_used=cache.hot_used.at[:, :, 0].set(21))
     monkeypatch.undo()

@@ -75,7 +75,7 @@ def _cache(seed, B, T, H, G, d, Bk, K, dtype, peaked, k_max=None, hot_needles=Fa
 
 
 @pytest.mark.parametrize("case,seed,layout,chunk", [(c, 0, "split", None) for c in range(5)]
-                         + [(0, 2, "block", None), (2, 3, "block", None), (3, 5, "block", None),
+                         + [(0, 2, "block", None), (2, 3, "block", None),
                             (0, 4, "jnp-tier1", None), (5, 6, "split", 16), (6, 8, "split", 16)])
 def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatch):
     """layout: "split" (the default: split accumulators with the hot blocks left out), "block" (per-block value
