@@ -279,6 +279,7 @@ def _assumable(trusted: Callable[..., bool]) -> Callable[..., bool]:
             return True
 
     ask.cache_clear = trusted.cache_clear  # type: ignore[attr-defined]
+    ask.cache_info = trusted.cache_info  # type: ignore[attr-defined]
     return ask
 
 
