@@ -30,6 +30,12 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          step where no head escalates and no block fills); `cond_branch_launches` counts those
   host_transfers_per_step  instructions in the same set touching host memory (S(5) in the HLO): tier-2 traffic
                          on an ordinary step (certified must have 0)
+  host_round_trips_per_step  times the host waits for the device in one step (`hlo_walk.host_round_trips`): on a
+                         GPU every lax.cond evaluated on the step's path (taken or not: XLA reads its predicate
+                         on the host) and while loops of unknown trip count, plus the decode loop's own predicate
+                         (dense pays that one too); `host_round_trips_in_branches` those inside cond branches
+                         (they happen only when the branch runs). Meaningful on a GPU only (CPU interpret-mode
+                         kernels are loops and conditionals themselves)
   peak_device_bytes      the device's peak_bytes_in_use over the whole row (None where the backend has no
                          memory stats, e.g. CPU)
 """
@@ -47,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hlo_walk import launching_instructions  # noqa: E402
+from hlo_walk import host_round_trips, launching_instructions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -150,6 +156,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     prefill_s = min([warm.prefill_seconds] + _prefill_times(gen, params, cfg, ids, prompt + new_tokens, factory,
                                                               policy, prefill_chunk, repeats=2))
     launches = count_launches(decode.as_text())
+    trips = host_round_trips(decode.as_text())
     if dump_hlo:
         Path(dump_hlo).mkdir(parents=True, exist_ok=True)
         Path(dump_hlo, f"{model}_{cache}_{prompt}_{policy.tier1}_{policy.rung0}.hlo").write_text(decode.as_text())
@@ -168,7 +175,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "selftest_s": round(checking, 3),
             "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
             "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
-            "host_transfers_per_step": launches["host"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
+            "host_transfers_per_step": launches["host"], "host_round_trips_per_step": trips["total"],
+            "host_round_trips_in_branches": trips["in_branches"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,
             "k_max": policy.k_max, "hot_slots": policy.slots, "tier1": policy.tier1, "rung0": policy.rung0,
             # what "auto" resolved to here (rung 0 at this cache's key blocks per layer)

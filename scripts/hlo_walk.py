@@ -5,6 +5,10 @@ nested while loops count their body that many times (their known trip count, els
 and a conditional is one launch whose branch computations are walked apart ("branch"). Each computation is
 walked once. Instructions that launch nothing (parameters, constants, tuples, bitcasts, ...) are skipped.
 Used by `bench_generate.count_launches`, `big_writes.py` and `launches_by_scope.py`.
+
+`host_round_trips(hlo)` counts what makes the host wait for the device inside one step: on a GPU, XLA decides
+a `conditional` on the host (it copies the predicate back and waits for it) and so evaluates the condition of a
+while loop whose trip count it does not know, once per iteration.
 """
 
 from __future__ import annotations
@@ -82,3 +86,50 @@ def launching_instructions(hlo: str, descend_loops: bool = True) -> Iterator[tup
                         yield from walk(n.strip().lstrip("%"), mult, "branch")
 
     yield from walk(body, 1, "step")
+
+
+def host_round_trips(hlo: str) -> dict[str, int]:
+    """Per step of the entry computation's first while loop (a decode step): "conditionals" (conditional
+    instructions on the step's own path, times their loops' trip counts), "unknown_trip_loops" (nested while
+    loops whose trip count XLA does not know: each iteration is one more round trip, counted here once), "total"
+    = those + 1 for the step's own loop predicate (which a dense decode loop pays too), and "in_branches": the
+    same two counted inside conditional branches, which run only when their branch is taken (a rarely taken
+    rung; but also a schedule choice that takes one of its branches every step). Meaningful for GPU HLO:
+    interpret-mode Pallas kernels (the CPU) are loops and conditionals themselves."""
+    comps, entry = computations(hlo)
+    whiles = [i for i in comps.get(entry, []) if opcode(i) == "while"]
+    if not whiles:
+        raise ValueError("no while loop in the entry computation")
+    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
+    counts = {"conditionals": 0, "unknown_trip_loops": 0, "in_branches": 0}
+    seen: set[str] = set()
+
+    def walk(comp: str, mult: int, in_branch: bool) -> None:
+        if comp in seen or comp not in comps:
+            return
+        seen.add(comp)
+        for instr in comps[comp]:
+            op = opcode(instr)
+            if op == "conditional":
+                counts["in_branches" if in_branch else "conditionals"] += mult
+                names = re.findall(r"branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+)", instr)
+                for group in (a or b for a, b in names):
+                    for n in group.split(","):
+                        walk(n.strip().lstrip("%"), mult, True)
+            elif op == "while":
+                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
+                if not trips:
+                    counts["in_branches" if in_branch else "unknown_trip_loops"] += mult
+                inner = mult * (int(trips.group(1)) if trips else 1)
+                for attr in ("condition", "body"):
+                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
+                    if m:
+                        walk(m.group(1), inner, in_branch)
+            elif op == "call":
+                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
+                if m:
+                    walk(m.group(1), mult, in_branch)
+
+    walk(body, 1, False)
+    counts["total"] = counts["conditionals"] + counts["unknown_trip_loops"] + 1
+    return counts

@@ -234,6 +234,19 @@ ENTRY %main (x: f32[4]) -> f32[4] {
     assert count_launches(passing) == {"launches": 3, "cond_branch_launches": 2, "host": 1}
     with pytest.raises(ValueError, match="no while loop"):
         count_launches(hlo.replace("while(%t), condition=%cond, body=%body", "copy(%t)"))
+    # the host waits for the device once per conditional on the step's path (its predicate) and once for the
+    # decode loop's own predicate; a conditional inside a branch only when that branch runs
+    from scripts.hlo_walk import host_round_trips
+
+    assert host_round_trips(hlo) == {"conditionals": 1, "unknown_trip_loops": 0, "in_branches": 0, "total": 2}
+    nested = hlo.replace("%x = f32[4]{0} exponential(%a)", "%x = f32[4]{0} conditional(%pred2, %a, %a), "
+                         "true_computation=%branch_skip, false_computation=%branch_skip")
+    assert host_round_trips(nested)["in_branches"] == 1 and host_round_trips(nested)["total"] == 2
+    looping = hlo.replace("%h = f32[4]{0:S(5)} copy(%f)", "%h = f32[4]{0:S(5)} copy(%f)\n  %inner = (s32[], f32[4]{0}) "
+                          "while(%s), condition=%cond, body=%branch_skip")
+    assert host_round_trips(looping)["unknown_trip_loops"] == 1 and host_round_trips(looping)["total"] == 3
+    known = looping.replace("body=%branch_skip", 'body=%branch_skip, backend_config={"known_trip_count":{"n":"30"}}')
+    assert host_round_trips(known)["total"] == 2
 
 
 @pytest.mark.xdist_group("layer-schedules")  # one worker: the second case reuses the first's compiled programs
