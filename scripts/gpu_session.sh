@@ -208,8 +208,9 @@ for s in "$@"; do
     fresh8b)  # eleventh session: on a FRESH machine (no kept verdicts): the decode compile overlapped with the kernels'
       # self-checks (kernel_checks.compile_while_checking); compile_s and selftest_s against 36.9 / 16.9 s before
       step fresh8b 200 "python3 scripts/bench_generate.py --timeout 190 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified dense --out $W/fresh8b.json" ;;
-    rung0_warps8)  # the certify kernel with 8 warps where it was never timed (SmolLM2 1K/4K) against 4, and 8B again
-      step rung0_warps8 240 "P='python3 scripts/profile_cert_step.py --phases fast --steps 30 --reps 3 --tier1 fused'; \$P --shapes smol:1024 smol:4096 --rung0-variants 256x4 256x8 --out $W/warps8_smol.json; \$P --shapes 8b:8192 8b:32768 --rung0-variants 256x4 256x8 --out $W/warps8_8b.json" ;;
+    rung0_warps8)  # the certify kernel with 8 warps where it was never timed (SmolLM2 1K/4K) against 4, and at 8B the
+      # narrower chunks and 16 warps (its passes look register-bound: wider chunks were slower, more warps faster)
+      step rung0_warps8 240 "P='python3 scripts/profile_cert_step.py --phases fast --steps 30 --reps 3 --tier1 fused'; \$P --shapes smol:1024 smol:4096 --rung0-variants 256x4 256x8 --out $W/warps8_smol.json; \$P --shapes 8b:8192 8b:32768 --rung0-variants 256x4 256x8 128x8 64x8 256x16 --out $W/warps8_8b.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
