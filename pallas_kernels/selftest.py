@@ -30,6 +30,11 @@ kept too (the warning repeats, the fallback holds, nothing recompiles). A check 
 does not compile on this device or jax, or fails at run time) counts as failed in the caller's thread -- warn, take
 jnp -- but is not kept: the next process checks again. In a background thread an error decides nothing (the
 foreground runs the check again).
+
+An ahead-of-time compile need not wait for checks still running (`compile_while_checking`, used by the decode loop
+of `models.generate`): inside `optimistic_verdicts` a predicate whose verdict is not known yet answers True and is
+recorded; the compiled program is handed out only after `confirm` has every recorded verdict, and is compiled
+again without the kernel where one failed.
 """
 
 from __future__ import annotations
