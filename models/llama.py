@@ -28,7 +28,7 @@ per layer.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -250,11 +250,11 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     cache must accept a traced layer index (TieredModelCache).
 
     How layer i's weights reach its GEMMs depends on their size and the backend (`COPY_WEIGHTS_BELOW_BYTES`):
-      * large layers: the layer's dense parts run inside two `lax.switch`es over the layer index whose branches
-        compute with their own layer's weights (projections before attention; output projection and MLP after
-        it), so every GEMM reads its weights in place (a switch that returned the weights copied them: 8.9 ms of
-        a 20.1 ms 8B step on the H200; a loop over stacked weights copies each slice before its GEMM, 2.5x per
-        step: results/probe_layer_loop_h200.json);
+      * large layers: the layer's dense parts run inside one `lax.switch` per layer over the layer index whose
+        branch i computes with the weights it names (layer i's output projection and MLP after its attention,
+        then layer i + 1's projections before the next one's), so every GEMM reads its weights in place (a
+        switch that returned the weights copied them: 8.9 ms of a 20.1 ms 8B step on the H200; a loop over
+        stacked weights copies each slice before its GEMM, 2.5x per step: results/probe_layer_loop_h200.json);
       * small layers on a GPU: row i of the stacked weights (`with_stacked_layers`, which `params_for_decoding`
         adds for a certified cache), read by index: a copy, and no conditional (`_layers_looped_stacked`); without
         the stacked copy (or with CERTATTN_LOOPED_WEIGHTS=switch), one `lax.switch` returns the layer's weights (a
@@ -277,16 +277,29 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
 
         return jax.lax.fori_loop(0, len(layers), body, (x, cache))
 
-    pre = [lambda x, w=w: _attention_inputs(w, config, x, cos, sin) for w in layers]
-    post = [lambda x, a, w=w: _attention_output_and_mlp(w, config, x, a) for w in layers]
+    # One switch per layer, not two: branch i runs layer i's output projection and MLP and then layer i + 1's
+    # projections (the loop is software-pipelined by one half-layer; layer 0's projections run before it, the
+    # last branch returns zeros for the q, k, v no layer reads). Each switch is a host round trip on a GPU.
+    q0, k0, v0 = _attention_inputs(layers[0], config, x, cos, sin)
+
+    def post_then_pre(i: int) -> Callable:
+        def branch(x, attn):
+            x = _attention_output_and_mlp(layers[i], config, x, attn)
+            if i + 1 == len(layers):
+                return x, jnp.zeros_like(q0), jnp.zeros_like(k0), jnp.zeros_like(v0)
+            return (x, *_attention_inputs(layers[i + 1], config, x, cos, sin))
+        return branch
+
+    branches = [post_then_pre(i) for i in range(len(layers))]
 
     def body(i, carry):
-        x, cache = carry
-        q, k, v = jax.lax.switch(i, pre, x)
+        x, q, k, v, cache = carry
         attn, cache = cache.attend(i, q, k, v, new_lengths)
-        return jax.lax.switch(i, post, x, attn), cache
+        x, q, k, v = jax.lax.switch(i, branches, x, attn)
+        return x, q, k, v, cache
 
-    return jax.lax.fori_loop(0, len(layers), body, (x, cache))
+    x, _, _, _, cache = jax.lax.fori_loop(0, len(layers), body, (x, q0, k0, v0, cache))
+    return x, cache
 
 
 STACKED_LAYERS = "layers_stacked"  # params key of the stacked layer weights (`with_stacked_layers`)
