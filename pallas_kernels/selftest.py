@@ -191,14 +191,22 @@ def _run_once(key: str, problem: Callable[[], str | None],
         return True, found
 
 
+def _kept_verdict(what: str, config: dict[str, int | str]) -> dict | None:
+    """The verdict kept on disk for this check ({"problem": str | None, ...}), or None (none kept, or no file)."""
+    path = verdict_cache_path()
+    if path is None:
+        return None
+    kept = _load_verdicts(path).get(_verdict_key(what, config))
+    return kept if isinstance(kept, dict) and "problem" in kept else None
+
+
 def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str | None]) -> str | None:
     """problem(), or the verdict kept on disk for the same key, or that of the same check in progress."""
+    kept = _kept_verdict(what, config)
+    if kept is not None:
+        return kept["problem"]
     path = verdict_cache_path()
     key = _verdict_key(what, config)
-    if path is not None:
-        kept = _load_verdicts(path).get(key)
-        if isinstance(kept, dict) and "problem" in kept:
-            return kept["problem"]
 
     def keep(found: str | None) -> None:
         if path is not None:
@@ -253,15 +261,6 @@ _OPTIMISTIC = threading.local()  # .assumed: the list `optimistic_verdicts` coll
 class _VerdictPending(Exception):
     """Raised by `_trusted` inside `optimistic_verdicts` when no verdict is known yet; the memoised `*_trusted`
     functions do not keep it (functools.cache keeps no exception), and `_assumable` answers True for them."""
-
-
-def _verdict_kept(what: str, config: dict[str, int | str]) -> bool:
-    """Whether the verdict file holds a verdict for this check (answered without running anything)."""
-    path = verdict_cache_path()
-    if path is None:
-        return False
-    kept = _load_verdicts(path).get(_verdict_key(what, config))
-    return isinstance(kept, dict) and "problem" in kept
 
 
 def _assumable(trusted: Callable[..., bool]) -> Callable[..., bool]:
@@ -332,7 +331,7 @@ def _trusted(what: str, config: dict[str, int | str], problem: Callable[[], str 
     disagrees) and False."""
     if not runs_compiled_kernels():
         return True
-    if getattr(_OPTIMISTIC, "assumed", None) is not None and not _verdict_kept(what, config):
+    if getattr(_OPTIMISTIC, "assumed", None) is not None and _kept_verdict(what, config) is None:
         raise _VerdictPending(what)
     found = _checked(what, config, problem)
     if getattr(_THREAD, "background", False):

@@ -43,10 +43,12 @@ def opcode(instr: str) -> str:
     return m.group(1) if m else ""
 
 
-def launching_instructions(hlo: str, descend_loops: bool = True) -> Iterator[tuple[str, str, int, str]]:
+def launching_instructions(hlo: str, descend_loops: bool = True, with_loops: bool = False,
+                           ) -> Iterator[tuple[str, str, int, str]]:
     """(instruction, opcode, times per step, "step" | "branch") for every launching instruction of one step.
     descend_loops=False: a while loop inside the step is one launch and is not walked (a CPU proxy for a GPU
-    step whose Pallas kernels run in interpret mode, where each kernel is a loop)."""
+    step whose Pallas kernels run in interpret mode, where each kernel is a loop). with_loops: also yield each
+    nested while loop that is walked (times per step of the loop itself, not of its body)."""
     comps, entry = computations(hlo)
     whiles = [i for i in comps.get(entry, []) if opcode(i) == "while"]
     if not whiles:
@@ -66,8 +68,10 @@ def launching_instructions(hlo: str, descend_loops: bool = True) -> Iterator[tup
                 yield instr, op, mult, where
                 continue
             if op == "while":
-                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
-                inner = mult * (int(trips.group(1)) if trips else 1)
+                if with_loops:
+                    yield instr, op, mult, where
+                trips = _known_trips(instr)
+                inner = mult * (trips or 1)
                 for attr in ("condition", "body"):
                     m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
                     if m:
@@ -88,6 +92,12 @@ def launching_instructions(hlo: str, descend_loops: bool = True) -> Iterator[tup
     yield from walk(body, 1, "step")
 
 
+def _known_trips(instr: str) -> int | None:
+    """A while instruction's trip count where XLA knows it (its backend config), else None."""
+    m = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
+    return int(m.group(1)) if m else None
+
+
 def host_round_trips(hlo: str) -> dict[str, int]:
     """Per step of the entry computation's first while loop (a decode step): "conditionals" (conditional
     instructions on the step's own path, times their loops' trip counts), "unknown_trip_loops" (nested while
@@ -96,40 +106,11 @@ def host_round_trips(hlo: str) -> dict[str, int]:
     same two counted inside conditional branches, which run only when their branch is taken (a rarely taken
     rung; but also a schedule choice that takes one of its branches every step). Meaningful for GPU HLO:
     interpret-mode Pallas kernels (the CPU) are loops and conditionals themselves."""
-    comps, entry = computations(hlo)
-    whiles = [i for i in comps.get(entry, []) if opcode(i) == "while"]
-    if not whiles:
-        raise ValueError("no while loop in the entry computation")
-    body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
     counts = {"conditionals": 0, "unknown_trip_loops": 0, "in_branches": 0}
-    seen: set[str] = set()
-
-    def walk(comp: str, mult: int, in_branch: bool) -> None:
-        if comp in seen or comp not in comps:
-            return
-        seen.add(comp)
-        for instr in comps[comp]:
-            op = opcode(instr)
-            if op == "conditional":
-                counts["in_branches" if in_branch else "conditionals"] += mult
-                names = re.findall(r"branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+)", instr)
-                for group in (a or b for a, b in names):
-                    for n in group.split(","):
-                        walk(n.strip().lstrip("%"), mult, True)
-            elif op == "while":
-                trips = re.search(r'known_trip_count":\{"n":"(\d+)"', instr)
-                if not trips:
-                    counts["in_branches" if in_branch else "unknown_trip_loops"] += mult
-                inner = mult * (int(trips.group(1)) if trips else 1)
-                for attr in ("condition", "body"):
-                    m = re.search(rf"{attr}=%?([\w.\-]+)", instr)
-                    if m:
-                        walk(m.group(1), inner, in_branch)
-            elif op == "call":
-                m = re.search(r"to_apply=%?([\w.\-]+)", instr)
-                if m:
-                    walk(m.group(1), mult, in_branch)
-
-    walk(body, 1, False)
+    for instr, op, mult, where in launching_instructions(hlo, with_loops=True):
+        if op == "conditional" or (op == "while" and _known_trips(instr) is None):
+            key = "in_branches" if where == "branch" else ("conditionals" if op == "conditional"
+                                                           else "unknown_trip_loops")
+            counts[key] += mult
     counts["total"] = counts["conditionals"] + counts["unknown_trip_loops"] + 1
     return counts
