@@ -23,12 +23,12 @@ HOT_REFRESH = ("deferred", "immediate", "prefetch")
 _DEFAULT_TIER1 = os.environ.get("CERTATTN_TIER1", "auto").strip() or "auto"
 _DEFAULT_RUNG0 = os.environ.get("CERTATTN_RUNG0", "auto").strip() or "auto"
 _DEFAULT_HOT_REFRESH = os.environ.get("CERTATTN_HOT_REFRESH", "deferred").strip() or "deferred"
-# rung0="auto" takes the fused rung 0 up to this many key blocks per layer. On the H200 it decodes SmolLM2 faster than
-# the jnp rung 0 at 1K (16 blocks: 361 against 235 tokens/s, straight-looped) and 4K (64 blocks: +9 %). Since its
-# passes run in chunks (v4, 2026-12-03) it is also faster at the 8B shape's 8K (128 blocks: 77.6 against 75.6
-# tokens/s end to end) and 32K (512 blocks: the layer's fast pass 264 against 275 µs), and slower at 128K (2,048
-# blocks: 639 against 576 µs), where the jnp rung 0 stays (docs/performance.md, 2026-12-03 ninth session).
-AUTO_FUSED_MAX_BLOCKS = 512
+# rung0="auto" takes the fused rung 0 wherever the kernels are compiled. On the H200 it decodes SmolLM2 faster than the
+# jnp rung 0 at 1K (16 blocks: 361 against 235 tokens/s, straight-looped) and 4K (64 blocks: +9 %), the 8B shape's
+# 8K (128 blocks: 77.6 against 75.6 tokens/s end to end) and 32K (512 blocks: the layer's fast pass 264 against
+# 275 us; ninth session). At 128K (2,048 blocks) it was slower (639 against 576 us) until the slot fix (524 us,
+# eleventh session) and the per-size warps (449 us, twelfth session; `certify_rung0.tuning`), so the limit of 512
+# blocks it had until then is gone (docs/performance.md, twelfth session).
 
 
 def tier1_impl(impl: str) -> str:
@@ -43,7 +43,7 @@ def tier1_impl(impl: str) -> str:
 
 def rung0_impl(impl: str, num_blocks: int) -> str:
     """The rung-0 implementation `impl` stands for on a layer of `num_blocks` key blocks: "auto" is "fused" where
-    the kernels are compiled and the layer has at most AUTO_FUSED_MAX_BLOCKS blocks, else "jnp".
+    the kernels are compiled, else "jnp" (num_blocks: kept for a size-dependent choice; none is made today).
 
     The default since 2026-12-02 (fourth session; docs/performance.md): on the H200, looped schedule, the fused
     rung 0 decodes random-weight SmolLM2 1K at 220 tokens/s (the jnp rung 0: 152 in an earlier run) and real
@@ -54,7 +54,7 @@ def rung0_impl(impl: str, num_blocks: int) -> str:
         return impl
     from pallas_kernels import backend
 
-    return "fused" if not backend.interpret() and num_blocks <= AUTO_FUSED_MAX_BLOCKS else "jnp"
+    return "jnp" if backend.interpret() else "fused"
 
 
 def _is_number(x: object) -> bool:
@@ -94,11 +94,11 @@ class CertPolicy:
       rung0:       how rung 0 (selection, promotion of resident blocks, merge, bound, ranking check) is computed:
                    "jnp" (XLA, ~60 small kernels per layer) or "fused" (`pallas_kernels.certify_rung0`, one
                    kernel per layer; a higher rung then builds its context inside its own branch). Same
-                   arithmetic up to the order of float32 sums. "auto" (`rung0_impl`) takes "fused" on a GPU up to
-                   AUTO_FUSED_MAX_BLOCKS key blocks, where it decodes faster, and "jnp" at longer contexts, where
-                   it is slower today, and off the GPU. Default "auto" (measured on the H200: faster on random
-                   weights and on real text, compiles within issue 7's target; docs/performance.md, 2026-12-02
-                   fourth session), or CERTATTN_RUNG0.
+                   arithmetic up to the order of float32 sums. "auto" (`rung0_impl`) takes "fused" on a GPU, where
+                   it is faster at every context measured (1K to 128K), and "jnp" off the GPU. Default "auto"
+                   (measured on the H200: faster on random weights and on real text, compiles within issue 7's
+                   target; docs/performance.md, 2026-12-02 fourth session and 2026-12-03 twelfth), or
+                   CERTATTN_RUNG0.
       hot_refresh: when a model's cache makes rung 1's candidates resident: "deferred" (once per step, after
                    the last layer: `TieredKVCache.apply_pending_hot_sets` reads the blocks from tier 2 again) or
                    "immediate" (inside rung 1, from the blocks it has just fetched: no second read of tier 2,

@@ -330,7 +330,8 @@ def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
     k_max = k_max or cache.k_max
     return certify_rung0.supports(cache.head_dim, cache.k_max) and selftest.rung0_trusted(
         cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, k_max,
-        hot_slots=cache.k_max if cache.k_max != k_max else 0)
+        hot_slots=cache.k_max if cache.k_max != k_max else 0,
+        tuning=certify_rung0.tuning(certify_rung0.padded_blocks(cache.num_blocks)))
 
 
 def uses_fused_rung0(cache: TieredKVCache, policy: CertPolicy) -> bool:
@@ -420,13 +421,16 @@ def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split:
     return FusedItems(Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta, slots, slot_delta, split_args, chain, rows)
 
 
-def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: bool = True) -> FusedRung0:
+def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: bool = True,
+                tuning: tuple[int, int] | None = None) -> FusedRung0:
     """Rung 0 (the resident top-K* blocks exact, the rest INT) with the Pallas kernels: the tier-1 pass (which,
     through `int_kv`, also computes every item the certify kernel needs: `fused_items`), then
     `pallas_kernels.certify_rung0` for the selection, merge, bound and ranking check; E_num and the output cast
     here. The same stage as `evaluate_stage(build_context(...), [select_and_promote(...).hot])`, up to the order
     of float32 sums (and, with `split`, E_num's chain term: docs/bounds.md section 14). With `split` (the
-    default) the certify kernel reads S + K value vectors per query head instead of nb (32K: 136 vs 512)."""
+    default) the certify kernel reads S + K value vectors per query head instead of nb (32K: 136 vs 512).
+    tuning: the certify kernel's (chunk width, warps) (default: `certify_rung0.tuning` of its block count; the
+    self-check forces the setting it vouches for)."""
     from pallas_kernels import certify_rung0 as ck  # pallas_kernels imports certattn_jax
 
     B, Hq, d = q.shape
@@ -447,7 +451,8 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
                          cache.hot_ids, it.slots.m, it.slots.l, it.slots.acc, it.slot_delta,
                          cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
                          k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin,
-                         heads=None if it.padded_rows is None else G, num_blocks=nb, **it.split_args)
+                         heads=None if it.padded_rows is None else G, num_blocks=nb, **it.split_args,
+                         **({} if tuning is None else dict(chunk_blocks=tuning[0], num_warps=tuning[1])))
     out, cast = bounds.cast_error(r.out, q.dtype)
     # items merged: the blocks (split layout: the splits and the hot set's INT sums), the hot slots, the residual
     n_items = nb + K + 1 if not it.chain else max(nb, it.apx.acc.shape[3] + K) + K + 1

@@ -62,27 +62,42 @@ from pallas_kernels import backend
 
 _F32 = jnp.float32
 _NEG_INF = -jnp.inf
-# Warps per program. The kernel is a long chain of small reductions (one program per KV head): fewer warps make
-# each reduction cheaper (within a warp: shuffles, no shared memory or barrier). Measured with 4 only so far
-# (docs/performance.md); CERTATTN_RUNG0_WARPS=1|2|4|8|16 selects another for measurements. At long contexts
-# more warps may help: the program holds several [G, blocks] float32 arrays at once (8 KB each per 512 blocks of
-# a 4-row group), which 4 warps keep in registers only up to a few hundred blocks (a guess, not yet timed).
-# The self-check verdict is keyed by a non-default setting (`pallas_kernels.selftest.rung0_trusted`).
+# Warps per program and block columns per chunk of the kernel's passes, by the padded block count (`tuning`).
+# The kernel is a long chain of small reductions, one program per (sequence, KV head): few blocks favour few warps
+# (a reduction within a warp is shuffles, no shared memory or barrier); many blocks favour more warps, whose
+# registers hold the [G, chunk] float32 tiles of the passes without spilling. Each pass walks chunks of `chunk`
+# block columns (a power of two; the block axis is padded to one, so a chunk never straddles its end), only those
+# holding valid blocks. Measured on the H200 (the 8B layer's fast pass, docs/performance.md, twelfth session):
+# SmolLM2 1K / 4K (16 / 64 blocks) 4 warps 83.5 / 91.4 us against 8 warps 88.7 / 97.3; 8B 8K (128 blocks) 128x8
+# 131.4 against 256x4 139.2; 32K (512) 128x8 209.3, 256x16 208.9, 256x4 251.4; 128K (2,048) 256x16 449.4, 128x8
+# 484.1, 256x4 520.8. CERTATTN_RUNG0_WARPS / CERTATTN_RUNG0_CHUNK fix one setting at every size (measurements).
+# The self-check verdict is keyed by the setting (`pallas_kernels.selftest.rung0_trusted`).
 WARP_CHOICES = (1, 2, 4, 8, 16)
-_warps_env = os.environ.get("CERTATTN_RUNG0_WARPS", "4").strip() or "4"
-if _warps_env not in {str(w) for w in WARP_CHOICES}:
-    raise ValueError(f"CERTATTN_RUNG0_WARPS={_warps_env!r}: choose one of {WARP_CHOICES}")
-DEFAULT_WARPS = int(_warps_env)
-# Block columns per chunk of the kernel's passes over the blocks (a power of two; the block axis is padded to one, so
-# a chunk never straddles its end). Version 3 held every per-block quantity as a [G, blocks] array at once: at the
-# 8B shape's 128K (2,048 blocks) several 32 KB arrays per program, and its time grew by 0.2-0.4 us per block
-# (docs/kernels.md section 4, item 0b). CERTATTN_RUNG0_CHUNK selects another width for measurements (a width >=
-# the padded block count is version 3's whole-width layout); keyed in the self-check verdict when not the default.
 CHUNK_CHOICES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-_chunk_env = os.environ.get("CERTATTN_RUNG0_CHUNK", "256").strip() or "256"
-if _chunk_env not in {str(c) for c in CHUNK_CHOICES}:
-    raise ValueError(f"CERTATTN_RUNG0_CHUNK={_chunk_env!r}: choose one of {CHUNK_CHOICES}")
-DEFAULT_CHUNK = int(_chunk_env)
+# (largest padded block count, chunk, warps), in order; the last row takes every larger count
+SIZE_TUNING = ((64, 256, 4), (512, 128, 8), (None, 256, 16))
+BASE_TUNING = (256, 4)  # the setting before the per-size choice (its kept self-check verdicts stay valid)
+
+
+def _env_choice(name: str, choices: tuple[int, ...]) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if value not in {str(c) for c in choices}:
+        raise ValueError(f"{name}={value!r}: choose one of {choices}")
+    return int(value)
+
+
+# None: by size (`tuning`); set (environment, or assigned by a benchmark) it holds at every size
+DEFAULT_WARPS: int | None = _env_choice("CERTATTN_RUNG0_WARPS", WARP_CHOICES)
+DEFAULT_CHUNK: int | None = _env_choice("CERTATTN_RUNG0_CHUNK", CHUNK_CHOICES)
+
+
+def tuning(padded_block_count: int) -> tuple[int, int]:
+    """(chunk width, warps per program) of the kernel for `padded_blocks(nb)` block columns (`SIZE_TUNING`, or
+    DEFAULT_CHUNK / DEFAULT_WARPS where set)."""
+    chunk, warps = next((c, w) for limit, c, w in SIZE_TUNING if limit is None or padded_block_count <= limit)
+    return DEFAULT_CHUNK or chunk, DEFAULT_WARPS or warps
 
 
 def _i32(x: int) -> jax.Array:
@@ -437,7 +452,10 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     Split layout (split_max given, padded inputs only): apx_acc [B, H, G, Sp, d] are the tier-1 pass's split
     accumulators with the hot set's blocks left out (`tier1_pass(hot_ids=...)`), split_max [B, H, G, Sp] their
     maxima (Sp a power of two; padding splits empty: -inf), hot_acc [B, H, G, K, d] the hot blocks' INT value
-    sums. The kernel then reads Sp + K value vectors per query head instead of nb (docs/kernels.md)."""
+    sums. The kernel then reads Sp + K value vectors per query head instead of nb (docs/kernels.md).
+
+    num_warps, chunk_blocks: the compiled program's warps and pass width (default: `tuning` of the padded block
+    count)."""
     B, H, Gx, nbx = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
@@ -457,10 +475,6 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     if not 0 < k_max <= K:
         raise ValueError(f"k_max {k_max} must be in [1, {K}] (the hot slots)")
     interpret = backend.interpret() if interpret is None else interpret
-    num_warps = num_warps or DEFAULT_WARPS
-    chunk_blocks = chunk_blocks or DEFAULT_CHUNK
-    if chunk_blocks not in CHUNK_CHOICES:
-        raise ValueError(f"chunk_blocks {chunk_blocks}: choose one of {CHUNK_CHOICES}")
     if not interpret:
         for name, n in (("head_dim", d), ("hot slots", K)):
             if n & (n - 1):
@@ -476,6 +490,12 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
             raise ValueError(f"certify_rung0: padded inputs expected ({Gx} rows for {G} heads, {nbx} block "
                              f"columns for {nb} blocks, {P} slots)")
     pg, pn, ps = Gp - Gx, NBp - nbx, Pp - P
+    tuned_chunk, tuned_warps = tuning(NBp)
+    num_warps = num_warps or tuned_warps
+    chunk_blocks = chunk_blocks or tuned_chunk
+    if chunk_blocks not in CHUNK_CHOICES or num_warps not in WARP_CHOICES:
+        raise ValueError(f"chunk_blocks {chunk_blocks} / num_warps {num_warps}: choose from {CHUNK_CHOICES} / "
+                         f"{WARP_CHOICES}")
 
     def pad(x, value, axis3, trailing=0):  # query-head rows (axis 2) and axis 3 (blocks or slots)
         x = x.astype(f32)

@@ -410,15 +410,16 @@ def tier1_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
 
 def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int, k_max: int,
-                seed: int = 0, hot_slots: int = 0):
-    """A cache (B = 1, H = 1, G = 4, bfloat16, 3.5 blocks: a residual) whose hot set holds exact copies of two
-    of its blocks, a policy of that layout (tier 1 through the kernel) and a query with a few needle keys."""
+                seed: int = 0, hot_slots: int = 0, full_blocks: int = 3):
+    """A cache (B = 1, H = 1, G = 4, bfloat16, full_blocks and a half: a residual) whose hot set holds exact copies
+    of two of its blocks, a policy of that layout (tier 1 through the kernel) and a query with a few needle
+    keys."""
     from certattn_jax.cache import TieredKVCache
     from certattn_jax.policy import CertPolicy
 
     rng = np.random.default_rng(seed)
     Bk, d, G = block_size, head_dim, 4
-    T = 3 * Bk + Bk // 2
+    T = full_blocks * Bk + Bk // 2
     policy = CertPolicy(tier1="pallas", rung0="fused", block_size=Bk, group_size=group_size, key_bits=key_bits,
                         value_bits=value_bits, k_max=k_max, hot_slots=hot_slots)
     k = rng.normal(size=(1, T, 1, d)) * rng.uniform(0.5, 3.0, size=d)
@@ -434,8 +435,8 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
         cache = TieredKVCache.from_dense(kj, vj, policy, lengths=jnp.asarray([T], jnp.int32))
         slot_blocks = jnp.maximum(ids, 0)[..., None, None]
 
-        def hot(x):  # the hot slots' exact copies of blocks of x [B, T, H, d]
-            blocks = x[:, :3 * Bk].reshape(1, 3, Bk, 1, d).transpose(0, 3, 1, 2, 4)  # [B, H, 3, Bk, d]
+        def hot(x):  # the hot slots' exact copies of blocks 1 and 0 of x [B, T, H, d]
+            blocks = x[:, :2 * Bk].reshape(1, 2, Bk, 1, d).transpose(0, 3, 1, 2, 4)  # [B, H, 2, Bk, d]
             return jnp.take_along_axis(blocks, slot_blocks, axis=2)
 
         return cache.replace(hot_ids=ids, hot_k=hot(kj).astype(cache.hot_k.dtype),
@@ -445,17 +446,25 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
 
 
 def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
-                       k_max: int, run: Callable | None = None, hot_slots: int = 0) -> str | None:
+                       k_max: int, run: Callable | None = None, hot_slots: int = 0,
+                       tuning: tuple[int, int] | None = None) -> str | None:
     """None when the fused rung 0 (`run`, default `step.rung0_fused`) agrees with the jnp rung 0 on a small random
     cache of this configuration (hot_slots: a hot set larger than k_max), else what disagrees. Evaluated eagerly
-    in a thread."""
+    in a thread. tuning: the certify kernel's (chunk width, warps) to check (`certify_rung0.tuning`), on a cache
+    whose passes walk two chunks (the second one ragged) unless the chunk is the small-cache setting's."""
     from certattn_jax import ladder, step
+    from pallas_kernels import certify_rung0
 
     run = run or step.rung0_fused
+    full_blocks = 3
+    if tuning is not None:
+        run = functools.partial(run, tuning=tuning)
+        if tuning != certify_rung0.BASE_TUNING:
+            full_blocks = tuning[0] + tuning[0] // 2 + 3
 
     def check() -> str | None:
         q, cache, policy = _rung0_case(block_size, head_dim, group_size, key_bits, value_bits, k_max,
-                                       hot_slots=hot_slots)
+                                       hot_slots=hot_slots, full_blocks=full_blocks)
 
         def jnp_rung0(q, cache):
             ctx = step.build_context(q, cache, policy)
@@ -482,23 +491,26 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
 @functools.cache
 def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
-                  k_max: int, hot_slots: int = 0) -> bool:
+                  k_max: int, hot_slots: int = 0, tuning: tuple[int, int] | None = None) -> bool:
     """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring; hot_slots:
-    the cache's hot-set slots when more than k_max); True without a check where no compiled kernel executes.
+    the cache's hot-set slots when more than k_max; tuning: the kernel's (chunk width, warps), default the
+    small-cache setting `certify_rung0.tuning(16)`); True without a check where no compiled kernel executes.
     Checked once per configuration and process."""
+    from pallas_kernels import certify_rung0
+
     cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
                value_bits=value_bits, k_max=k_max)
     if hot_slots and hot_slots != k_max:
         cfg["hot_slots"] = hot_slots
-    from pallas_kernels import certify_rung0
-
+    chunk, warps = tuning = tuple(tuning or certify_rung0.tuning(certify_rung0.padded_blocks(1)))
     # the warps per program and the chunk width change the compiled code: a verdict on one setting never vouches
-    # for another (keyed only when not the default, so the default's kept verdicts stay valid)
-    tuning = {} if certify_rung0.DEFAULT_WARPS == 4 else {"rung0_warps": certify_rung0.DEFAULT_WARPS}
-    if certify_rung0.DEFAULT_CHUNK != 256:
-        tuning["rung0_chunk"] = certify_rung0.DEFAULT_CHUNK
-    return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **tuning),
-                    lambda: rung0_disagreement(**cfg), "The ladder uses the jnp rung 0 for this configuration instead.")
+    # for another (keyed only when not the base setting, so its kept verdicts stay valid)
+    keyed = {} if warps == certify_rung0.BASE_TUNING[1] else {"rung0_warps": warps}
+    if chunk != certify_rung0.BASE_TUNING[0]:
+        keyed["rung0_chunk"] = chunk
+    return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **keyed),
+                    lambda: rung0_disagreement(**cfg, tuning=tuning),
+                    "The ladder uses the jnp rung 0 for this configuration instead.")
 
 
 rung0_trusted = _assumable(rung0_trusted)

@@ -103,8 +103,9 @@ def test_the_fused_rung0_is_checked_with_the_policys_k_max_and_the_caches_slots(
     k = jnp.zeros((1, 64, 1, 32), jnp.float32)
     cache = TieredKVCache.from_dense(k, k, CertPolicy(block_size=16, group_size=16, k_max=2, hot_slots=8))
     assert step.fused_supported(cache, 2) and step.fused_supported(cache)
-    assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8}) and asked[1] == ((16, 32, 16, 8, 4, 8),
-                                                                                   {"hot_slots": 0})
+    base = {"tuning": (256, 4)}  # 4 blocks: the small-cache setting of the certify kernel
+    assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base})
+    assert asked[1] == ((16, 32, 16, 8, 4, 8), {"hot_slots": 0, **base})
 
 
 def _halved_bound(q, cache, policy):
@@ -219,22 +220,22 @@ def test_a_verdict_on_one_value_packing_never_vouches_for_another(monkeypatch, t
     selftest.tier1_trusted.cache_clear()
 
 
-def test_auto_takes_the_kernels_only_where_they_compile_and_the_fused_rung0_only_at_short_contexts(monkeypatch):
-    """"auto" (tier 1's default): the Pallas tier-1 kernel on a GPU, jnp where kernels would be interpreted; rung 0's
-    "auto": the fused kernel on a GPU up to AUTO_FUSED_MAX_BLOCKS key blocks (where the H200 measured it faster),
-    jnp beyond."""
+def test_auto_takes_the_kernels_only_where_they_compile(monkeypatch):
+    """"auto" (tier 1's and rung 0's default): the Pallas tier-1 kernel and the fused rung 0 on a GPU at every
+    context (the H200 measured the fused rung 0 faster from 16 to 2,048 blocks), jnp where kernels would be
+    interpreted; an explicit choice is kept."""
     from certattn_jax import policy as pol
     from pallas_kernels import backend
 
     assert CertPolicy().tier1 in pol.TIER1_IMPLS and CertPolicy(rung0="auto").rung0 == "auto"
     with pytest.raises(ValueError, match="tier-1"):
         CertPolicy(tier1="triton")
-    short, long = pol.AUTO_FUSED_MAX_BLOCKS, pol.AUTO_FUSED_MAX_BLOCKS + 1
+    short, long = 16, 1 << 16
     monkeypatch.setattr(backend, "interpret", lambda: True)
-    assert (pol.tier1_impl("auto"), pol.rung0_impl("auto", short)) == ("jnp", "jnp")
+    assert (pol.tier1_impl("auto"), pol.rung0_impl("auto", short), pol.rung0_impl("auto", long)) == ("jnp",) * 3
     monkeypatch.setattr(backend, "interpret", lambda: False)
     assert pol.tier1_impl("auto") == "pallas"
-    assert (pol.rung0_impl("auto", short), pol.rung0_impl("auto", long)) == ("fused", "jnp")
+    assert (pol.rung0_impl("auto", short), pol.rung0_impl("auto", long)) == ("fused", "fused")
     assert (pol.tier1_impl("jnp"), pol.rung0_impl("jnp", 1), pol.rung0_impl("fused", 10**6)) == ("jnp", "jnp", "fused")
 
 
@@ -415,6 +416,47 @@ def test_a_fused_rung0_verdict_on_one_warp_setting_never_vouches_for_another(mon
     proc = subprocess.run([sys.executable, "-c", "import pallas_kernels.certify_rung0"], env=env, capture_output=True,
                           text=True)
     assert proc.returncode != 0 and "CERTATTN_RUNG0_WARPS" in proc.stderr
+
+
+def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_is_checked_where_used(monkeypatch,
+                                                                                                      tmp_path):
+    """`certify_rung0.tuning`: 4 warps up to 64 padded blocks, 8 warps in 128-block chunks up to 512, 16 warps in
+    256-block chunks beyond (measured on the H200); a fixed setting overrides it at every size. A cache asks the
+    self-check about the setting its own block count compiles, keyed by it, and the check runs that setting
+    on a cache whose passes walk two chunks."""
+    from pallas_kernels import certify_rung0 as ck
+
+    assert [ck.tuning(n) for n in (16, 64, 128, 512, 1024, 4096)] == [(256, 4)] * 2 + [(128, 8)] * 2 + [(256, 16)] * 2
+    monkeypatch.setattr(ck, "DEFAULT_WARPS", 2)
+    assert [ck.tuning(n) for n in (16, 4096)] == [(256, 2), (256, 2)]
+    monkeypatch.setattr(ck, "DEFAULT_WARPS", None)
+
+    real_check = selftest.rung0_disagreement
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    monkeypatch.setattr(ck, "supports", lambda *a: True)
+    calls = []
+    monkeypatch.setattr(selftest, "rung0_disagreement", lambda **cfg: calls.append(cfg))
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2, tier1="pallas", rung0="fused")
+    try:
+        for T in (16 * 10, 16 * 200, 16 * 100, 16 * 1500):  # 10, 200, 100 and 1,500 blocks
+            cache = TieredKVCache.init(batch=1, capacity=T, num_kv_heads=1, head_dim=32, policy=policy)
+            assert step.fused_supported(cache, 2)
+        assert [c["tuning"] for c in calls] == [(256, 4), (128, 8), (256, 16)]  # 100 blocks: 200's verdict
+    finally:
+        selftest.rung0_trusted.cache_clear()
+
+    # the check itself, on the CPU (interpret mode): a non-base setting runs on a cache of two chunks of its width
+    ran = []
+    real = ck.certify_rung0
+
+    def spy(*args, **kwargs):
+        ran.append((args[0].shape[-1], kwargs.get("chunk_blocks"), kwargs.get("num_warps")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ck, "certify_rung0", spy)
+    assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
+    assert ran == [(32, 16, 8)]  # 16 + 8 + 3 full blocks, padded to 32 block columns
 
 
 def _slow_verdict(problem, seconds, log):
