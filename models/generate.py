@@ -119,6 +119,10 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
 
 
 _COMPILED: dict[Any, Any] = {}
+# seconds of the last decode-loop build (`compiled_decode_loop`): "lower_s" tracing and lowering (the Pallas
+# kernels to Triton IR included), "xla_compile_s" XLA's compile (the kernels' Triton compile and GEMM autotuning
+# included); a build repeated after a failed self-check overwrites them
+LAST_BUILD_SECONDS: dict[str, float] = {}
 
 
 def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: tuple) -> Callable:
@@ -135,7 +139,12 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
         def build():
             fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record),
                          donate_argnums=(1,))
-            return fn.lower(*args).compile()
+            t0 = time.perf_counter()
+            lowered = fn.lower(*args)
+            t1 = time.perf_counter()
+            compiled = lowered.compile()
+            LAST_BUILD_SECONDS.update(lower_s=t1 - t0, xla_compile_s=time.perf_counter() - t1)
+            return compiled
 
         # on a fresh GPU the kernels' self-checks (started at the prefill) still run: compile beside them, keep
         # the program only once they confirm the kernels it uses (else it is compiled again without them)

@@ -18,6 +18,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          conversion of the dense staging cache into the tiered cache for naive / certified)
   prefill_cold_s         the same, first call (includes compiling the prefill chunk and the conversion)
   compile_s              compiling the decode loop (first call)
+  lower_s, xla_compile_s of it: tracing and lowering, and XLA's compile (the rest: waiting for self-checks)
   selftest_s             of the cold run, seconds it was held up by one-time kernel self-checks (their verdicts then
                          kept on disk); the checks start in the background at the prefill, so only what they
                          still lacked when the decode compile asked for them counts here
@@ -150,6 +151,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     checking = selftest.seconds_checking()
     cold = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     checking = selftest.seconds_checking() - checking  # one-time kernel self-checks inside the cold run's compiles
+    build_s = dict(gen.LAST_BUILD_SECONDS)
     del cold.cache
     warm = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     (decode,) = gen._COMPILED.values()
@@ -169,6 +171,10 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "batch": 1,
             "prefill_s": round(prefill_s, 4), "prefill_cold_s": round(cold.prefill_seconds, 4),
             "compile_s": round(cold.compile_seconds, 3),
+            # of the cold decode compile: tracing + lowering (Pallas -> Triton IR) and XLA's compile (Triton's
+            # compile of the kernels, GEMM autotuning); the rest is waiting for self-checks or a second build
+            "lower_s": round(build_s.get("lower_s", float("nan")), 3),
+            "xla_compile_s": round(build_s.get("xla_compile_s", float("nan")), 3),
             # seconds the cold run (prefill and decode compiles) was held up by one-time kernel self-checks
             # (verdicts not yet on disk: pallas_kernels/selftest.py), running one or waiting for one that the
             # prefill started in the background; 0 when every verdict was kept or had come in by then

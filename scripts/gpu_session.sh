@@ -211,6 +211,10 @@ for s in "$@"; do
     rung0_warps8)  # the certify kernel with 8 warps where it was never timed (SmolLM2 1K/4K) against 4, and at 8B the
       # narrower chunks and 16 warps (its passes look register-bound: wider chunks were slower, more warps faster)
       step rung0_warps8 240 "P='python3 scripts/profile_cert_step.py --phases fast --steps 30 --reps 3 --tier1 fused'; \$P --shapes smol:1024 smol:4096 --rung0-variants 256x4 256x8 --out $W/warps8_smol.json; \$P --shapes 8b:8192 8b:32768 --rung0-variants 256x4 256x8 128x8 64x8 256x16 --out $W/warps8_8b.json" ;;
+    fresh8b_32k)  # twelfth session: on a FRESH machine, the certify kernel's per-size warps (8K: 128x8, self-checked on
+      # a 195-block case) and the compile's phases (lower_s / xla_compile_s); then 8B 32K with the fused rung 0
+      # (auto took jnp there: 520 blocks > the old 512 limit)
+      step fresh8b_32k 330 "python3 scripts/bench_generate.py --timeout 190 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified dense --out $W/fresh8b_v2.json; python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 32768 --caches certified --out $W/cert8b32k.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
