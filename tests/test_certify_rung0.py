@@ -109,7 +109,9 @@ def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatc
         assert np.all(e_g >= e_r * (1 - 2e-5)) and np.all(e_g <= 4 * e_r)
         b_g, b_r = np.asarray(got.bound), np.asarray(ref.bound)
         assert np.all(b_g >= b_r * (1 - 2e-5)) and np.all(b_g - b_r <= 3 * e_r + 1e-30)
-    np.testing.assert_array_equal(fused.tolerance, ctx.tolerance)
+    # the same XLA formula in two programs: a GPU may sum the value range's squares in another order (H200,
+    # 2026-12-03: one ulp apart in case 4), so equal to float32 reassociation, not bit for bit
+    np.testing.assert_allclose(fused.tolerance, ctx.tolerance, rtol=2.0 ** -20)
     np.testing.assert_array_equal(fused.bad, ctx.bad)
     # and the bound holds against float64 attention over what the cache stores (originals)
     T = np.asarray(cache.lengths)
