@@ -192,7 +192,43 @@ def rung2_exact_values(ctx: StepContext, cache: TieredKVCache, sel: Selection, w
 
 
 def rung3_exact_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: StepContext):
-    """Exact dense attention for the KV heads where need [B, H]: out [B, H, G, d] f32, e_key, e_num [B, H, G]."""
+    """Exact dense attention for the KV heads where need [B, H]: out [B, H, G, d] f32, e_key, e_num [B, H, G]
+    (elsewhere 0, inf, inf). With the gather kernel (`select.fetch_by_kernel`), one launch reads the flagged heads'
+    tier 2 and one dense attention answers them all (`_rung3_gathered`); else a loop over the heads reads each
+    flagged head whole (a conditional per head)."""
+    shape = (*need.shape, cache.num_blocks, cache.block_size, cache.head_dim)
+    if select.fetch_by_kernel(cache.host_k, jax.ShapeDtypeStruct(shape, cache.dtype)):
+        return _rung3_gathered(q, cache, need, ctx)
+    return _rung3_per_head(q, cache, need, ctx)
+
+
+def _rung3_gathered(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: StepContext):
+    """`rung3_exact_heads` in one gather launch: every block of each flagged head (-1, nothing read, for the
+    others), the residual overlaid, the dense path's exact attention over all heads (the unflagged ones see zeros
+    and are masked out), and `exact_bound` per head: the same computation per flagged head as the per-head loop
+    (float32 sums possibly associated otherwise, which `exact_bound`'s order-free terms cover). Moves only the
+    flagged heads' tier-2 bytes, with no conditional per head (forced rung 3 at 32K on the H200 cost 3.4 ms in
+    the loop, more than rung 4's 2.6 ms for every head; docs/performance.md, eleventh session)."""
+    B, H = need.shape
+    G, d = ctx.q32.shape[2], ctx.q32.shape[3]
+    nb, Bk = cache.num_blocks, cache.block_size
+    S = nb * Bk
+    ids = jnp.where(need[..., None], jnp.arange(nb, dtype=jnp.int32), -1)  # [B, H, nb]
+    dst = jnp.zeros((B, H, nb, Bk, d), cache.dtype)  # as rung 1 fetches (the gather kernel's checked pair)
+    k, v = select.fetch_blocks(dst, dst, cache.host_k, cache.host_v, ids, cache.layer)
+    k = overlay_residual(k.reshape(B, H, S, d), cache.res_k, cache.flushed, cache.lengths)
+    v = overlay_residual(v.reshape(B, H, S, d), cache.res_v, cache.flushed, cache.lengths)
+    out = dense_attention_f32(q, k, v, cache.lengths).reshape(B, H, G, d)
+    valid = (jnp.arange(S)[None, :] < cache.lengths[:, None])[:, None, :, None]
+    kmax = jnp.max(jnp.where(valid, jnp.abs(k.astype(jnp.float32)), 0.0), axis=2)  # [B, H, d]
+    e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.key_scale, S)
+    flagged = need[..., None]
+    return (jnp.where(flagged[..., None], out, 0.0), jnp.where(flagged, e_key, jnp.inf),
+            jnp.where(flagged, e_num, jnp.inf))
+
+
+def _rung3_per_head(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: StepContext):
+    """`rung3_exact_heads` as a loop over the KV heads, each flagged one's tier 2 read whole."""
     B, H = need.shape
     G, d = ctx.q32.shape[2], ctx.q32.shape[3]
     nb, Bk = cache.num_blocks, cache.block_size

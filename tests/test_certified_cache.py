@@ -210,6 +210,35 @@ def test_rung_3_exact_head_and_rung_4_exact_layer():
     assert np.all(np.asarray(c4.ranking_ok))
 
 
+def test_rung_3_in_one_gather_reads_only_the_flagged_heads_and_answers_as_the_per_head_loop(monkeypatch):
+    """With the gather kernel, rung 3 fetches every block of the flagged KV heads in one launch (nothing for the
+    others) and one dense attention answers them: the same outputs and bounds as the loop over heads (to
+    float32 reassociation), 0 / inf for unflagged heads; and its answers hold against the float64 reference."""
+    from certattn_jax import ladder, select, step
+
+    q, k, v = _data(21, T=150)
+    cache = TieredKVCache.from_dense(k, v, POLICY)
+    ctx = step.build_context(q, cache, POLICY)
+    need = jnp.array([[True, False], [False, True]])
+    loop = jax.jit(ladder._rung3_per_head)(q, cache, need, ctx)
+    asked = []
+    fetch = select.fetch_blocks
+    monkeypatch.setattr(select, "fetch_blocks", lambda *a: asked.append(a[4]) or fetch(*a))
+    monkeypatch.setattr(select, "FETCH_KERNEL", True)  # the gather kernel (interpreted here)
+    one = ladder.rung3_exact_heads(q, cache, need, ctx)  # eagerly: the fetch's ids are concrete
+    (ids,) = asked
+    flagged = np.asarray(need)
+    np.testing.assert_array_equal(np.asarray(ids)[flagged], np.tile(np.arange(cache.num_blocks), (2, 1)))
+    assert np.all(np.asarray(ids)[~flagged] == -1)  # nothing read for the other heads
+    for got, want, name in zip(one, loop, ("out", "e_key", "e_num"), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7, err_msg=name)
+    assert np.all(np.asarray(one[0])[~flagged] == 0) and np.all(np.isinf(np.asarray(one[1])[~flagged]))
+    # through the whole ladder (rung 3 for every head, rung 4 off): within the certificates' bounds
+    out3, c3 = cert_attn(q, cache, _escalation_policy(eps=0.0, abs_tol=0.0, layer_fallback_fraction=2.0))
+    assert np.all(np.asarray(c3.rung) == 3)
+    assert np.all(_errors(out3, _reference(q, k, v)) <= np.asarray(c3.error_bound))
+
+
 def test_rung_4_equals_the_dense_cache_path_bit_for_bit():
     from certattn_jax.dense_cache import DenseKVCache
 
