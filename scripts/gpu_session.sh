@@ -215,6 +215,9 @@ for s in "$@"; do
       # a 195-block case) and the compile's phases (lower_s / xla_compile_s); then 8B 32K with the fused rung 0
       # (auto took jnp there: 520 blocks > the old 512 limit)
       step fresh8b_32k 330 "python3 scripts/bench_generate.py --timeout 190 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified dense --out $W/fresh8b_v2.json; python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 32768 --caches certified --out $W/cert8b32k.json" ;;
+    compile8b)  # twelfth session's question: the 8B certified decode's 24 s of XLA compile (dense 5.8) -- each kernel's
+      # compile at the 8B shape, then the same decode program without any kernel (tier 1 and rung 0 in XLA)
+      step compile8b 330 "python3 scripts/probe_kernel_compile.py --shapes 8b:8192 --k-max 8 --out $W/probe_kernel_compile_8b.json; python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --tier1 jnp --rung0 jnp --out $W/compile_nokernels.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
