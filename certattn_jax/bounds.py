@@ -23,11 +23,30 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from certattn_jax import quant
 
 U = 2.0 ** -24  # float32 unit roundoff
 TINY = float(jnp.finfo(jnp.float32).tiny)  # smallest normal float32 (XLA:CPU flushes subnormals to zero)
+# A float32 division compiled by Triton (the Pallas kernels on a GPU) is PTX `div.full.f32`, not IEEE `div.rn`:
+# at most 2 ulp off, i.e. 4 u relative for a normal result (docs/bounds.md section 10). Formulas that the kernels
+# evaluate avoid dividing by a constant (`_over_sqrt`); the kernels' own divisions carry this error explicitly.
+APPROX_DIV_ERROR = 4 * U
+
+
+def _inv_sqrt_up(d: int) -> float:
+    """The smallest float32 >= 1 / sqrt(d) (a constant: multiplying by it is one IEEE rounding on every backend,
+    where a division by sqrt(d) inside a Triton kernel would be `div.full.f32`)."""
+    c = np.float32(1.0 / math.sqrt(d))
+    if float(c) < 1.0 / math.sqrt(d):
+        c = np.nextafter(c, np.float32(np.inf))
+    return float(c)
+
+
+def _over_sqrt(x: jax.Array, d: int) -> jax.Array:
+    """An upper bound's x / sqrt(d) as x * `_inv_sqrt_up(d)` (one rounding, as a correctly rounded division)."""
+    return x * _inv_sqrt_up(d)
 
 
 def gamma(n: int | float) -> float:
@@ -143,7 +162,7 @@ def key_delta_from_sums(quant_dot: jax.Array, fp_dot: jax.Array, a_max: jax.Arra
         off = 2 ** (bits - 1)
         fp_part = fp_part + a_max * (1.0 + 2 * U) * (gamma(d + 6) * 0.032 * d * off
                                                      + d * off * 2.0 ** -26 * (1.0 + 4 * U))
-    delta = round_up_sum(quant_part + fp_part, d + 4) / math.sqrt(d) * (1.0 + 2 * U)
+    delta = _over_sqrt(round_up_sum(quant_part + fp_part, d + 4), d) * (1.0 + 2 * U)
     if int_pieces:
         delta = delta + d * (L + off) * 2.0 ** -124
     return delta + flush_delta_from_sum(q_abs_sum, d)
@@ -184,7 +203,8 @@ def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
 def key_delta_exact_from_sum(dot: jax.Array, q_abs_sum: jax.Array, d: int) -> jax.Array:
     """`key_delta_exact` from dot = sum_c |q_c| max_i |k_ic| (any summation order: rounded up here) and
     q_abs_sum = sum_c |q_c|; shared with the tier-1 kernel's slot programs."""
-    return round_up_sum(dot, d + 2) * gamma(d + 6) / math.sqrt(d) * (1.0 + 2 * U) + flush_delta_from_sum(q_abs_sum, d)
+    return (_over_sqrt(round_up_sum(dot, d + 2) * gamma(d + 6), d) * (1.0 + 2 * U)
+            + flush_delta_from_sum(q_abs_sum, d))
 
 
 def _exp_up(arg: jax.Array) -> jax.Array:
@@ -227,7 +247,7 @@ def tv_bound(log_mass_up: jax.Array, deltas: jax.Array, valid: jax.Array, broken
     x = round_up_sum(x, n) + slack
     y = round_up_sum(y, n) + slack
     weighted = jnp.where(y < 1.0, x / jnp.maximum(1.0 - y, 1e-30) * (1.0 + 4 * U), jnp.inf)
-    uniform = jnp.tanh(jnp.max(dl, axis=-1) / 2.0) * (1 + 4 * U)
+    uniform = jnp.tanh(jnp.max(dl, axis=-1) * 0.5) * (1 + 4 * U)
     tv = jnp.minimum(jnp.minimum(weighted, uniform), 1.0)
     return jnp.where(broken | jnp.isnan(tv), jnp.inf, tv)
 
@@ -295,6 +315,16 @@ def int_value_rounding(scale_max: jax.Array, zero_max: jax.Array, block_size: in
 def l2(x: jax.Array) -> jax.Array:
     """Euclidean norm over the last axis as an upper bound (+inf for a non-finite entry): `quant.norm_upper`."""
     return quant.norm_upper(x)
+
+
+def approx_division_error(value_abs: jax.Array) -> jax.Array:
+    """What a Triton-compiled output division (out_c = num_c / denom, PTX `div.full.f32`: <= 2 ulp) adds to E_num
+    beyond the correctly rounded division E_num already counts: <= APPROX_DIV_ERROR |num_c / denom| per channel,
+    and |num_c / denom| <= 1.001 value_abs_c (a weighted average of reconstructed values whose computed numerator
+    and denominator carry relative errors far below 1e-3), so as a vector norm <= 4.004 u ||value_abs||_2; a
+    subnormal quotient is off by at most 2^-148 per channel. value_abs [..., d] -> [...]."""
+    d = value_abs.shape[-1]
+    return (APPROX_DIV_ERROR * 1.01) * l2(value_abs) + math.sqrt(d) * TINY
 
 
 def numeric_error(v_abs_bound: jax.Array, factor: float) -> jax.Array:

@@ -287,6 +287,16 @@ def int_value_term(cache: TieredKVCache, policy: CertPolicy, chain: int = 0) -> 
                                      n_items, chain)
 
 
+def kernel_division_term(value_abs: jax.Array) -> jax.Array:
+    """[B, H]: the certify kernel's output division, compiled by Triton (PTX div.full.f32, not IEEE), adds
+    `bounds.approx_division_error` to E_num; 0 where the kernel is interpreted (XLA divides correctly rounded)."""
+    from pallas_kernels import backend
+
+    if backend.interpret():
+        return jnp.zeros(value_abs.shape[:-1], jnp.float32)
+    return bounds.approx_division_error(value_abs)
+
+
 def total_bound(e_key: jax.Array, e_val: jax.Array, value_abs: jax.Array, n_items: int, block_size: int,
                 cast: jax.Array, broken: jax.Array, value_rounding: jax.Array | None = None, chain: int = 0,
                 ) -> tuple[jax.Array, jax.Array]:
@@ -457,7 +467,8 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
     # items merged: the blocks (split layout: the splits and the hot set's INT sums), the hot slots, the residual
     n_items = nb + K + 1 if not it.chain else max(nb, it.apx.acc.shape[3] + K) + K + 1
     e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, n_items, cache.block_size, cast, r.broken,
-                               int_value_term(cache, policy, it.chain), it.chain)
+                               int_value_term(cache, policy, it.chain) + kernel_division_term(vt.value_abs),
+                               it.chain)
     k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
     stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
                         ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=k_star,

@@ -33,7 +33,8 @@ that code, run by the tests):
   4. the merge of the non-promoted INT blocks, the promoted slots and the residual (out, per-item log-masses
      and their rounding, the arithmetic checks of `step.combine`);
   5. TV (bounds.tv_bound) -> E_key, E_val (bounds.weighted_sum), `broken`; the ranking-consistency check.
-E_num depends on the value statistics only and is added by the caller with the output cast (XLA).
+E_num depends on the value statistics only and is added by the caller with the output cast (XLA), and, compiled,
+the output division's extra rounding (Triton divides with PTX div.full.f32: `bounds.approx_division_error`).
 Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots).
 
 Compile time: the candidate loop (k_max steps) and the per-slot work (K steps) are rolled loops and the hot slots
@@ -331,7 +332,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
         num = jax.lax.fori_loop(0, (n_valid + ch - 1) // ch, chunk, num)
     num, a_blk = jax.lax.fori_loop(0, K, slot, (num, jnp.full((P,), _NEG_INF, _F32)))
     safe = jnp.where(denom > 0, denom, 1.0)
-    out = num / safe[:, None]
+    out = num / safe[:, None]  # div.full.f32 when compiled: E_num adds bounds.approx_division_error (step.rung0_fused)
     log_denom = jnp.log(safe)
     denom_ok = jnp.isfinite(denom)
 
@@ -386,8 +387,11 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     slack = (n_items + 1) * bounds.TINY
     x_sum = bounds.round_up_sum(x_sum, n_items) + slack
     y_sum = bounds.round_up_sum(y_sum, n_items) + slack
-    weighted = jnp.where(y_sum < 1.0, x_sum / jnp.maximum(1.0 - y_sum, 1e-30) * (1.0 + 4 * bounds.U), jnp.inf)
-    uniform = jnp.tanh(d_max / 2.0) * (1 + 4 * bounds.U)
+    # Triton's float32 division is div.full.f32 (<= 2 ulp, bounds.APPROX_DIV_ERROR): the jnp path's margin for
+    # one correctly rounded division (bounds.tv_bound) widened by that much; the halving is an exact multiply
+    weighted = jnp.where(y_sum < 1.0, x_sum / jnp.maximum(1.0 - y_sum, 1e-30)
+                         * (1.0 + 4 * bounds.U + bounds.APPROX_DIV_ERROR), jnp.inf)
+    uniform = jnp.tanh(d_max * 0.5) * (1 + 4 * bounds.U)
     tv = jnp.minimum(jnp.minimum(weighted, uniform), 1.0)
     tv = jnp.where(broken | jnp.isnan(tv), jnp.inf, tv)
     e_key = bounds.key_error(tv, key_scale)
