@@ -210,7 +210,7 @@ def _rung3_gathered(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: St
     flagged heads' tier-2 bytes, with no conditional per head (forced rung 3 at 32K on the H200 cost 3.4 ms in
     the loop, more than rung 4's 2.6 ms for every head; docs/performance.md, eleventh session)."""
     B, H = need.shape
-    G, d = ctx.q32.shape[2], ctx.q32.shape[3]
+    d = ctx.q32.shape[3]
     nb, Bk = cache.num_blocks, cache.block_size
     S = nb * Bk
     ids = jnp.where(need[..., None], jnp.arange(nb, dtype=jnp.int32), -1)  # [B, H, nb]
@@ -218,10 +218,7 @@ def _rung3_gathered(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: St
     k, v = select.fetch_blocks(dst, dst, cache.host_k, cache.host_v, ids, cache.layer)
     k = overlay_residual(k.reshape(B, H, S, d), cache.res_k, cache.flushed, cache.lengths)
     v = overlay_residual(v.reshape(B, H, S, d), cache.res_v, cache.flushed, cache.lengths)
-    out = dense_attention_f32(q, k, v, cache.lengths).reshape(B, H, G, d)
-    valid = (jnp.arange(S)[None, :] < cache.lengths[:, None])[:, None, :, None]
-    kmax = jnp.max(jnp.where(valid, jnp.abs(k.astype(jnp.float32)), 0.0), axis=2)  # [B, H, d]
-    e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.key_scale, S)
+    out, e_key, e_num = _exact_attention(q, k, v, cache, ctx)
     flagged = need[..., None]
     return (jnp.where(flagged[..., None], out, 0.0), jnp.where(flagged, e_key, jnp.inf),
             jnp.where(flagged, e_num, jnp.inf))
@@ -262,16 +259,20 @@ def _rung3_per_head(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: St
 
 def rung4_exact_layer(q: jax.Array, cache: TieredKVCache, ctx: StepContext):
     """Exact dense attention for every head (the dense path's computation): out [B, H, G, d] f32, bounds."""
-    B, Hq, d = q.shape
-    H = cache.num_kv_heads
-    G = Hq // H
     k, v = exact_keys_values(cache)
+    return _exact_attention(q, k, v, cache, ctx)
+
+
+def _exact_attention(q: jax.Array, k: jax.Array, v: jax.Array, cache: TieredKVCache, ctx: StepContext):
+    """The dense path's exact attention of q [B, Hq, d] over the originals k, v [B, H, S, d] (residual
+    overlaid) and its bound: out [B, H, G, d] f32, e_key, e_num [B, H, G] (`exact_bound`)."""
+    B, Hq, d = q.shape
+    H, S = k.shape[1], k.shape[2]
     out = dense_attention_f32(q, k, v, cache.lengths)
-    S = k.shape[2]
     valid = (jnp.arange(S)[None, :] < cache.lengths[:, None])[:, None, :, None]
     kmax = jnp.max(jnp.where(valid, jnp.abs(k.astype(jnp.float32)), 0.0), axis=2)  # [B, H, d]
     e_key, e_num = exact_bound(ctx.q_abs, kmax, _value_abs_exact(cache), ctx.key_scale, S)
-    return out.reshape(B, H, G, d), e_key, e_num
+    return out.reshape(B, H, Hq // H, d), e_key, e_num
 
 
 def run(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, min_rung: int = 0,
