@@ -401,7 +401,7 @@ def _model_step_inputs(seed: int, L: int, B: int, H: int, G: int, d: int):
             jax.random.normal(keys[2], (L, B, 1, H, d)))
 
 
-@pytest.mark.parametrize("slots", [0, 8], ids=["k_max slots", "8 hot slots"])
+@pytest.mark.parametrize("slots", [pytest.param(0, marks=pytest.mark.breadth), 8], ids=["k_max slots", "8 hot slots"])
 def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots):
     """hot_refresh "prefetch": after every step, each KV head's candidates of that step are resident -- the hot set
     that a deferred rung 1 leaves when every head widens (eps = 0 makes every head fail rung 0), step after step,
@@ -439,8 +439,10 @@ def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots)
     assert np.mean(at_rung0) > 0.5, at_rung0  # the prefetching cache answered mostly at rung 0 meanwhile
 
 
-@pytest.mark.parametrize("fast,slots,refresh", [(False, 0, "deferred"), (True, 0, "deferred"),
-                                                (True, 8, "deferred"), (True, 8, "immediate")],
+@pytest.mark.parametrize("fast,slots,refresh", [(False, 0, "deferred"),
+                                                pytest.param(True, 0, "deferred", marks=pytest.mark.breadth),
+                                                (True, 8, "deferred"),
+                                                pytest.param(True, 8, "immediate", marks=pytest.mark.breadth)],
                          ids=["whole ladder", "fast pass", "fast pass, 8 hot slots",
                               "fast pass, 8 hot slots, immediate"])
 def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast, slots, refresh):

@@ -74,9 +74,14 @@ def _cache(seed, B, T, H, G, d, Bk, K, dtype, peaked, k_max=None, hot_needles=Fa
     return jnp.asarray(q, dtype), cache, policy, k, v
 
 
-@pytest.mark.parametrize("case,seed,layout,chunk", [(c, 0, "split", None) for c in range(5)]
-                         + [(0, 2, "block", None), (2, 3, "block", None),
-                            (0, 4, "jnp-tier1", None), (5, 6, "split", 16), (6, 8, "split", 16)])
+_BREADTH = pytest.mark.breadth  # more cases; every one runs compiled on the GPU (gpu_session.sh t1_tests)
+
+
+@pytest.mark.parametrize("case,seed,layout,chunk", [
+    (0, 0, "split", None), pytest.param(1, 0, "split", None, marks=_BREADTH),
+    pytest.param(2, 0, "split", None, marks=_BREADTH), (3, 0, "split", None),
+    pytest.param(4, 0, "split", None, marks=_BREADTH), pytest.param(0, 2, "block", None, marks=_BREADTH),
+    (2, 3, "block", None), (0, 4, "jnp-tier1", None), (5, 6, "split", 16), (6, 8, "split", 16)])
 def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatch):
     """layout: "split" (the default: split accumulators with the hot blocks left out), "block" (per-block value
     sums), "jnp-tier1" (the tier-1 partials from XLA, the certify kernel on its own: the inputs padded for it).

@@ -270,6 +270,9 @@ def test_the_eval_decodes_alike_under_every_layer_schedule(params, ids, eps):
 
     if eps < 1e-3:  # the last step's heads needed the slow pass
         assert (ref_cert[..., PACKED_FIELDS.index("rung")] >= 3).any()
+    exact = [PACKED_FIELDS.index(f) for f in ("k_star", "rung", "ranking_ok", "certified")]
     for name, (nll, cert) in runs.items():
         np.testing.assert_allclose(nll, ref_nll, rtol=0, atol=1e-5, err_msg=name)
-        np.testing.assert_array_equal(cert, ref_cert, err_msg=name)
+        np.testing.assert_array_equal(cert[..., exact], ref_cert[..., exact], err_msg=name)
+        # the bounds: the same formulas in two programs, which XLA may associate differently (1 ulp seen on CPU)
+        np.testing.assert_allclose(cert, ref_cert, rtol=1e-6, atol=0, err_msg=name)
