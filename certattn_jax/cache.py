@@ -494,10 +494,13 @@ def _check_kv(k: jax.Array, v: jax.Array) -> None:
 
 @functools.partial(jax.jit, static_argnames=("policy",))
 def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
-    """k, v [B, H, S, d], or [L, B, H, S, d] for the stacked form (every layer converted in one batched pass);
-    tier 2 goes to the host in one copy per array."""
+    """k, v [B, H, S, d], or [L, B, H, S, d] for the stacked form (every layer converted in one program, a layer
+    at a time); tier 2 goes to the host in one copy per array."""
     if k.ndim == 5:
-        c = jax.vmap(lambda k, v: _convert_on_device(k, v, lengths, policy))(k, v)
+        # lax.map, not vmap: the conversion's float32 temporaries (errors, Gram matrices: ~6x a layer's K/V) then
+        # live for one layer, not for every layer at once (CPU memory analysis, 8 layers: 6.3x -> see
+        # docs/performance.md; at 128K the batched form asked for tens of GB on the H200)
+        c = jax.lax.map(lambda kv: _convert_on_device(kv[0], kv[1], lengths, policy), (k, v))
     else:
         c = _convert_on_device(k, v, lengths, policy)
     return c.replace(host_k=tiers.to_host(c.host_k), host_v=tiers.to_host(c.host_v))

@@ -40,9 +40,11 @@ def largest_allocations(dump_dir: Path, top: int) -> list[dict]:
         m = re.match(r"allocation (\d+): size (\d+)(.*)", block)
         if not m:
             continue
-        values = re.findall(r"value: <\d+ ([\w.\-]+)", block)
+        values = re.findall(r"value: <\d+ ([\w.\-{}]+) @\d+> \(size=(\d+),offset=\d+\): (\S+)", block)
+        values.sort(key=lambda v: -int(v[1]))  # the preallocated temp holds every temporary: largest first
         allocs.append(dict(allocation=int(m.group(1)), bytes=int(m.group(2)), kind=m.group(3).strip()[:120],
-                           values=[dict(name=v, op_name=op_names.get(v, "")[:200]) for v in values[:6]]))
+                           values=[dict(name=v, bytes=int(size), shape=shape, op_name=op_names.get(v, "")[:200])
+                                   for v, size, shape in values[:top]]))
     allocs.sort(key=lambda a: -a["bytes"])
     return allocs[:top]
 
@@ -80,9 +82,11 @@ def main() -> None:
         print(f"{mode:9s} temp {row['temp_bytes'] / 2**30:7.2f} GiB  args {row['argument_bytes'] / 2**30:6.2f} GiB  "
               f"tier1 {row['tier1_device_bytes'] / 2**30:6.2f} GiB  kv bf16 {row['kv_bf16_bytes'] / 2**30:6.2f} GiB",
               flush=True)
-        for a in row["largest_allocations"][:args.top]:
-            names = ", ".join(f"{v['name']} [{v['op_name'][-90:]}]" for v in a["values"][:2])
-            print(f"    {a['bytes'] / 2**30:8.3f} GiB  {names}", flush=True)
+        for a in row["largest_allocations"][:4]:
+            print(f"    allocation {a['allocation']}: {a['bytes'] / 2**30:8.3f} GiB {a['kind'][:40]}", flush=True)
+            for v in a["values"][:args.top]:
+                print(f"        {v['bytes'] / 2**30:8.3f} GiB  {v['name']} {v['shape'][:50]} "
+                      f"[{v['op_name'][-100:]}]", flush=True)
     if args.out:
         import jax
 

@@ -61,6 +61,23 @@ def test_one_place_decides_the_cache(params):
     assert "certattn_jax.demo" not in " ".join(_imports(ROOT / "certattn_jax/runner.py"))
 
 
+def test_the_stacked_conversion_holds_one_layers_temporaries_at_a_time():
+    """Converting every layer in one program must not hold every layer's float32 temporaries (errors, Gram
+    matrices: several times the K/V) at once: XLA's memory analysis of the compiled conversion, 8 layers against
+    2, same per-layer shape. (The batched form grew 4x; at 8B 128K it asked the H200 for tens of GB.)"""
+    from certattn_jax.cache import _from_head_major_impl
+
+    policy = CertPolicy(block_size=16, group_size=16)
+
+    def temp_bytes(layers):
+        kv = jax.ShapeDtypeStruct((layers, 1, 2, 512, 64), jnp.float32)
+        lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+        return _from_head_major_impl.lower(kv, kv, lengths, policy).compile().memory_analysis().temp_size_in_bytes
+
+    two, eight = temp_bytes(2), temp_bytes(8)
+    assert eight <= 1.5 * two, (two, eight)
+
+
 def test_prefill_never_reads_tier2_and_conversion_equals_appending(params, monkeypatch):
     """spec.staging -> chunked forward -> spec.from_staging holds exactly what appending to the tiered cache
     holds, and never reads tier 2 (every tier-2 read raises here)."""
