@@ -528,6 +528,27 @@ def runs_compiled_kernels() -> bool:
     return not backend.interpret() and jax.default_backend() == "gpu"
 
 
+_COMPILER_WARMED = threading.Event()
+
+
+def warm_compiler(interpret: bool = False) -> None:
+    """Compile one tiny Pallas kernel, once per process (later calls return at once). The first Pallas-Triton
+    compile in a process pays a one-time setup: on the H200 the fused rung 0 compiled in 15.1 s first and 5.2 s
+    again (docs/performance.md, thirteenth session). `certattn_jax.kernel_checks.start` runs this in the
+    background while a tiered cache's prompt is prefilled, so that the decode compile does not pay it where the
+    self-checks' verdicts are kept on disk (then no check compiles a kernel during the prefill)."""
+    if _COMPILER_WARMED.is_set():
+        return
+    _COMPILER_WARMED.set()
+    from jax.experimental import pallas as pl
+
+    def add_one(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+
+    shape = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+    jax.jit(pl.pallas_call(add_one, out_shape=shape, interpret=interpret)).lower(shape).compile()
+
+
 @functools.cache
 def tier1_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int) -> bool:
     """Whether the certified path may use the compiled tier-1 kernel for this configuration (module docstring);

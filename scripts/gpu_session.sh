@@ -46,6 +46,13 @@ for s in "$@"; do
     gen8b_8k) step gen8b_8k 330 "$B --models llama3.1-8b --prompts 8192 --caches dense certified --out $W/gen_8b_8k.json" ;;
     att_rest) step att_rest 400 "python3 scripts/bench_attention.py --contexts 8192,65536 --out $W/att_rest.json" ;;
     att_rungs) step att_rungs 300 "python3 scripts/bench_attention.py --contexts 32768 --batches 1 --impls pallas_dense_bf16 certified_full certified_rung1 certified_rung2 certified_rung3 certified_rung4 --out $W/att_rungs.json" ;;
+    warm8b)  # thirteenth session: the compiler's one-time setup paid at the prefill (selftest.warm_compiler); the
+      # second process keeps the first's verdicts, so no check compiles a kernel during its prefill (23.4 s before)
+      step warm8b 400 "for i in 1 2; do python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/warm8b_\$i.json; done" ;;
+    dec128)  # thirteenth session: the 128K rows each in a process of its own (in one process after the 32K rows,
+      # naive and certified failed allocating 57 GiB), then the 32K batch rows
+      step dec128 560 "for c in dense naive certified; do python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches \$c --impls einsum --out $W/dec128_\$c.json; done" ;;
+    dec32b) step dec32b 500 "for c in dense naive certified; do python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 8,16 --caches \$c --impls einsum --out $W/dec32b_\$c.json; done" ;;
     dec) step dec 500 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768,131072 --batches 1,8,16 --caches dense,naive,certified --impls einsum --out $W/dec.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
     sound) step sound 460 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
