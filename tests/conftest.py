@@ -30,17 +30,10 @@ def _release_compiled_programs():
     gc.collect()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (else each worker loads the model)
 def pytest_collection_modifyitems(config, items):
-    """Keep the tests that compare SmolLM2 with transformers on one xdist worker: they share a session
-    fixture that loads the model into transformers (~30 s). scripts/test.sh fetches and converts SmolLM2
-    into the user cache before the workers start, so no two workers race to create it.
-
-    Cases marked `breadth` (more cases of a test whose other cases run everywhere) are skipped on the CPU unless
+    """Cases marked `breadth` (more cases of a test whose other cases run everywhere) are skipped on the CPU unless
     CERTATTN_TEST_BREADTH=1: they run compiled on the GPU (scripts/gpu_session.sh), where they cost seconds."""
     breadth_off = os.environ.get("CERTATTN_TEST_BREADTH") != "1" and jax.default_backend() == "cpu"
     for item in items:
-        if item.get_closest_marker("slow") and item.module.__name__.endswith("test_parity_hf"):
-            item.add_marker(pytest.mark.xdist_group("hf-smollm2"))
         if breadth_off and item.get_closest_marker("breadth"):
             item.add_marker(pytest.mark.skip(reason="breadth case: CERTATTN_TEST_BREADTH=1 runs it on the CPU"))

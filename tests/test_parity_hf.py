@@ -105,6 +105,12 @@ def smollm2_gguf():
     return pre.fetch_gguf("smollm2")
 
 
+# the tests that load SmolLM2 into transformers (~30 s, a session fixture) belong on one xdist worker. (With
+# pytest 9.2 and pytest-xdist 3.8 the group has no effect: xdist writes the group into `item._nodeid`, which
+# pytest 9.2's `nodeid` no longer reads, so `--dist loadgroup` spreads them like `load`; 2026-12-03.)
+HF_SMOLLM2_WORKER = pytest.mark.xdist_group("hf-smollm2")
+
+
 @pytest.fixture(scope="session")
 def hf_smollm2(smollm2_gguf):
     kw = dict(gguf_file=smollm2_gguf.name)
@@ -129,6 +135,7 @@ PARITY_TEXTS = [
 
 
 @pytest.mark.slow
+@HF_SMOLLM2_WORKER
 def test_smollm2_token_ids_match_transformers(hf_smollm2, ours_smollm2):
     hf_tok, _ = hf_smollm2
     tok = ours_smollm2.tokenizer
@@ -141,6 +148,7 @@ def test_smollm2_token_ids_match_transformers(hf_smollm2, ours_smollm2):
 
 
 @pytest.mark.slow
+@HF_SMOLLM2_WORKER
 def test_smollm2_whitespace_before_digits(hf_smollm2, ours_smollm2):
     """transformers' GGUF tokenizer omits SmolLM2's Digits pre-tokenizer ("smollm" is not in its
     table), so a run of 2+ whitespace characters directly before a digit splits differently there.
@@ -162,6 +170,7 @@ def test_smollm2_whitespace_before_digits(hf_smollm2, ours_smollm2):
 
 
 @pytest.mark.slow
+@HF_SMOLLM2_WORKER
 def test_smollm2_chat_template_matches_transformers(hf_smollm2, ours_smollm2):
     hf_tok, _ = hf_smollm2
     tok = ours_smollm2.tokenizer
@@ -174,6 +183,7 @@ def test_smollm2_chat_template_matches_transformers(hf_smollm2, ours_smollm2):
 
 
 @pytest.mark.slow
+@HF_SMOLLM2_WORKER
 def test_smollm2_weights_and_logits_match_transformers(hf_smollm2, ours_smollm2):
     hf_tok, model = hf_smollm2
     m = ours_smollm2
