@@ -498,8 +498,8 @@ def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy
     at a time); tier 2 goes to the host in one copy per array."""
     if k.ndim == 5:
         # lax.map, not vmap: the conversion's float32 temporaries (errors, Gram matrices: ~6x a layer's K/V) then
-        # live for one layer, not for every layer at once (CPU memory analysis, 8 layers: 6.3x -> see
-        # docs/performance.md; at 128K the batched form asked for tens of GB on the H200)
+        # live for one layer, not for every layer at once (CPU memory analysis, 32 layers of 8B at 4K: 6.3x ->
+        # 2.2x the K/V; at 8B 128K the batched form tried to allocate 32 GiB on the H200; docs/performance.md)
         c = jax.lax.map(lambda kv: _convert_on_device(kv[0], kv[1], lengths, policy), (k, v))
     else:
         c = _convert_on_device(k, v, lengths, policy)

@@ -5,7 +5,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite is compile-bound on CPU: skip LLVM's expensive optimisation passes (same float semantics:
 # XLA never enables fast-math reassociation), about a third less compile time; and emit fusions with XLA:CPU's
 # elemental emitters instead of its newer MLIR fusion emitters (the same HLO computed, about 40 % less compile
-# CPU time again: one end-to-end test 44.7 -> 26.5 s of CPU; docs/testing.md).
+# CPU time again: one end-to-end test 44.7 -> 26.5 s of CPU; docs/performance.md, thirteenth session).
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 # every run checks compiled kernels afresh (pallas_kernels.selftest keeps verdicts on disk for users)
 os.environ.setdefault("CERTATTN_SELFTEST_CACHE", "off")
