@@ -130,11 +130,8 @@ def test_smollm2_certified_generation_matches_dense():
     dense = gen.generate(pre.params, pre.config, prompts, 24, **kw)
     cert = gen.generate(pre.params, pre.config, prompts, 24, record_steps=True,
                         cache_factory=tiered_cache_factory(pre.config, jnp.float32, policy, "certified"), **kw)
-    naive = gen.generate(pre.params, pre.config, prompts, 24,
-                         cache_factory=tiered_cache_factory(pre.config, jnp.float32, policy, "naive"), **kw)
+    # (the naive cache's agreement is the demo's to show, docs/demo.md: nothing here asserted it)
     assert cert.tokens == dense.tokens
-    agree = [a == b for a, b in zip(naive.tokens, dense.tokens, strict=True)]
     s = summarize(cert.step_records)
-    print(f"\nSmolLM2: certified == dense for {len(texts)}/{len(texts)} prompts; naive == dense for "
-          f"{sum(agree)}/{len(texts)}; certificates {s}")
+    print(f"\nSmolLM2: certified == dense for {len(texts)}/{len(texts)} prompts; certificates {s}")
     assert s["fraction_certified"] > 0.99
