@@ -105,9 +105,8 @@ def smollm2_gguf():
     return pre.fetch_gguf("smollm2")
 
 
-# the tests that load SmolLM2 into transformers (~30 s, a session fixture) belong on one xdist worker. (With
-# pytest 9.2 and pytest-xdist 3.8 the group has no effect: xdist writes the group into `item._nodeid`, which
-# pytest 9.2's `nodeid` no longer reads, so `--dist loadgroup` spreads them like `load`; 2026-12-03.)
+# the tests that load SmolLM2 into transformers (~30 s, a session fixture) run on one xdist worker (`--dist
+# loadgroup`; pytest < 9: with pytest 9.2, pytest-xdist 3.8 writes the group where pytest no longer reads it)
 HF_SMOLLM2_WORKER = pytest.mark.xdist_group("hf-smollm2")
 
 
