@@ -8,6 +8,11 @@ dense's 25.5. This probe compiles each cache's loop at a context that fits and l
     python scripts/probe_decode_memory.py --model llama3.1-8b --context 32768 --caches dense naive certified \
         --out results/probe_decode_memory.json
     python scripts/probe_decode_memory.py --model tiny --context 1024 --caches naive     # CPU check of the script
+
+--conversion instead compiles the stacked dense -> tiered conversion (`cache._from_head_major_impl`, every prefill
+of a tiered cache ends with it) for the model's K/V shapes and prints its temporaries against the dense K/V:
+
+    JAX_PLATFORMS=cpu python scripts/probe_decode_memory.py --conversion --model llama3.1-8b --context 4096
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -58,8 +64,12 @@ def main() -> None:
     ap.add_argument("--caches", nargs="+", default=["dense", "naive", "certified"])
     ap.add_argument("--tier1", choices=("jnp", "pallas"), default="pallas")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--conversion", action="store_true", help="the stacked dense -> tiered conversion instead")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.conversion:
+        conversion_memory(args)
+        return
 
     dump_root = Path(tempfile.mkdtemp(prefix="decode_memory_"))
     rows = []
@@ -69,8 +79,6 @@ def main() -> None:
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
                                           " --xla_dump_hlo_module_re=jit_run --xla_dump_hlo_as_text").strip())
         cmd = [sys.executable, __file__, "--_one", mode, json.dumps(vars(args))]
-        import subprocess
-
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if res.returncode != 0:
             rows.append(dict(cache=mode, error=res.stderr[-2000:]))
@@ -93,6 +101,41 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(dict(device=jax.devices()[0].device_kind, jax_version=jax.__version__,
                                                   args=vars(args), rows=rows), indent=1))
         print(f"wrote {args.out}")
+
+
+def conversion_memory(args: argparse.Namespace) -> None:
+    """XLA's memory analysis of the stacked conversion for [L, batch, Hkv, context, d] bf16 K and V."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root), str(root / "scripts")]
+    from bench_decode import MODELS
+
+    from certattn_jax.cache import _from_head_major_impl
+    from certattn_jax.policy import CertPolicy
+
+    config = MODELS[args.model]
+    if args.layers:
+        config = dataclasses.replace(config, num_layers=args.layers)
+    shape = (config.num_layers, args.batch, config.num_kv_heads, args.context, config.head_dim)
+    kv = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    lengths = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
+    policy = CertPolicy()
+    layout = CertPolicy(block_size=policy.block_size, group_size=policy.group_size, key_bits=policy.key_bits,
+                        value_bits=policy.value_bits, k_max=policy.k_max, v_max=policy.v_max,
+                        hot_slots=policy.hot_slots)  # what cache._from_head_major compiles with
+    m = _from_head_major_impl.lower(kv, kv, lengths, layout).compile().memory_analysis()
+    dense = 2 * 2 * int(jnp.prod(jnp.asarray(shape)))
+    row = dict(what="conversion", model=args.model, shape=list(shape), temp_bytes=m.temp_size_in_bytes,
+               dense_kv_bytes=dense, temp_over_dense_kv=m.temp_size_in_bytes / dense,
+               device=jax.devices()[0].device_kind)
+    print(f"conversion {shape}: temporaries {m.temp_size_in_bytes / 2**30:.2f} GiB = "
+          f"{row['temp_over_dense_kv']:.1f}x the dense bf16 K/V ({dense / 2**30:.2f} GiB)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(row, indent=1))
 
 
 def _one(mode: str, args: dict) -> None:
