@@ -289,13 +289,22 @@ class TieredModelCache:
         return out, new.replace(cert_packed=cert, escalate=escalate)
 
     def with_lengths(self, new_lengths: jax.Array) -> TieredModelCache:
-        """After the last layer: make resident the blocks rung 1 asked for in any layer (`hot_pending`, one
-        lax.cond), then flush every layer's full residual block at once (one batched quantization under one
-        lax.cond) and record the new lengths."""
-        store = jax.lax.cond(jnp.any(self.store.hot_pending >= 0), lambda s: s.apply_pending_hot_sets(),
-                             lambda s: s, self.store)
-        full = jnp.any(store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens
-        store = jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, store)
+        """After the last layer: make resident the blocks rung 1 asked for in any layer (`hot_pending`), then
+        flush every layer's full residual block at once (one batched quantization) and record the new lengths.
+
+        Both are rare (a flush every block_size steps, pending blocks only after a rung 1), so they sit under
+        one outer lax.cond: on a GPU each conditional is a host round trip, and the common step pays one here
+        instead of two (each inner conditional runs only inside the taken branch)."""
+        store = self.store
+        pending = jnp.any(store.hot_pending >= 0)
+        full = jnp.any(store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens (pending does not
+        # change lengths or flushed, so `full` is the same before and after the hot sets are applied)
+
+        def maintain(s: TieredKVCache) -> TieredKVCache:
+            s = jax.lax.cond(pending, lambda s: s.apply_pending_hot_sets(), lambda s: s, s)
+            return jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, s)
+
+        store = jax.lax.cond(pending | jnp.any(full), maintain, lambda s: s, store)
         return self.replace(store=store, lengths=new_lengths.astype(jnp.int32))
 
     @property

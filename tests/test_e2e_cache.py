@@ -455,6 +455,41 @@ def test_the_straight_fast_pass_holds_no_conditional():
     assert bool(np.all(np.asarray(escalate)))
 
 
+def test_the_end_of_a_step_holds_one_conditional_and_still_flushes():
+    """`TieredModelCache.with_lengths` (after the last layer of every step) puts the rare hot-set application and
+    the flush under one outer conditional (one host round trip per step on a GPU, was two); inside its branch
+    each runs only when needed. A step that fills the residual block still flushes it into tier 1 + tier 2."""
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    Bk = POLICY.block_size
+    k = jax.random.normal(jax.random.key(3), (1, Bk - 1, CFG.num_kv_heads, CFG.head_dim))
+    staging = spec.staging(1, 4 * Bk)
+    staging = DenseKVCache(k=tuple(c.at[:, :, :Bk - 1].set(jnp.moveaxis(k, 1, 2)) for c in staging.k),
+                           v=tuple(c.at[:, :, :Bk - 1].set(jnp.moveaxis(k, 1, 2)) for c in staging.v),
+                           lengths=jnp.array([Bk - 1], jnp.int32), attn_impl=staging.attn_impl)
+    cache = spec.from_staging(staging)
+
+    def top_level_conds(c):
+        jaxpr = jax.make_jaxpr(lambda c: c.with_lengths(c.lengths + 1))(c).jaxpr
+        outer = [e for e in jaxpr.eqns if e.primitive.name == "cond"]
+        inner = [s for e in outer for sub in jax.extend.core.jaxprs_in_params(e.params)
+                 for s in sub.eqns if s.primitive.name == "cond"]
+        return len(outer), len(inner)
+
+    assert top_level_conds(cache) == (1, 2)
+    # the token that fills the block: write it into every layer's residual, then end the step
+    tok = jax.random.normal(jax.random.key(4), (1, 1, CFG.num_kv_heads, CFG.head_dim))
+    for layer in range(CFG.num_layers):
+        view = cache.layer_view(layer)
+        cache = cache.with_layer(layer, view.write_token(tok, tok), view)
+    done = jax.jit(lambda c: c.with_lengths(c.lengths + 1))(cache)
+    assert int(done.store.flushed[0, 0]) == Bk and int(done.lengths[0]) == Bk
+    host_k = np.asarray(tiers.to_device(done.store.host_k))
+    want = np.concatenate([np.asarray(jnp.moveaxis(k, 1, 2)), np.asarray(jnp.moveaxis(tok, 1, 2))], axis=2)
+    for layer in range(CFG.num_layers):  # host_k [L, B, H, nb, Bk, d]: block 0 of every layer holds the tokens
+        np.testing.assert_array_equal(host_k[layer, 0, :, 0], want[0])
+    assert int(cache.store.flushed[0, 0]) == 0  # the cache before the step ended is unchanged (functional)
+
+
 def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params, monkeypatch):
     """The "straight-looped" schedule's first pass: one loop over layers (the attention compiled once) whose body
     holds no cond or switch -- the weights come from a stacked copy by index -- while the "looped" schedule's
