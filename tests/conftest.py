@@ -6,7 +6,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA never enables fast-math reassociation), about a third less compile time; and emit fusions with XLA:CPU's
 # elemental emitters instead of its newer MLIR fusion emitters (the same HLO computed, about 40 % less compile
 # CPU time again: one end-to-end test 44.7 -> 26.5 s of CPU; docs/performance.md, thirteenth session).
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+# CPU-only flags, so only where the tests run on the CPU: a jaxlib that no longer knows one aborts every process
+# at start-up (jaxlib 0.11.2 on the H200 with --xla_cpu_use_fusion_emitters, 2026-12-04), and a GPU run needs neither.
+if os.environ["JAX_PLATFORMS"].strip().lower() == "cpu":
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 # every run checks compiled kernels afresh (pallas_kernels.selftest keeps verdicts on disk for users)
 os.environ.setdefault("CERTATTN_SELFTEST_CACHE", "off")
 
