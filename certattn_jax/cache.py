@@ -540,10 +540,15 @@ def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: C
 def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
     # jit (layout static) so the eager call compiles once per shape and its host arrays come out pinned_host; the
     # tolerances may be tracers (a policy passed through jit), and they play no part here
-    layout = CertPolicy(block_size=policy.block_size, group_size=policy.group_size, key_bits=policy.key_bits,
-                        value_bits=policy.value_bits, k_max=policy.k_max, v_max=policy.v_max,
-                        hot_slots=policy.hot_slots)
-    return commit_arrays(_from_head_major_impl(k, v, lengths, layout))
+    return commit_arrays(_from_head_major_impl(k, v, lengths, conversion_layout(policy)))
+
+
+def conversion_layout(policy: CertPolicy) -> CertPolicy:
+    """The policy's layout fields alone (block, group, bits, k_max, v_max, hot slots): what a conversion depends
+    on. The tolerances may be tracers (a policy passed through jit) and play no part there."""
+    return CertPolicy(block_size=policy.block_size, group_size=policy.group_size, key_bits=policy.key_bits,
+                      value_bits=policy.value_bits, k_max=policy.k_max, v_max=policy.v_max,
+                      hot_slots=policy.hot_slots)
 
 
 def _quantize_blocks(blocks_k: jax.Array, blocks_v: jax.Array, key_bits: int, group_size: int,

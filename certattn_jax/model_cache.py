@@ -464,11 +464,60 @@ class CacheSpec:
                         schedule=self.schedule)
 
 
-@functools.partial(jax.jit, static_argnames=("num_q_heads", "mode", "schedule"))
 def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
              schedule: str) -> TieredModelCache:
+    """The staging cache converted: eagerly a layer at a time (`_convert_by_layer`), traced in one program."""
+    if is_concrete(dense.lengths) and is_concrete(dense.k[0]):
+        return _convert_by_layer(dense, policy, num_q_heads=num_q_heads, mode=mode, schedule=schedule)
+    return _convert_in_one_program(dense, policy, num_q_heads=num_q_heads, mode=mode, schedule=schedule)
+
+
+@functools.partial(jax.jit, static_argnames=("num_q_heads", "mode", "schedule"))
+def _convert_in_one_program(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
+                            schedule: str) -> TieredModelCache:
     return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode,
                                        schedule=schedule)
+
+
+def _convert_by_layer(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
+                      schedule: str) -> TieredModelCache:
+    """The staging cache converted one layer per call of one jitted program (compiled once: the layer index is
+    traced), each writing its layer into a preallocated stacked cache in place (donated): tier 1 on the device,
+    the originals into the pinned-host tier 2. No stacked copy of the staging cache is made and no layer loop
+    exists for XLA to hoist a float32 copy of every layer's K/V out of (in one program, the 8B shape at 32K,
+    batch 8, asked the H200 for 66.6 GiB: docs/performance.md, fourteenth session); the peak is the staging
+    cache, the tiered cache and one layer's temporaries. Same result as `TieredModelCache.from_dense`."""
+    from certattn_jax.cache import _check_head_major, _check_kv, conversion_layout
+
+    if num_q_heads % dense.k[0].shape[1]:
+        raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
+    _check_kv(dense.k[0], dense.v[0])
+    lengths = _check_head_major(dense.k[0].shape, dense.lengths, policy)
+    B, H, S, d = dense.k[0].shape
+    layout = conversion_layout(policy)
+    store = TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=dense.k[0].dtype,
+                               policy=layout, layers=len(dense.k))
+    for i, (k, v) in enumerate(zip(dense.k, dense.v, strict=True)):
+        store = _convert_layer_into(store, k, v, lengths, jnp.int32(i), layout)
+    # the policy's leaves as the one-program conversion returns them (through jit: arrays, not Python floats), so
+    # that a decode loop sees the same input types whichever way the cache was built (no second compile)
+    policy = jax.jit(lambda p: p)(policy)
+    return TieredModelCache._wrap(store, lengths, num_q_heads, policy, mode, schedule)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _convert_layer_into(store: TieredKVCache, k: jax.Array, v: jax.Array, lengths: jax.Array, layer: jax.Array,
+                        policy: CertPolicy) -> TieredKVCache:
+    """store (stacked, donated) with layer `layer` converted from k, v [B, H, S, d] (the first lengths[b] valid)."""
+    from certattn_jax.cache import _convert_on_device
+
+    c = _convert_on_device(k, v, lengths, policy)  # this layer, its tier 2 still on the device
+
+    def put(stacked: jax.Array, one: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_index_in_dim(stacked, one, layer, 0)
+
+    host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
+    return store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in _DEVICE_FIELDS}, **host)
 
 
 def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelCache:
