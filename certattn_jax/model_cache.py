@@ -17,10 +17,12 @@ Decode steps (one new token) use the cache mode's attention -- certified (with a
 kept in `last_certificate` and returned by `step_record()`) or naive. Prefill chunks (several tokens) attend
 exactly over the originals (tier 2 + residual) in every mode: certificates are about decoding. That path reads
 all of tier 2 back per chunk; `generate` avoids it by prefilling a dense staging cache with the dense path's
-attention and converting it once (`TieredModelCache.from_dense`: tier 1 quantized in one pass, the originals
-copied to the host in one contiguous copy per array). The new
+attention and converting it once (`CacheSpec.from_staging`: eagerly a layer at a time, each layer written in place
+into the stacked cache, tier 1 quantized and the originals copied to the host; inside a trace
+`TieredModelCache.from_dense`, every layer in one program). The new
 token goes into each layer's exact residual block without flushing; `with_lengths` (called once per step,
-after the last layer) flushes every layer's full residual block at once, under a single lax.cond.
+after the last layer) applies pending hot-set blocks and flushes every layer's full residual block at once, both
+under one outer lax.cond.
 """
 
 from __future__ import annotations
