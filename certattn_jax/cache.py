@@ -47,6 +47,7 @@ Writes never lose data: every token is in tier 2 (full blocks) or in the exact r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -198,6 +199,33 @@ class TieredKVCache:
             raise ValueError(f"keys and values must both be [L, B, H, S, d]; got {k.shape} and {v.shape}")
         _check_kv(k[0], v[0])
         return _from_head_major(k, v, _check_head_major(k.shape[1:], lengths, policy), policy)
+
+    @classmethod
+    def stacked_from_layers(cls, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
+                            policy: CertPolicy | None = None) -> TieredKVCache:
+        """The stacked form from per-layer k, v [B, Hkv, S, d] (a dense cache's own layers), the first lengths[b]
+        tokens of every layer valid; eager only. One layer per call of one compiled program (the layer index
+        traced), each written in place (donated) into a preallocated stacked cache, the originals straight into
+        the pinned-host tier 2. Unlike `stacked_from_head_major` it needs no stacked copy of the inputs, and
+        there is no loop over layers for XLA to hoist a float32 copy of every layer's K/V out of (that asked the
+        H200 for 66.6 GiB at the 8B shape, 32K, batch 8: docs/performance.md, fourteenth session): the peak is
+        the inputs, the result and one layer's temporaries. Same result, bit for bit."""
+        policy = policy or CertPolicy()
+        if not ks or len(ks) != len(vs):
+            raise ValueError(f"need as many key layers as value layers, at least one; got {len(ks)} and {len(vs)}")
+        _check_kv(ks[0], vs[0])
+        for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+            if k.shape != ks[0].shape or v.shape != ks[0].shape or k.dtype != ks[0].dtype or v.dtype != k.dtype:
+                raise ValueError(f"layer {i} holds k {k.shape} {k.dtype}, v {v.shape} {v.dtype}; layer 0 "
+                                 f"{ks[0].shape} {ks[0].dtype}")
+        lengths = _check_head_major(ks[0].shape, lengths, policy)
+        B, H, S, d = ks[0].shape
+        layout = conversion_layout(policy)
+        store = cls.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=ks[0].dtype, policy=layout,
+                         layers=len(ks))
+        for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+            store = _convert_layer_into(store, k, v, lengths, jnp.int32(i), layout)
+        return store
 
     # ------------------------------------------------------------------ shape facts
     def tier1_arrays(self, in_place: bool = True) -> tuple[tuple[jax.Array, ...], jax.Array | None]:
@@ -468,6 +496,11 @@ def _narrows(src, dst) -> bool:
     return b.nmant < a.nmant or float(b.max) < float(a.max)
 
 
+# the per-layer arrays of a TieredKVCache that live on the device (tier 2, the layer index and a view's stack aside)
+DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
+                      if f.metadata.get("pytree_node", True) and f.name not in ("host_k", "host_v", "layer", "stack"))
+
+
 def _check_head_major(shape: tuple[int, ...], lengths: Any, policy: CertPolicy) -> jax.Array:
     """Check one layer's head-major shape [B, H, S, d] against the block size and lengths [B] (each in [0, S]);
     returns lengths as int32."""
@@ -541,6 +574,19 @@ def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: Cer
     # jit (layout static) so the eager call compiles once per shape and its host arrays come out pinned_host; the
     # tolerances may be tracers (a policy passed through jit), and they play no part here
     return commit_arrays(_from_head_major_impl(k, v, lengths, conversion_layout(policy)))
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnames=("policy",))
+def _convert_layer_into(store: TieredKVCache, k: jax.Array, v: jax.Array, lengths: jax.Array, layer: jax.Array,
+                        policy: CertPolicy) -> TieredKVCache:
+    """store (stacked, donated) with layer `layer` converted from k, v [B, H, S, d] (the first lengths[b] valid)."""
+    c = _convert_on_device(k, v, lengths, policy)  # this layer, its tier 2 still on the device
+
+    def put(stacked: jax.Array, one: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_index_in_dim(stacked, one, layer, 0)
+
+    host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
+    return store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in DEVICE_FIELDS}, **host)
 
 
 def conversion_layout(policy: CertPolicy) -> CertPolicy:

@@ -28,7 +28,6 @@ under one outer lax.cond.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,7 +43,7 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import TieredKVCache
+from certattn_jax.cache import DEVICE_FIELDS, TieredKVCache
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
@@ -91,10 +90,7 @@ def layer_weight_bytes(config: Any, dtype: Any) -> int:
     return (attn + 3 * d * config.intermediate_size + 2 * d) * jnp.dtype(dtype).itemsize
 
 
-# the per-layer fields of a TieredKVCache that live on the device (a layer view slices them; tier 2 is never sliced)
-_DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
-                       if f.metadata.get("pytree_node", True)
-                       and f.name not in ("host_k", "host_v", "layer", "stack"))
+_DEVICE_FIELDS = DEVICE_FIELDS  # the per-layer device arrays (a layer view slices them; tier 2 is never sliced)
 
 
 @struct.dataclass
@@ -186,15 +182,20 @@ class TieredModelCache:
     @classmethod
     def from_dense(cls, dense: DenseKVCache, *, num_q_heads: int, policy: CertPolicy | None = None,
                    mode: str = "certified", schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
-        """Convert a (prefilled) dense cache, every layer at once: tier 1 quantized in one batched pass, the
-        originals moved to tier 2 in one contiguous copy per array, nothing read back. The dense cache's capacity
+        """Convert a (prefilled) dense cache: eagerly a layer at a time (`TieredKVCache.stacked_from_layers`), inside
+        a trace every layer in one program (`stacked_from_head_major`); the originals go to tier 2, nothing is read
+        back. The dense cache's capacity
         must be a multiple of the policy's block size. Works eagerly and in jit."""
         if mode not in MODES:
             raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
         policy = policy or CertPolicy()
         if num_q_heads % dense.k[0].shape[1]:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
-        store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths, policy)
+        if is_concrete(dense.lengths) and is_concrete(dense.k[0]):  # eagerly: a layer at a time, in place
+            store = TieredKVCache.stacked_from_layers(dense.k, dense.v, dense.lengths, policy)
+        else:  # traced: every layer in one program
+            store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths,
+                                                          policy)
         return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule)
 
     @classmethod
@@ -468,58 +469,11 @@ class CacheSpec:
 
 def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
              schedule: str) -> TieredModelCache:
-    """The staging cache converted: eagerly a layer at a time (`_convert_by_layer`), traced in one program."""
-    if is_concrete(dense.lengths) and is_concrete(dense.k[0]):
-        return _convert_by_layer(dense, policy, num_q_heads=num_q_heads, mode=mode, schedule=schedule)
-    return _convert_in_one_program(dense, policy, num_q_heads=num_q_heads, mode=mode, schedule=schedule)
-
-
-@functools.partial(jax.jit, static_argnames=("num_q_heads", "mode", "schedule"))
-def _convert_in_one_program(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
-                            schedule: str) -> TieredModelCache:
-    return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode,
-                                       schedule=schedule)
-
-
-def _convert_by_layer(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
-                      schedule: str) -> TieredModelCache:
-    """The staging cache converted one layer per call of one jitted program (compiled once: the layer index is
-    traced), each writing its layer into a preallocated stacked cache in place (donated): tier 1 on the device,
-    the originals into the pinned-host tier 2. No stacked copy of the staging cache is made and no layer loop
-    exists for XLA to hoist a float32 copy of every layer's K/V out of (in one program, the 8B shape at 32K,
-    batch 8, asked the H200 for 66.6 GiB: docs/performance.md, fourteenth session); the peak is the staging
-    cache, the tiered cache and one layer's temporaries. Same result as `TieredModelCache.from_dense`."""
-    from certattn_jax.cache import _check_head_major, _check_kv, conversion_layout
-
-    if num_q_heads % dense.k[0].shape[1]:
-        raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
-    _check_kv(dense.k[0], dense.v[0])
-    lengths = _check_head_major(dense.k[0].shape, dense.lengths, policy)
-    B, H, S, d = dense.k[0].shape
-    layout = conversion_layout(policy)
-    store = TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=dense.k[0].dtype,
-                               policy=layout, layers=len(dense.k))
-    for i, (k, v) in enumerate(zip(dense.k, dense.v, strict=True)):
-        store = _convert_layer_into(store, k, v, lengths, jnp.int32(i), layout)
-    # the policy's leaves as the one-program conversion returns them (through jit: arrays, not Python floats), so
-    # that a decode loop sees the same input types whichever way the cache was built (no second compile)
-    policy = jax.jit(lambda p: p)(policy)
-    return TieredModelCache._wrap(store, lengths, num_q_heads, policy, mode, schedule)
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _convert_layer_into(store: TieredKVCache, k: jax.Array, v: jax.Array, lengths: jax.Array, layer: jax.Array,
-                        policy: CertPolicy) -> TieredKVCache:
-    """store (stacked, donated) with layer `layer` converted from k, v [B, H, S, d] (the first lengths[b] valid)."""
-    from certattn_jax.cache import _convert_on_device
-
-    c = _convert_on_device(k, v, lengths, policy)  # this layer, its tier 2 still on the device
-
-    def put(stacked: jax.Array, one: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_update_index_in_dim(stacked, one, layer, 0)
-
-    host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
-    return store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in _DEVICE_FIELDS}, **host)
+    """The staging cache converted (`TieredModelCache.from_dense`: eagerly a layer at a time)."""
+    cache = TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule)
+    # the policy's leaves as a jitted conversion returns them (arrays, not Python floats), so that a decode loop
+    # sees the same input types however the cache was built (no second compile)
+    return cache.replace(policy=jax.jit(lambda p: p)(cache.policy))
 
 
 def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelCache:

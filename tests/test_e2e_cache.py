@@ -652,7 +652,8 @@ def test_a_numeric_setting_from_the_environment_is_checked_by_name(monkeypatch, 
 
 
 def test_the_staging_cache_converts_a_layer_at_a_time_to_what_one_program_gives():
-    """`CacheSpec.from_staging` converts eagerly one layer per call of one jitted program, written in place into
+    """`CacheSpec.from_staging` converts eagerly one layer per call of one jitted program
+    (`TieredKVCache.stacked_from_layers`), written in place into
     a preallocated stacked cache (no stacked copy of the staging cache, no layer loop for XLA to hoist a float32
     copy of every layer out of: 66.6 GiB at the 8B shape, 32K, batch 8 on the H200). It must give exactly what
     the one-program conversion gives: every leaf, tier 2 in pinned host memory, the same pytree (no recompile)."""
@@ -662,13 +663,15 @@ def test_the_staging_cache_converts_a_layer_at_a_time_to_what_one_program_gives(
                          v=tuple(jax.random.normal(ks[3 + i], (B, H, S, d), jnp.bfloat16) for i in range(L)),
                          lengths=jnp.array([40, 23], jnp.int32), attn_impl="einsum")
     kw = dict(num_q_heads=4, mode="certified", schedule="looped")
-    by_layer = model_cache._convert_by_layer(dense, POLICY, **kw)
-    one = model_cache._convert_in_one_program(dense, POLICY, **kw)
+    by_layer = model_cache._convert(dense, POLICY, **kw)  # what from_staging runs
+    one = jax.jit(lambda d: TieredModelCache.from_dense(d, policy=POLICY, **kw))(dense)  # traced: one program
     assert jax.tree.structure(by_layer) == jax.tree.structure(one)
     for x, y in zip(jax.tree.leaves(by_layer), jax.tree.leaves(one), strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(np.asarray(tiers.to_device(x)), np.asarray(tiers.to_device(y)))
     assert by_layer.store.host_k.sharding.memory_kind == one.store.host_k.sharding.memory_kind
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        model_cache._convert_by_layer(dense, POLICY, num_q_heads=3, mode="certified", schedule="looped")
+        model_cache._convert(dense, POLICY, num_q_heads=3, mode="certified", schedule="looped")
+    with pytest.raises(ValueError, match="layer 1 holds"):
+        TieredKVCache.stacked_from_layers(dense.k[:1] + (dense.k[1][:, :, :32],), dense.v[:2], dense.lengths, POLICY)
     assert not dense.k[0].is_deleted()  # the staging cache is read, not donated
