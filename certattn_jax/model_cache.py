@@ -471,9 +471,9 @@ def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode:
              schedule: str) -> TieredModelCache:
     """The staging cache converted (`TieredModelCache.from_dense`: eagerly a layer at a time)."""
     cache = TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule)
-    # the policy's leaves as a jitted conversion returns them (arrays, not Python floats), so that a decode loop
-    # sees the same input types however the cache was built (no second compile)
-    return cache.replace(policy=jax.jit(lambda p: p)(cache.policy))
+    # the policy's leaves as a jitted conversion returns them (committed weakly typed arrays, not Python floats), so
+    # that a decode loop sees the same input types on its first call as on later ones (no second compile)
+    return cache.replace(policy=commit_arrays(jax.tree.map(jnp.asarray, cache.policy)))
 
 
 def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelCache:
