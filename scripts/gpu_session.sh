@@ -54,6 +54,11 @@ for s in "$@"; do
       step dec128 560 "for c in dense naive certified; do python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches \$c --impls einsum --out $W/dec128_\$c.json; done" ;;
     dec32b) step dec32b 500 "for c in dense naive certified; do python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 8,16 --caches \$c --impls einsum --out $W/dec32b_\$c.json; done" ;;
     dec) step dec 300 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches dense,naive,certified --impls einsum --out $W/dec.json" ;;  # 128K: dec128; batches: dec32b
+    why_certify)  # fifteenth session: the fused rung 0 kernel by kernel (traced), k_max 1 against 8 with 8 hot slots:
+      # how much of the certify kernel is its k_max selection passes
+      step why_certify 420 "python3 scripts/profile_cert_step.py --shapes smol:1024 8b:8192 8b:32768 --tier1 fused --phases tier1 rung0 --k-max 1 8 --steps 30 --reps 3 --trace $W/trace_certify --out $W/why_certify.json" ;;
+    autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
+      step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
     sound) step sound 460 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
     kernels_fix) step kernels_fix 120 "python3 -m pytest -q -n 4 tests/test_pallas_tier1.py -k 'subnormal or leaves_the_hot or slot_programs or any_size'" ;;

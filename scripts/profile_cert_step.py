@@ -174,6 +174,9 @@ def main() -> None:
                     "256x4 2048x4 (each self-checked anew; default: the module's settings)")
     ap.add_argument("--trace", default=None, help="DIR: trace one more call of each fast phase (jax.profiler) and "
                     "add its kernels per step, by name and scope, to the row")
+    ap.add_argument("--k-max", nargs="+", type=int, default=[8], help="the policy's k_max, each a run of its own "
+                    "(the hot set keeps --hot-slots slots, so only the selection's work changes)")
+    ap.add_argument("--hot-slots", type=int, default=8)
     ap.add_argument("--dump-hlo", default=None, help="write the compiled HLO of the fast phase to DIR/NAME_T_IMPL.hlo")
     args = ap.parse_args()
     dev = jax.devices()[0]
@@ -188,8 +191,10 @@ def main() -> None:
         rows.append(dict(shape=name, context=T, phase="dense", tier1=None, us=dense_us))
         runs = [(impl, None) for impl in args.tier1 if impl != "fused" or not args.rung0_variants]
         runs += [("fused", v) for v in (args.rung0_variants or []) if "fused" in args.tier1]
-        for impl, variant in runs:
-            policy = CertPolicy(tier1="jnp" if impl == "jnp" else "pallas", rung0="fused" if impl == "fused" else "jnp")
+        runs = [(impl, variant, km) for impl, variant in runs for km in args.k_max]
+        for impl, variant, k_max in runs:
+            policy = CertPolicy(tier1="jnp" if impl == "jnp" else "pallas", rung0="fused" if impl == "fused" else "jnp",
+                                k_max=k_max, hot_slots=max(args.hot_slots, k_max))
             settings = set_rung0_variant(variant)
             cache = jax.jit(lambda k, v, p=policy: TieredKVCache.from_dense(k, v, p))(k, v)
             fused_ran = step.uses_fused_rung0(cache, policy) if impl == "fused" else None
@@ -198,10 +203,11 @@ def main() -> None:
                     continue
                 if ph == "naive" and impl != args.tier1[0]:
                     continue
-                label = impl + (f"[{variant}]" if variant else "")
+                label = impl + (f"[{variant}]" if variant else "") + (f"k{k_max}" if len(args.k_max) > 1 else "")
                 dump = (f"{args.dump_hlo}/{name}_{T}_{label}.hlo" if args.dump_hlo and ph == "fast" else None)
                 try:
-                    tdir = (f"{args.trace}/{name}_{T}_{label}" if args.trace and ph == "fast" else None)
+                    traced = args.trace and ph in ("fast", "rung0")
+                    tdir = f"{args.trace}/{name}_{T}_{label}_{ph}" if traced else None
                     us, launches, compile_s = time_loop(fn, cache, q0, args.steps, args.reps, dump, tdir)
                 except Exception as e:  # noqa: BLE001 - one variant that fails must not cost the others
                     print(f"{name} T={T} {label} {ph} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -211,7 +217,8 @@ def main() -> None:
                 print(f"{name} T={T} {label:14s} {ph:8s} {us:9.1f} us  launches {launches['launches']:4d} "
                       f"(+{launches['cond_branch_launches']} in branches)  compile {compile_s:.1f} s"
                       + ("" if fused_ran is None else f"  fused rung 0 ran: {fused_ran}"), flush=True)
-                rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, us=us, launches=launches["launches"],
+                rows.append(dict(shape=name, context=T, phase=ph, tier1=impl, us=us, k_max=k_max,
+                                 hot_slots=policy.hot_slots, launches=launches["launches"],
                                  cond_branch_launches=launches["cond_branch_launches"], compile_s=compile_s,
                                  rung0=settings, fused_rung0_ran=fused_ran, trace=launches.get("trace")))
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, steps=args.steps,
