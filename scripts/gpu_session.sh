@@ -57,6 +57,12 @@ for s in "$@"; do
     why_certify)  # fifteenth session: the fused rung 0 kernel by kernel (traced), k_max 1 against 8 with 8 hot slots:
       # how much of the certify kernel is its k_max selection passes
       step why_certify 420 "python3 scripts/profile_cert_step.py --shapes smol:1024 8b:8192 8b:32768 --tier1 fused --phases tier1 rung0 --k-max 1 8 --steps 30 --reps 3 --trace $W/trace_certify --out $W/why_certify.json" ;;
+    tune_small)  # fifteenth session: the fast pass's two launches at 8K (never tuned there: 1 block per split by
+      # default) and the certify kernel's warps / chunk at each size, fewer warps included
+      step t1_8k 300 "python3 scripts/probe_tier1_features.py --contexts 8192,32768 --variants features:plain,features:delta_hot,features:delta_hot_slots,features:full,full:bps1,full:bps2,full:bps4,full:bps8,full:stages3,full:warps4,full:bps4_stages3 --out $W/t1_8k.json"
+      step cert_smol 200 "python3 scripts/profile_cert_step.py --shapes smol:1024 --tier1 fused --phases rung0 --rung0-variants 256x4 64x1 64x2 32x1 32x2 64x4 --out $W/cert_smol.json"
+      step cert_8k 240 "python3 scripts/profile_cert_step.py --shapes 8b:8192 --tier1 fused --phases rung0 --rung0-variants 128x8 128x4 128x2 64x2 64x4 32x1 32x2 --out $W/cert_8k.json"
+      step cert_32k 240 "python3 scripts/profile_cert_step.py --shapes 8b:32768 --tier1 fused --phases rung0 --rung0-variants 128x8 128x4 64x4 64x2 256x8 --out $W/cert_32k.json" ;;
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;

@@ -120,7 +120,8 @@ def check(x: dict) -> None:
         log("check", row)
 
 
-TUNINGS = [("default", {}), ("warps4", dict(warps=4)), ("stages3", dict(stages=3)), ("bps2", dict(bps=2)),
+TUNINGS = [("default", {}), ("warps4", dict(warps=4)), ("stages3", dict(stages=3)), ("bps1", dict(bps=1)),
+           ("bps2", dict(bps=2)), ("bps4", dict(bps=4)), ("bps4_stages3", dict(bps=4, stages=3)),
            ("bps8", dict(bps=8)), ("bps16", dict(bps=16)), ("bps8_warps4", dict(bps=8, warps=4)),
            ("signed", dict(signed=True)), ("signed_stages3", dict(signed=True, stages=3))]
 
