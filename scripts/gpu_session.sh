@@ -63,6 +63,9 @@ for s in "$@"; do
       step cert_smol 200 "python3 scripts/profile_cert_step.py --shapes smol:1024 --tier1 fused --phases rung0 --rung0-variants 256x4 64x1 64x2 32x1 32x2 64x4 --out $W/cert_smol.json"
       step cert_8k 240 "python3 scripts/profile_cert_step.py --shapes 8b:8192 --tier1 fused --phases rung0 --rung0-variants 128x8 128x4 128x2 64x2 64x4 32x1 32x2 --out $W/cert_8k.json"
       step cert_32k 240 "python3 scripts/profile_cert_step.py --shapes 8b:32768 --tier1 fused --phases rung0 --rung0-variants 128x8 128x4 64x4 64x2 256x8 --out $W/cert_32k.json" ;;
+    autotune_levels)  # fifteenth session: the 8B decode compile at GEMM autotune levels 1 and 2 (no buffer checks)
+      # against the default (4) in the same call: does a cheaper autotuning keep the tuned GEMMs' speed?
+      step autotune_levels 420 "for l in 4 1 2; do XLA_FLAGS=--xla_gpu_autotune_level=\$l python3 scripts/bench_generate.py --timeout 130 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune\${l}_8b8k.json; done" ;;
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
