@@ -66,6 +66,9 @@ for s in "$@"; do
     autotune_levels)  # fifteenth session: the 8B decode compile at GEMM autotune levels 1 and 2 (no buffer checks)
       # against the default (4) in the same call: does a cheaper autotuning keep the tuned GEMMs' speed?
       step autotune_levels 420 "for l in 4 1 2; do XLA_FLAGS=--xla_gpu_autotune_level=\$l python3 scripts/bench_generate.py --timeout 130 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune\${l}_8b8k.json; done" ;;
+    no_triton_gemm)  # fifteenth session: the 8B decode compile with XLA's Triton GEMM fusions off (cuBLAS only:
+      # fewer candidates to autotune), certified and dense, tokens/s in the same call
+      step no_triton_gemm 330 "for c in certified dense; do XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 scripts/bench_generate.py --timeout 130 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches \$c --out $W/no_triton_gemm_\${c}_8b8k.json; done" ;;
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
