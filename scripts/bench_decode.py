@@ -15,7 +15,14 @@ where the bandwidth is measured in the same run (a fused read+write pass over a 
         --caches dense,naive,certified --impls einsum --out results/bench_decode.json   # issue 8's cache rows
     python scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified \
         --impls einsum --soak-steps 10000 --out results/bench_decode_soak.json          # device memory flat?
+    python scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches dense,certified \
+        --impls einsum --kv prefill --out results/bench_decode_prefill.json   # model-made K/V: the fast pass
     python scripts/bench_decode.py --smoke                                      # tiny CPU check
+
+`--kv gaussian` (default) fills the cache with N(0, 1) keys and values: quick to build, but attention over them is
+diffuse, so a certified cache escalates many head-steps (its rows time the ladder); `--kv prefill` runs the
+model's own chunked prefill of random tokens (the product's path), whose caches stay at rung 0 like
+`scripts/bench_generate.py`'s.
 
 A batch that does not fit is recorded in "errors" (so the largest batch that fits each cache is visible).
 """
@@ -32,6 +39,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -93,6 +101,9 @@ def weight_bytes(params) -> int:
     return total + head.size * head.dtype.itemsize
 
 
+PREFILL_CHUNK = 1024  # as scripts/bench_generate.py
+
+
 def make_step_loop(config: LlamaConfig, steps: int):
     """One jitted call of `steps` greedy decode steps (cache donated). Also returns the rung histogram [5] of
     every head-step of a certified cache (zeros for the others)."""
@@ -110,8 +121,28 @@ def make_step_loop(config: LlamaConfig, steps: int):
     return jax.jit(run, donate_argnums=(1,))
 
 
-def build_cache(config, batch, context, mode, impl, room, policy):
-    """A cache of capacity `context` holding `context` - room random tokens (room for the timed steps)."""
+KV_KINDS = ("gaussian", "prefill")
+
+
+def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian", params=None):
+    """A cache of capacity `context` holding `context` - room tokens (room for the timed steps).
+
+    kv "gaussian": keys and values drawn N(0, 1) for every layer (fast to build; attention over them is diffuse,
+    so a certified cache sends many head-steps up the ladder: its rows then time the fallbacks, not the fast
+    pass). kv "prefill": the model's own chunked prefill of random token ids into the dense staging cache,
+    converted once (`models.generate.prefill`, the product's path): the keys, values and queries the model
+    makes, so the certified rows time what a user's decode costs."""
+    if kv not in KV_KINDS:
+        raise ValueError(f"kv must be one of {KV_KINDS}, got {kv!r}")
+    if kv == "prefill":
+        from models.generate import prefill
+
+        rng = np.random.default_rng(batch * 7 + context)
+        prompts = [rng.integers(0, config.vocab_size, context - room).tolist() for _ in range(batch)]
+        factory = "dense" if mode == "dense" else cache_spec(mode, config, jnp.bfloat16, policy)
+        cache, _ = prefill(params, config, prompts, context, cache_factory=factory, policy=policy,
+                           prefill_chunk=PREFILL_CHUNK)
+        return cache.replace(attn_impl=impl) if mode == "dense" else cache
     key = jax.random.key(batch * 7 + context)
     shape = (batch, config.num_kv_heads, context, config.head_dim)
     ks = jax.random.split(key, 2 * config.num_layers)
@@ -125,11 +156,14 @@ def build_cache(config, batch, context, mode, impl, room, policy):
 
 
 def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode="dense", policy=None,
-              soak_steps=0):
+              soak_steps=0, kv="gaussian"):
     room = (reps + 2) * steps + 1 + soak_steps + steps
     if room >= context:
         raise ValueError(f"context {context} leaves no room for {room} decode steps")
-    cache = build_cache(config, batch, context, mode, impl, room, policy)
+    t0 = time.perf_counter()
+    cache = build_cache(config, batch, context, mode, impl, room, policy, kv, params)
+    jax.block_until_ready(cache)
+    build_s = time.perf_counter() - t0
     mem = memory_report(cache)
     # every input committed to the device, as the loop's outputs are: a committed/uncommitted mix between the
     # first call and the later ones would compile the loop twice (jit keys on it)
@@ -166,7 +200,8 @@ def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode=
     read_b = wb + (kvb if mode == "dense" else mem["tier1_device_bytes"])
     floor_s = read_b / bw
     stats = dev.memory_stats() or {}
-    row = dict(model=name, cache=mode, batch=batch, context=context, attn_impl=impl, steps_per_call=steps,
+    row = dict(model=name, cache=mode, kv=kv, batch=batch, context=context, attn_impl=impl, steps_per_call=steps,
+               cache_build_s=build_s,
                step_ms=step_s * 1e3, step_ms_all=[t * 1e3 for t in times], tokens_per_s=batch / step_s,
                weight_bytes=wb, kv_bytes=kvb, tier1_device_bytes=mem["tier1_device_bytes"],
                tier2_host_bytes=mem["tier2_host_bytes"], floor_ms=floor_s * 1e3, ratio_to_floor=step_s / floor_s,
@@ -188,6 +223,8 @@ def main() -> None:
     ap.add_argument("--unfused", action="store_true", help="keep q/k/v and gate/up as separate matrices")
     ap.add_argument("--caches", default="dense", help="comma list of dense, naive, certified")
     ap.add_argument("--tier1", choices=("jnp", "pallas"), default="pallas", help="the certified tier-1 pass")
+    ap.add_argument("--kv", default="gaussian", help="comma list of what fills the cache: gaussian (random K/V)"
+                    " and/or prefill (the model's own prefill of random tokens: the fast pass, not the ladder)")
     ap.add_argument("--soak-steps", type=int, default=0, help="then this many more steps, memory recorded")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes (CPU check of the script)")
@@ -210,21 +247,21 @@ def main() -> None:
             params = llama.fuse_projections(params)
         for batch in map(int, args.batches.split(",")):
             for context in map(int, args.contexts.split(",")):
-                for mode in args.caches.split(","):
+                for mode, kv in ((m, k) for k in args.kv.split(",") for m in args.caches.split(",")):
                     for impl in args.impls.split(",") if mode == "dense" else ["einsum"]:
                         try:
                             row = bench_one(name, config, params, batch, context, impl, args.steps, args.reps, bw,
-                                            mode, policy, args.soak_steps)
+                                            mode, policy, args.soak_steps, kv)
                         except Exception as e:  # noqa: BLE001 - e.g. a batch that does not fit: recorded
-                            errors.append(dict(model=name, cache=mode, batch=batch, context=context, attn_impl=impl,
-                                               error=f"{type(e).__name__}: {e}"[:600]))
+                            errors.append(dict(model=name, cache=mode, kv=kv, batch=batch, context=context,
+                                               attn_impl=impl, error=f"{type(e).__name__}: {e}"[:600]))
                             print(f"{name} B={batch} ctx={context} {mode}: FAILED {type(e).__name__}: {e}"[:300],
                                   flush=True)
                             _write(args.out, dev, bws, rows, errors)
                             continue
                         row["fused_projections"] = not args.unfused
                         rows.append(row)
-                        print(f"{name:12s} B={batch:<2d} ctx={context:<6d} {mode:9s} {impl:7s} step "
+                        print(f"{name:12s} B={batch:<2d} ctx={context:<6d} {mode:9s} {kv:8s} {impl:7s} step "
                               f"{row['step_ms']:8.3f} ms floor {row['floor_ms']:7.3f} ms  "
                               f"x{row['ratio_to_floor']:.2f}  {row['tokens_per_s']:9.1f} tok/s  "
                               f"rungs {row['rung_histogram']}", flush=True)

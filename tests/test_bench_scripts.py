@@ -45,6 +45,39 @@ def test_bench_decode_smoke_compiles_each_loop_once(tmp_path):
             assert sum(r["rung_histogram"]) > 0 and r["tier2_host_bytes"] > 0
 
 
+def test_bench_decode_prefill_kv_is_the_models_own_cache():
+    """--kv prefill fills the cache with the model's own prefill (keys and values the model makes, so certified
+    rows time the fast pass): the dense cache holds exactly what `models.generate.prefill` makes of the same
+    tokens, the certified one the same token count, and an unknown kind is a named error."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_decode
+
+    from certattn_jax.model_cache import TieredModelCache
+    from certattn_jax.policy import CertPolicy
+    from models import llama
+    from models.generate import prefill
+
+    config = bench_decode.MODELS["tiny"]
+    params = llama.init_params(config, jax.random.key(0), jnp.float32)
+    policy = CertPolicy(tier1="jnp", block_size=16, group_size=16)
+    dense = bench_decode.build_cache(config, 2, 128, "dense", "einsum", 40, policy, "prefill", params)
+    assert np.array_equal(np.asarray(dense.lengths), [88, 88])
+    rng = np.random.default_rng(2 * 7 + 128)  # the benchmark's seed for (batch 2, context 128)
+    prompts = [rng.integers(0, config.vocab_size, 88).tolist() for _ in range(2)]
+    want, _ = prefill(params, config, prompts, 128, prefill_chunk=bench_decode.PREFILL_CHUNK)
+    for got_k, want_k in zip(dense.k, want.k, strict=True):
+        np.testing.assert_array_equal(np.asarray(got_k), np.asarray(want_k))
+    tiered = bench_decode.build_cache(config, 2, 128, "certified", "einsum", 40, policy, "prefill", params)
+    assert isinstance(tiered, TieredModelCache) and np.array_equal(np.asarray(tiered.lengths), [88, 88])
+    with pytest.raises(ValueError, match="kv must be one of"):
+        bench_decode.build_cache(config, 2, 128, "dense", "einsum", 40, policy, "uniform", params)
+
+
 def test_probe_conditionals_smoke(tmp_path):
     out = tmp_path / "probe_conditionals.json"
     cmd = [sys.executable, str(ROOT / "scripts/probe_conditionals.py"), "--smoke", "--out", str(out)]
