@@ -69,6 +69,9 @@ for s in "$@"; do
     no_triton_gemm)  # fifteenth session: the 8B decode compile with XLA's Triton GEMM fusions off (cuBLAS only:
       # fewer candidates to autotune), certified and dense, tokens/s in the same call
       step no_triton_gemm 330 "for c in certified dense; do XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 scripts/bench_generate.py --timeout 130 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches \$c --out $W/no_triton_gemm_\${c}_8b8k.json; done" ;;
+    dec32_prefill)  # fifteenth session: issue 8's 32K decode rows with model-made K/V (bench_decode --kv prefill):
+      # the certified row times the fast pass, not the ladder on Gaussian noise
+      step dec32_prefill 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches dense,certified,naive --impls einsum --kv prefill --steps 16 --reps 3 --out $W/dec32_prefill.json" ;;
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
