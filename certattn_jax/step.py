@@ -413,7 +413,7 @@ def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split:
     chain = 0
     arrays, layer = cache.tier1_arrays()  # a model's layer: its stacked arrays, read in place by the kernel
     if split:
-        chain = kernel.default_blocks_per_split(B, H, nb)
+        chain = kernel.fast_pass_blocks_per_split(B, H, nb)
         n_splits = -(-nb // chain)
         slots = slot_inputs(cache, n_slots, in_place=layer is not None)  # stacked too where tier 1 is
         layout = dict(per_block_acc=False, blocks_per_split=chain, hot_ids=slots.hot_ids,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -79,6 +80,31 @@ def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:
     """Blocks per split so that batch * kv_heads * splits is about _TARGET_PROGRAMS."""
     splits = max(1, min(num_blocks, -(-_TARGET_PROGRAMS // max(1, batch * kv_heads))))
     return max(1, -(-num_blocks // splits))
+
+
+# How the certified fast pass splits the blocks (`fast_pass_blocks_per_split`), CERTATTN_TIER1_BPS:
+#   unset / "programs": `default_blocks_per_split` (about _TARGET_PROGRAMS programs);
+#   "fewer": at least min(4, B * H * nb // _MIN_PROGRAMS) blocks per split. Measured on the H200 (8B layer, 8K,
+#     fifteenth session, docs/performance.md): the full fast-pass launch 35.1 us at 1 block per split (1,024
+#     programs) against 28.3 us at 4 (256 programs), 56.6 us at 8 (128); at 32K 1 block per split costs 96.9 us
+#     against 69.1 at the default 4. Not the default until measured end to end and at SmolLM2's sizes;
+#   an integer N >= 1: N blocks per split at every size (tests and measurements).
+# The bound follows whatever is chosen: E_num's chain term takes the blocks per split (docs/bounds.md section 14).
+_MIN_PROGRAMS = 256
+FAST_PASS_BPS = os.environ.get("CERTATTN_TIER1_BPS", "").strip() or "programs"
+if FAST_PASS_BPS not in ("programs", "fewer") and not (FAST_PASS_BPS.isdigit() and int(FAST_PASS_BPS) >= 1):
+    raise ValueError(f"CERTATTN_TIER1_BPS={FAST_PASS_BPS!r}: choose programs, fewer or a positive integer")
+
+
+def fast_pass_blocks_per_split(batch: int, kv_heads: int, num_blocks: int, rule: str | None = None) -> int:
+    """Blocks per split of the certified fast pass's tier-1 launch (`rule`, default FAST_PASS_BPS: see there)."""
+    rule = rule or FAST_PASS_BPS
+    if rule.isdigit():
+        return max(1, min(int(rule), max(num_blocks, 1)))
+    bps = default_blocks_per_split(batch, kv_heads, num_blocks)
+    if rule == "fewer":
+        bps = max(bps, min(4, batch * kv_heads * num_blocks // _MIN_PROGRAMS))
+    return bps
 
 
 def _check_inputs(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, group_size, key_bits,

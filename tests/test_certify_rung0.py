@@ -81,15 +81,23 @@ _BREADTH = pytest.mark.breadth  # more cases; every one runs compiled on the GPU
     (0, 0, "split", None), pytest.param(1, 0, "split", None, marks=_BREADTH),
     pytest.param(2, 0, "split", None, marks=_BREADTH), (3, 0, "split", None),
     pytest.param(4, 0, "split", None, marks=_BREADTH), pytest.param(0, 2, "block", None, marks=_BREADTH),
-    (2, 3, "block", None), (0, 4, "jnp-tier1", None), (5, 6, "split", 16), (6, 8, "split", 16)])
+    (2, 3, "block", None), (0, 4, "jnp-tier1", None), (5, 6, "split", 16), (6, 8, "split", 16),
+    # several blocks per split, as the product runs at long context (8B: 4 at 32K, 16 at 128K); these small
+    # caches get 1 by default. 3 and 4 leave a ragged last split (65, 46, 10 and 7 blocks)
+    (5, 9, "split/bps4", 16), (0, 10, "split/bps3", None), pytest.param(3, 11, "split/bps4", None, marks=_BREADTH),
+    (4, 12, "split/bps16", None)])
 def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatch):
-    """layout: "split" (the default: split accumulators with the hot blocks left out), "block" (per-block value
-    sums), "jnp-tier1" (the tier-1 partials from XLA, the certify kernel on its own: the inputs padded for it).
-    chunk: the kernel's pass width in blocks (None: the default, one chunk for these sizes; 16: several)."""
-    from pallas_kernels import certify_rung0
+    """layout: "split" (the default: split accumulators with the hot blocks left out; "split/bpsN": N blocks per
+    split), "block" (per-block value sums), "jnp-tier1" (the tier-1 partials from XLA, the certify kernel on its
+    own: the inputs padded for it). chunk: the kernel's pass width in blocks (None: the default, one chunk for
+    these sizes; 16: several)."""
+    from pallas_kernels import certify_rung0, tier1_pass
 
     if chunk:
         monkeypatch.setattr(certify_rung0, "DEFAULT_CHUNK", chunk)
+    layout, _, bps = layout.partition("/bps")
+    if bps:
+        monkeypatch.setattr(tier1_pass, "FAST_PASS_BPS", bps)
     q, cache, policy, k, v = _cache(seed, **CASES[case])
     if layout == "jnp-tier1":
         policy = dataclasses.replace(policy, tier1="jnp")
@@ -98,6 +106,10 @@ def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatc
     ref = step.evaluate_stage(ctx, [sel.hot], q.dtype, policy)
     fused = jax.jit(functools.partial(step.rung0_fused, split=layout == "split"))(q, cache, policy)
     got = fused.stage
+    if bps:  # the forced split size reached the launch (and E_num's chain term)
+        items = step.fused_items(step.query_terms(q, cache), cache, policy, True)
+        nb = cache.num_blocks
+        assert items.chain == min(int(bps), nb) and items.apx.acc.shape[3] >= -(-nb // items.chain) > 1
     assert int(jnp.sum(sel.hot.active)) > 0 or case in (2, 6)  # the test promotes something
     np.testing.assert_array_equal(fused.active, sel.hot.active)
     np.testing.assert_array_equal(got.k_star, ref.k_star)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -682,3 +684,23 @@ def test_int_kv_at_the_8b_layer_shape_matches_the_reference():
         _assert_close(tier1_pass(*args, variant="int_kv", **kw), tier1_pass_reference(*args, **kw))
         _assert_close(tier1_pass(q, k2, ks_, kz, v2, vs, vz, nv, variant="int_kv", **kw, **lay),
                       tier1_pass_reference(*args, **kw))
+
+
+def test_fast_pass_split_rules():
+    """The fast pass's blocks per split: "programs" (about 1,024 programs), "fewer" (at least min(4, B*H*nb/256)
+    blocks per split: the 8B layer's 8K goes from 1 to 4, SmolLM2's small caches keep 1), or a fixed count;
+    CERTATTN_TIER1_BPS names a bad choice at import."""
+    import subprocess
+    import sys
+
+    from pallas_kernels.tier1_pass import fast_pass_blocks_per_split as bps
+
+    assert [bps(1, 8, nb, "programs") for nb in (64, 128, 512, 2048)] == [1, 1, 4, 16]
+    assert [bps(1, 8, nb, "fewer") for nb in (64, 128, 512, 2048)] == [2, 4, 4, 16]
+    assert bps(1, 3, 16, "fewer") == bps(1, 3, 64, "fewer") == 1  # SmolLM2 1K / 4K: unchanged
+    assert bps(8, 8, 512, "fewer") == bps(8, 8, 512, "programs") == 32
+    assert bps(1, 8, 2, "3") == 2 and bps(1, 8, 100, "3") == 3
+    bad = subprocess.run([sys.executable, "-c", "import pallas_kernels.tier1_pass"], capture_output=True, text=True,
+                         env={**os.environ, "CERTATTN_TIER1_BPS": "0", "JAX_PLATFORMS": "cpu"},
+                         cwd=Path(__file__).resolve().parents[1])
+    assert bad.returncode != 0 and "CERTATTN_TIER1_BPS='0'" in bad.stderr
