@@ -72,6 +72,18 @@ for s in "$@"; do
     dec32_prefill)  # fifteenth session: issue 8's 32K decode rows with model-made K/V (bench_decode --kv prefill):
       # the certified row times the fast pass, not the ladder on Gaussian noise
       step dec32_prefill 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches dense,certified,naive --impls einsum --kv prefill --steps 16 --reps 3 --out $W/dec32_prefill.json" ;;
+    bps_e2e)  # fifteenth session's plan: the fast pass's split rule end to end (default against "fewer"), SmolLM2
+      # 1K / 4K and 8B 8K certified, one process per setting; then the 8B layer's phases at 4K / 8K both ways
+      step bps_e2e 560 "for r in programs fewer; do CERTATTN_TIER1_BPS=\$r $B --models smollm2 --prompts 1024 4096 --caches certified --out $W/bps_\${r}_smol.json; CERTATTN_TIER1_BPS=\$r $B --models llama3.1-8b --prompts 8192 --caches certified --out $W/bps_\${r}_8b8k.json; done"
+      step bps_phases 300 "for r in programs fewer; do CERTATTN_TIER1_BPS=\$r python3 scripts/profile_cert_step.py --shapes 8b:4096 8b:8192 smol:4096 --tier1 fused --phases rung0 --out $W/bps_phases_\$r.json; done" ;;
+    sound_bps)  # the compiled soundness suites and kernel tests with the "fewer" rule (before it may be a default)
+      step sound_bps 460 "CERTATTN_TIER1_BPS=3 CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 -p no:benchmark tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
+    dec_prefill)  # issue 8's decode rows with model-made K/V: 128K batch 1 (one process per cache), 32K batch 8
+      step dec128_prefill 560 "for c in dense naive certified; do python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches \$c --impls einsum --kv prefill --steps 16 --reps 3 --out $W/dec128_prefill_\$c.json; done"
+      step dec32b_prefill 500 "for c in dense naive certified; do python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 8 --caches \$c --impls einsum --kv prefill --steps 16 --reps 3 --out $W/dec32b_prefill_\$c.json; done" ;;
+    gemm_pair)  # the 8B compile: dense and certified with cuBLAS-only GEMMs at 64 tokens (same call), and what the
+      # autotuner tunes in each program
+      step gemm_pair 500 "for f in '' --xla_gpu_enable_triton_gemm=false; do for c in dense certified; do XLA_FLAGS=\"\$f --xla_gpu_dump_autotune_results_to=$W/autotune_\${c}\${f:+_cublas}.txt\" python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches \$c --out $W/gemm_\${c}\${f:+_cublas}.json; done; done" ;;
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
