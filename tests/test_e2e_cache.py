@@ -3,6 +3,8 @@ around `models.llama.forward` compiles once and keeps tier 2 in host memory."""
 
 import ast
 import dataclasses
+import inspect
+import os
 from pathlib import Path
 
 import jax
@@ -63,19 +65,24 @@ def test_one_place_decides_the_cache(params):
 
 def test_the_stacked_conversion_holds_one_layers_temporaries_at_a_time():
     """Converting every layer in one program must not hold every layer's float32 temporaries (errors, Gram
-    matrices: several times the K/V) at once: XLA's memory analysis of the compiled conversion, 8 layers against
-    2, same per-layer shape. (The batched form grew 4x; at 8B 128K it asked the H200 for tens of GB.)"""
+    matrices: ~6x a layer's K/V) at once: XLA's memory analysis of the compiled conversion, 8 layers against
+    2, same per-layer shape. (The batched form grew 4x; at 8B 128K it asked the H200 for tens of GB.) Where tier 2
+    goes to another memory (a GPU's pinned host), every layer's originals are a device temporary before their one
+    copy to the host (H200, 2026-12-04: +490 KB per layer here, against 512 KB of originals; none on the CPU):
+    that is allowed, each layer's float32 temporaries (~6x its K/V) are not."""
     from certattn_jax.cache import _from_head_major_impl
 
     policy = CertPolicy(block_size=16, group_size=16)
+    shape = (1, 2, 512, 64)
 
     def temp_bytes(layers):
-        kv = jax.ShapeDtypeStruct((layers, 1, 2, 512, 64), jnp.float32)
+        kv = jax.ShapeDtypeStruct((layers, *shape), jnp.float32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
         return _from_head_major_impl.lower(kv, kv, lengths, policy).compile().memory_analysis().temp_size_in_bytes
 
     two, eight = temp_bytes(2), temp_bytes(8)
-    assert eight <= 1.5 * two, (two, eight)
+    originals = 2 * int(np.prod(shape)) * 4  # one layer's K and V, float32
+    assert eight - two <= 6 * originals + 0.5 * two, (two, eight, originals)
 
 
 def test_prefill_never_reads_tier2_and_conversion_equals_appending(params, monkeypatch):
@@ -340,7 +347,9 @@ def test_the_ladder_is_compiled_once_whatever_the_depth_or_schedule(params):
         p = llama.params_for_decoding(p, cache)
         hlo = jax.jit(lambda p, t, c, cfg=cfg: llama.forward(p, cfg, t, c)).lower(
             p, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
-        counts[schedule, layers] = {r: hlo.count(r) for r in ("rung1_widen", "rung3_exact_heads", "rung0_certified")}
+        counts[schedule, layers] = {r: hlo.count(r) for r in ("rung1_widen", "rung3_exact_heads")}
+        # rung 0: the jnp rung 0 (the CPU's), or the fused kernel (a GPU's "auto")
+        counts[schedule, layers]["rung0_certified"] = hlo.count("rung0_certified") + hlo.count("rung0_fused")
     # (the instruction counts vary by a few with XLA's fusion choices around the loop)
     base = counts["looped", 2]
     for rung in ("rung0_certified", "rung1_widen", "rung3_exact_heads"):
@@ -391,6 +400,9 @@ def test_the_looped_schedule_places_weights_by_size(params, monkeypatch, in_plac
         assert fast_moves  # the copy path is what runs for small layers: the test would not notice a silent switch
 
 
+SELF_CHECKS = ("tier1_disagreement", "rung0_disagreement", "_rung0_case", "warm_compiler")  # pallas_kernels.selftest
+
+
 def test_the_kernels_read_each_layer_in_place_and_decode_like_jnp(params, monkeypatch):
     """Through the Pallas path (tier-1 kernel, fused rung 0; interpret mode here) a model's decode step hands the
     tier-1 kernel the stacked tier-1 arrays and the layer index (no per-layer slice of tier 1 feeds a launch),
@@ -401,7 +413,10 @@ def test_the_kernels_read_each_layer_in_place_and_decode_like_jnp(params, monkey
     real = kernel.tier1_pass
 
     def spy(q, k_codes, *args, layer=None, **kw):
-        calls.append((k_codes.ndim, layer is not None))
+        # the kernels' self-checks (compiled on a GPU, once per configuration) run on small caches of their own
+        if not any(f.filename.endswith(os.path.join("pallas_kernels", "selftest.py")) and f.function in SELF_CHECKS
+                   for f in inspect.stack()):
+            calls.append((k_codes.ndim, layer is not None))
         return real(q, k_codes, *args, layer=layer, **kw)
 
     monkeypatch.setattr(kernel, "tier1_pass", spy)
@@ -555,9 +570,10 @@ def test_stacked_weights_are_built_once_outside_the_step(params, monkeypatch):
     stacks nothing itself; without it, the step stacks the weights on every call (a copy of all of them), and
     both give the same hidden states. Large layers (8B-sized; any on the CPU) are never stacked: they run in place,
     in per-layer switch branches."""
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 0)  # large layers (the CPU's)
     large = llama.params_for_decoding(params, cache_spec("certified", CFG, jnp.float32, POLICY,
                                                          schedule="straight-looped")(1, 64))
-    assert large is params  # the CPU's threshold: every layer counts as large
+    assert large is params  # every layer counts as large: nothing stacked
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)  # small layers (a GPU's)
     cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="straight-looped")(1, 64)
     fast = cache.decode_fast_path()
