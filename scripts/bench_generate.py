@@ -23,6 +23,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          kept on disk); the checks start in the background at the prefill, so only what they
                          still lacked when the decode compile asked for them counts here
   value_packing          the tiered caches' value-code packing (`certattn_jax.quant.VALUE_PACKING`)
+  tier1_bps_rule         certified: how the fast pass splits the blocks (`tier1_pass.FAST_PASS_BPS`)
   decode_tokens_per_s    new tokens per second of the warm decode loop
   launches_per_step      kernel launches in one decode step: instructions of the compiled decode loop's while
                          body that launch a kernel (fusions, custom calls such as cuBLAS GEMMs, and unfused ops;
@@ -69,6 +70,14 @@ CACHES = ("dense", "naive", "certified")
 # tests/test_bench_scripts.py checks that they agree)
 VARIANTS = ("certified_looped", "certified_two-pass", "certified_straight", "certified_straight-looped",
             "certified_adaptive", "certified_unrolled")
+
+
+def _bps_rule() -> str:
+    from pallas_kernels import tier1_pass
+
+    return tier1_pass.FAST_PASS_BPS
+
+
 def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_chunk: int, repeats: int,
                    ) -> list[float]:
     """Seconds of `repeats` prefills of ids (to the first token's logits, the cache ready on the device), one
@@ -200,6 +209,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             else None,
             "fetch_kernel": warm.cache.store.reads_tier2_by_kernel() if hasattr(warm.cache, "store") else None,
             "value_packing": quant.VALUE_PACKING if mode != "dense" else None,
+            # the fast pass's split rule (pallas_kernels.tier1_pass.FAST_PASS_BPS, CERTATTN_TIER1_BPS)
+            "tier1_bps_rule": _bps_rule() if mode == "certified" else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 

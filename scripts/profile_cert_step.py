@@ -221,7 +221,10 @@ def main() -> None:
                                  hot_slots=policy.hot_slots, launches=launches["launches"],
                                  cond_branch_launches=launches["cond_branch_launches"], compile_s=compile_s,
                                  rung0=settings, fused_rung0_ran=fused_ran, trace=launches.get("trace")))
+    from pallas_kernels import tier1_pass
+
     result = dict(device=dev.device_kind, platform=dev.platform, jax=jax.__version__, steps=args.steps,
+                  tier1_bps_rule=tier1_pass.FAST_PASS_BPS,
                   reps=args.reps, xla_flags=os.environ.get("XLA_FLAGS", ""), rows=rows)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
