@@ -243,7 +243,9 @@ for s in "$@"; do
       G="python3 scripts/bench_generate.py --timeout 150 --new-tokens 64 --models llama3.1-8b --prompts 8192"
       step u8_auto 100 "$G --caches dense certified --out $W/u8_auto.json"
       step u8_twopass 160 "$G --caches certified_two-pass --out $W/u8_twopass.json"
-      step u8_straight 160 "$G --caches certified_straight --out $W/u8_straight.json" ;;
+      step u8_straight 160 "$G --caches certified_straight --out $W/u8_straight.json"
+      # (fifteenth session) "adaptive" for large layers: straight after a rung-0 streak, else looped
+      step u8_adaptive 200 "$G --caches certified_adaptive --out $W/u8_adaptive.json" ;;
     fresh8b)  # eleventh session: on a FRESH machine (no kept verdicts): the decode compile overlapped with the kernels'
       # self-checks (kernel_checks.compile_while_checking); compile_s and selftest_s against 36.9 / 16.9 s before
       step fresh8b 200 "python3 scripts/bench_generate.py --timeout 190 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified dense --out $W/fresh8b.json" ;;
