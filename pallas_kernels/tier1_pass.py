@@ -91,14 +91,22 @@ def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:
 #   an integer N >= 1: N blocks per split at every size (tests and measurements).
 # The bound follows whatever is chosen: E_num's chain term takes the blocks per split (docs/bounds.md section 14).
 _MIN_PROGRAMS = 256
+
+
+def _valid_split_rule(rule: str) -> bool:
+    return rule in ("programs", "fewer") or (rule.isdigit() and int(rule) >= 1)
+
+
 FAST_PASS_BPS = os.environ.get("CERTATTN_TIER1_BPS", "").strip() or "programs"
-if FAST_PASS_BPS not in ("programs", "fewer") and not (FAST_PASS_BPS.isdigit() and int(FAST_PASS_BPS) >= 1):
+if not _valid_split_rule(FAST_PASS_BPS):
     raise ValueError(f"CERTATTN_TIER1_BPS={FAST_PASS_BPS!r}: choose programs, fewer or a positive integer")
 
 
 def fast_pass_blocks_per_split(batch: int, kv_heads: int, num_blocks: int, rule: str | None = None) -> int:
     """Blocks per split of the certified fast pass's tier-1 launch (`rule`, default FAST_PASS_BPS: see there)."""
     rule = rule or FAST_PASS_BPS
+    if not _valid_split_rule(rule):
+        raise ValueError(f"split rule {rule!r}: choose programs, fewer or a positive integer")
     if rule.isdigit():
         return max(1, min(int(rule), max(num_blocks, 1)))
     bps = default_blocks_per_split(batch, kv_heads, num_blocks)

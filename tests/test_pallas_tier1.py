@@ -700,6 +700,8 @@ def test_fast_pass_split_rules():
     assert bps(1, 3, 16, "fewer") == bps(1, 3, 64, "fewer") == 1  # SmolLM2 1K / 4K: unchanged
     assert bps(8, 8, 512, "fewer") == bps(8, 8, 512, "programs") == 32
     assert bps(1, 8, 2, "3") == 2 and bps(1, 8, 100, "3") == 3
+    with pytest.raises(ValueError, match="split rule 'many'"):
+        bps(1, 8, 100, "many")
     bad = subprocess.run([sys.executable, "-c", "import pallas_kernels.tier1_pass"], capture_output=True, text=True,
                          env={**os.environ, "CERTATTN_TIER1_BPS": "0", "JAX_PLATFORMS": "cpu"},
                          cwd=Path(__file__).resolve().parents[1])
