@@ -35,6 +35,11 @@ LAYOUTS = [  # (dtype, policy)
 ]
 B, H, G, D, CAP = 2, 2, 2, 32, 160
 FAMILIES = ("gauss", "needle", "huge_scores", "tiny_values", "huge_values", "offset", "outlier", "nonfinite")
+# Opt-in (`--families`; the default list keeps earlier seeds reproducible): "midpoint" puts every key between its
+# block's extremes at the middle of two INT8/INT4 levels (the quantizer's largest rounding error on every element,
+# the case where Delta's |error| <= s/2 is tight), "value_outlier" one channel per value group and token 10^2-10^4
+# times the others (INT4 then zeroes the rest of the group: the largest per-token value error eta can meet).
+EXTRA_FAMILIES = ("midpoint", "value_outlier")
 
 
 @functools.partial(jax.jit, static_argnames=("policy",), donate_argnums=0)
@@ -44,7 +49,22 @@ def decode_step(cache, k, v, q, policy):
     return cache, out, cert
 
 
-def draw(rng, family, T):
+def _midpoint_keys(rng, k, block: int, bits: int):
+    """k [B, T, H, d] with every key strictly inside its block's per-channel range moved to the middle between two
+    quantization levels of that block (levels from the block's own min / max, as the quantizer computes them)."""
+    levels = (1 << bits) - 1
+    for start in range(0, k.shape[1], block):
+        blk = k[:, start:start + block]
+        lo, hi = blk.min(axis=1, keepdims=True), blk.max(axis=1, keepdims=True)
+        step = (hi - lo) / levels
+        m = rng.integers(0, levels, size=blk.shape)
+        mid = lo + (m + 0.5) * step
+        inner = (blk > lo) & (blk < hi)
+        k[:, start:start + block] = np.where(inner, mid, blk)
+    return k
+
+
+def draw(rng, family, T, policy=None):
     k = rng.standard_normal((B, T, H, D))
     v = rng.standard_normal((B, T, H, D))
     q = rng.standard_normal((T, B, H * G, D)) * 10 ** rng.uniform(-2, 1)
@@ -64,6 +84,14 @@ def draw(rng, family, T):
         k = k + rng.uniform(-50, 50)
     elif family == "outlier":
         k[..., rng.integers(D)] *= 10 ** rng.uniform(1, 3)
+    elif family == "midpoint":
+        k = _midpoint_keys(rng, k, policy.block_size, policy.key_bits)
+    elif family == "value_outlier":
+        g = policy.group_size
+        for j in range(D // g):
+            ch = j * g + rng.integers(g, size=(B, T, H))
+            np.put_along_axis(v, ch[..., None], np.take_along_axis(v, ch[..., None], axis=-1)
+                              * 10 ** rng.uniform(2, 4), axis=-1)
     elif family == "nonfinite":
         k[rng.integers(B), rng.integers(T), rng.integers(H), rng.integers(D)] = rng.choice([np.nan, np.inf, 1e6])
     return q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
@@ -83,7 +111,7 @@ def reference(q, k, v, n):
 def audit_case(layout: int, family: str, seed: int, T: int) -> dict:
     dtype, policy = LAYOUTS[layout]
     rng = np.random.default_rng(seed)
-    q, k, v = draw(rng, family, T)
+    q, k, v = draw(rng, family, T, policy)
     ks = np.asarray(jnp.asarray(k).astype(dtype).astype(jnp.float32), np.float64)
     vs = np.asarray(jnp.asarray(v).astype(dtype).astype(jnp.float32), np.float64)
     cache = TieredKVCache.init(batch=B, capacity=CAP, num_kv_heads=H, head_dim=D, dtype=dtype, policy=policy)
@@ -130,14 +158,20 @@ def main(argv=None) -> int:
     p.add_argument("--cases", type=int, default=16, help="random cases per layout")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
+    p.add_argument("--families", default=",".join(FAMILIES),
+                   help=f"comma list of data families (default the original eight; extra: {','.join(EXTRA_FAMILIES)})")
     args = p.parse_args(argv)
+    families = tuple(args.families.split(","))
+    unknown = set(families) - set(FAMILIES + EXTRA_FAMILIES)
+    if unknown:
+        p.error(f"unknown families {sorted(unknown)}; choose from {FAMILIES + EXTRA_FAMILIES}")
     rng = np.random.default_rng(args.seed)
     total = {"violations": 0, "heads": 0, "rungs": [0] * 5, "ratios": [], "cases": 0, "failures": []}
     per_family: dict[str, dict] = {}
     t0 = time.time()
     for layout in range(len(LAYOUTS)):
         for _ in range(args.cases):
-            family = str(rng.choice(FAMILIES))
+            family = str(rng.choice(families))
             seed = int(rng.integers(2 ** 31))
             T = int(rng.integers(20, CAP))
             s = audit_case(layout, family, seed, T)

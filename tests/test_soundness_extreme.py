@@ -424,3 +424,26 @@ def test_bf16_annotations_round_up():
     normal = finite & (x64 > 1e-37) & (x64 < 3e38)
     assert np.all(y[normal] <= x64[normal] * (1 + 2.0 ** -7))
     assert np.isinf(y[-2]) and np.isnan(y[-1])
+
+
+def test_the_audit_s_hostile_families_hold_and_do_what_they_say():
+    """scripts/soundness_audit.py's opt-in families: "midpoint" moves every key strictly inside its block's range
+    to the middle between two quantization levels (the quantizer's largest rounding error everywhere), and a few
+    cases of them and of "value_outlier" hold (the script exits 0 only without a violation)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import soundness_audit
+
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((2, 40, 2, 8))
+    mid = soundness_audit._midpoint_keys(rng, k.copy(), 16, 8)
+    for start in range(0, 40, 16):
+        blk, orig = mid[:, start:start + 16], k[:, start:start + 16]
+        lo, hi = orig.min(axis=1, keepdims=True), orig.max(axis=1, keepdims=True)
+        pos = (blk - lo) / ((hi - lo) / 255) - 0.5
+        inner = (orig > lo) & (orig < hi)
+        assert np.allclose(pos[inner], np.round(pos[inner]), atol=1e-6)
+        assert np.array_equal(blk[~inner], orig[~inner])  # the extremes (which set the levels) stay
+    assert soundness_audit.main(["--cases", "1", "--seed", "3", "--families", "midpoint,value_outlier"]) == 0
