@@ -90,9 +90,6 @@ def layer_weight_bytes(config: Any, dtype: Any) -> int:
     return (attn + 3 * d * config.intermediate_size + 2 * d) * jnp.dtype(dtype).itemsize
 
 
-_DEVICE_FIELDS = DEVICE_FIELDS  # the per-layer device arrays (a layer view slices them; tier 2 is never sliced)
-
-
 @struct.dataclass
 class TieredModelCache:
     """A whole model's tiered cache: one *stacked* TieredKVCache (every array with a leading layer axis L).
@@ -248,8 +245,8 @@ class TieredModelCache:
         # stack: the stacked arrays, for the Pallas tier-1 pass to read this layer in place (a slice feeding a
         # kernel launch is a copy of the layer's tier 1; jnp consumers fuse the slices below instead), and for
         # the ladder's rung-1 branch to slice what it reads inside the branch (`TieredKVCache.resliced`)
-        return s.replace(**{f: getattr(s, f)[layer] for f in _DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32),
-                         stack={f: getattr(s, f) for f in _DEVICE_FIELDS})
+        return s.replace(**{f: getattr(s, f)[layer] for f in DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32),
+                         stack={f: getattr(s, f) for f in DEVICE_FIELDS})
 
     def with_layer(self, layer: int | jax.Array, view: TieredKVCache,
                    base: TieredKVCache | None = None) -> TieredModelCache:
@@ -257,7 +254,7 @@ class TieredModelCache:
         caller did not change are not written back (so a decode step writes its residual token, running range and
         hot set, never the layer's tier 1)."""
         s = self.store
-        updates = {f: getattr(s, f).at[layer].set(getattr(view, f)) for f in _DEVICE_FIELDS
+        updates = {f: getattr(s, f).at[layer].set(getattr(view, f)) for f in DEVICE_FIELDS
                    if base is None or getattr(view, f) is not getattr(base, f)}
         return self.replace(store=s.replace(**updates, host_k=view.host_k, host_v=view.host_v))
 
@@ -398,7 +395,7 @@ def adaptive_rung0_streak() -> int:
 def _stack_layers(layers: Sequence[TieredKVCache]) -> TieredKVCache:
     """Stack single-layer caches into the stacked form (tier 2 stacked on the device, then moved back in one copy)."""
     first = layers[0]
-    arrays = {f: jnp.stack([getattr(c, f) for c in layers]) for f in _DEVICE_FIELDS}
+    arrays = {f: jnp.stack([getattr(c, f) for c in layers]) for f in DEVICE_FIELDS}
     host = {f: tiers.to_host(jnp.stack([tiers.to_device(getattr(c, f)) for c in layers]))
             for f in ("host_k", "host_v")}
     return first.replace(**arrays, **host)
