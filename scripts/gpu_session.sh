@@ -84,6 +84,11 @@ for s in "$@"; do
     gemm_pair)  # the 8B compile: dense and certified with cuBLAS-only GEMMs at 64 tokens (same call), and what the
       # autotuner tunes in each program
       step gemm_pair 500 "for f in '' --xla_gpu_enable_triton_gemm=false; do for c in dense certified; do XLA_FLAGS=\"\$f --xla_gpu_dump_autotune_results_to=$W/autotune_\${c}\${f:+_cublas}.txt\" python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches \$c --out $W/gemm_\${c}\${f:+_cublas}.json; done; done" ;;
+    fusion_at)  # sixteenth session: XLA autotunes every fusion (native vs block-level emitter: 817 entries in the 8B
+      # certified program against 294 in dense, gemm_pair's dumps); the compile and the speed with that autotuner
+      # off, dense and certified, 8B 8K and SmolLM2 1K, one process per row; then the "fewer" split rule at 8B 8K
+      G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64"
+      step fusion_at 570 "for f in '' --xla_gpu_experimental_enable_fusion_autotuner=false; do XLA_FLAGS=\"\$f\" $G --models llama3.1-8b --prompts 8192 --caches dense certified --out $W/fat_8b\${f:+_off}.json; XLA_FLAGS=\"\$f\" $G --models smollm2 --prompts 1024 --caches dense certified --out $W/fat_smol\${f:+_off}.json; done; CERTATTN_TIER1_BPS=fewer $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/fewer_8b.json" ;;
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
