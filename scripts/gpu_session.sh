@@ -84,6 +84,14 @@ for s in "$@"; do
     gemm_pair)  # the 8B compile: dense and certified with cuBLAS-only GEMMs at 64 tokens (same call), and what the
       # autotuner tunes in each program
       step gemm_pair 500 "for f in '' --xla_gpu_enable_triton_gemm=false; do for c in dense certified; do XLA_FLAGS=\"\$f --xla_gpu_dump_autotune_results_to=$W/autotune_\${c}\${f:+_cublas}.txt\" python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches \$c --out $W/gemm_\${c}\${f:+_cublas}.json; done; done" ;;
+    stacked_mm)  # eighteenth session: the stacked-weight GEMM kernel (pallas_kernels.stacked_matmul) against XLA's GEMMs
+      # on per-layer buffers, per 8B GEMM and tiling; then whole dense decode steps: unrolled, loop (XLA copies
+      # w[i]), loop_switch (the certified looped schedule's one switch per layer), loop_pallas (w[i] in place)
+      step stacked_mm 240 "python3 scripts/probe_stacked_matmul.py --models llama3.1-8b --batches 1,8 --out $W/stacked_mm_8b.json && python3 scripts/probe_stacked_matmul.py --models smollm2 --batches 1 --out $W/stacked_mm_smol.json"
+      step loop_pallas 240 "python3 scripts/probe_layer_loop.py --grid llama3.1-8b:8192,smollm2:1024 --forms unrolled,loop,loop_switch,loop_pallas --out $W/loop_pallas.json" ;;
+    fewer_pair)  # eighteenth session: the "fewer" split rule against "programs" at 8B 8K, alternated, one process per
+      # row (the seventeenth session's one sample: 98.5 against 93.5 tokens/s), dense first for the compile target
+      step fewer_pair 330 "python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches dense --out $W/fewer_pair_0_dense.json; i=0; for r in fewer programs fewer; do i=\$((i+1)); CERTATTN_TIER1_BPS=\$r python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified --out $W/fewer_pair_\${i}_\$r.json; done" ;;
     fusion_at)  # sixteenth session: XLA autotunes every fusion (native vs block-level emitter: 817 entries in the 8B
       # certified program against 294 in dense, gemm_pair's dumps); the compile and the speed with that autotuner
       # off, dense and certified, 8B 8K and SmolLM2 1K, one process per row; then the "fewer" split rule at 8B 8K

@@ -1,0 +1,116 @@
+"""x @ w[layer] for a stacked weight w [L, K, N], reading layer `layer` in place (a decode-time GEMM in a loop over
+layers).
+
+Why: a `fori_loop` over layers hands each GEMM a dynamic slice `w[i]` of the stacked weights, and XLA materializes
+that slice before the cuBLAS call (2.5x per 8B decode step on the H200, results/probe_layer_loop_h200.json), so
+the looped schedules keep per-layer weight buffers and reach them through one `lax.switch` per layer, a host
+round trip each on a GPU (docs/performance.md). This kernel takes the whole stacked array plus the layer index
+(read by the kernel, as `tier1_pass` reads stacked tier-1 arrays) and streams only that layer's [K, N] slice.
+Decode GEMMs have few rows (M = batch), so the work is a bandwidth-bound stream over the weight.
+
+Layout: grid (N // block_n, splits); program (n, s) reads w[layer, s*Ks:(s+1)*Ks, n*block_n:(n+1)*block_n] in
+[block_k, block_n] tiles (Ks = K // splits) and writes float32 partial sums [splits, M, N]; the wrapper adds the
+splits in float32 and rounds once to x's dtype. Every product and sum is float32 (x and w are bf16/fp16 codes
+widened exactly; the MMA's products of two 8-bit-mantissa
+values are exact in float32), like XLA's GEMMs; only the summation order differs from `stacked_matmul_reference`.
+M == 1 multiplies and reduces on vectors; M > 1 uses `jnp.dot` on rows padded to 16 (Triton's smallest dot).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels import backend
+
+__all__ = ["stacked_matmul", "stacked_matmul_reference", "default_tiling"]
+
+_TARGET_PROGRAMS = 264  # about two programs per SM on the H200 (132 SMs): enough in flight to hide latency
+_MIN_DOT_ROWS = 16
+
+
+def stacked_matmul_reference(x: jax.Array, w: jax.Array, layer: jax.Array | int) -> jax.Array:
+    """The same product by XLA: x [M, K] @ w[layer] (w [L, K, N]) -> [M, N] in x's dtype (float32 accumulation)."""
+    return jnp.matmul(x, jax.lax.dynamic_index_in_dim(w, layer, keepdims=False).astype(x.dtype),
+                      preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def default_tiling(M: int, K: int, N: int) -> tuple[int, int, int]:
+    """(block_n, block_k, splits) for an [M, K] x [K, N] product: 128-wide column tiles, 128-deep k tiles (fewer
+    when K is small), and the fewest splits of K into whole k tiles that give ~_TARGET_PROGRAMS programs."""
+    block_n = next((b for b in (128, 64, 32, 16) if N % b == 0), N)
+    block_k = next((b for b in (128, 64, 32, 16) if K % b == 0), K)
+    tiles_k = K // block_k
+    want = -(-_TARGET_PROGRAMS // max(1, N // block_n))
+    splits = next((s for s in range(max(1, want), tiles_k + 1) if tiles_k % s == 0), tiles_k)
+    return block_n, block_k, min(splits, tiles_k)
+
+
+def stacked_matmul(x: jax.Array, w: jax.Array, layer: jax.Array | int, *, block_n: int | None = None,
+                   block_k: int | None = None, splits: int | None = None, num_warps: int = 4,
+                   num_stages: int = 3, interpret: bool | None = None) -> jax.Array:
+    """x [M, K] @ w[layer] -> [M, N] in x's dtype, w [L, K, N] read in place (module docstring: layout, rounding).
+
+    layer: an int32 scalar (traced in a loop over layers); clipped to [0, L). The tiling defaults to
+    `default_tiling`; block_n must divide N and splits * block_k must divide K."""
+    if x.ndim != 2 or w.ndim != 3:
+        raise ValueError(f"stacked_matmul takes x [M, K] and w [L, K, N], got {x.shape} and {w.shape}")
+    M, K = x.shape
+    L, Kw, N = w.shape
+    if Kw != K:
+        raise ValueError(f"x has {K} columns but w[layer] has {Kw} rows")
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(w.dtype, jnp.floating)):
+        raise TypeError(f"stacked_matmul multiplies floating arrays, got {x.dtype} and {w.dtype}")
+    bn, bk, s = default_tiling(M, K, N)
+    block_n, block_k, splits = block_n or bn, block_k or bk, splits or s
+    if N % block_n or K % (block_k * splits):
+        raise ValueError(f"tiling (block_n={block_n}, block_k={block_k}, splits={splits}) does not divide "
+                         f"K={K}, N={N}")
+    interpret = backend.interpret() if interpret is None else interpret
+    layer = jnp.clip(jnp.asarray(layer, jnp.int32).reshape(1), 0, L - 1)
+    rows = M if M == 1 else max(_MIN_DOT_ROWS, 1 << (M - 1).bit_length())
+    xp = x if rows == M else jnp.pad(x, ((0, rows - M), (0, 0)))
+    partials = _call(xp, w, layer, block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps,
+                     num_stages=num_stages, interpret=interpret)
+    return jnp.sum(partials[:, :M], axis=0).astype(x.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_n", "block_k", "splits", "num_warps", "num_stages",
+                                             "interpret"))
+def _call(x, w, layer, *, block_n, block_k, splits, num_warps, num_stages, interpret):
+    rows, K = x.shape
+    L, _, N = w.shape
+    k_split = K // splits
+    kernel = functools.partial(_kernel, block_k=block_k, steps=k_split // block_k, vector=rows == 1)
+    return pl.pallas_call(
+        kernel,
+        grid=(N // block_n, splits),
+        in_specs=[pl.BlockSpec((1,), lambda n, s: (0,)),
+                  pl.BlockSpec((rows, k_split), lambda n, s: (0, s)),
+                  pl.BlockSpec((L, k_split, block_n), lambda n, s: (0, s, n))],
+        out_specs=pl.BlockSpec((None, rows, block_n), lambda n, s: (s, 0, n)),
+        out_shape=jax.ShapeDtypeStruct((splits, rows, N), jnp.float32),
+        compiler_params=None if interpret else backend.compiler_params(num_warps, num_stages),
+        interpret=interpret,
+        name="certattn_stacked_matmul",
+    )(layer, x, w)
+
+
+def _kernel(layer_ref, x_ref, w_ref, o_ref, *, block_k, steps, vector):
+    layer = layer_ref[0]
+    rows, block_n = o_ref.shape
+
+    def step(t, acc):
+        k0 = pl.multiple_of(t * block_k, block_k)
+        w = w_ref[layer, pl.ds(k0, block_k), :]
+        if vector:  # one row: multiply and reduce over k
+            xk = x_ref[0, pl.ds(k0, block_k)].astype(jnp.float32)
+            return acc + jnp.sum(xk[:, None] * w.astype(jnp.float32), axis=0)[None, :]
+        # bf16/fp16 operands, float32 products and sums (the tensor cores' MMA): the same values as widening first
+        xk = x_ref[:, pl.ds(k0, block_k)]
+        return acc + jnp.dot(xk, w.astype(xk.dtype), preferred_element_type=jnp.float32)
+
+    o_ref[...] = jax.lax.fori_loop(0, steps, step, jnp.zeros((rows, block_n), jnp.float32))
