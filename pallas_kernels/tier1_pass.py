@@ -83,11 +83,13 @@ def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:
 
 
 # How the certified fast pass splits the blocks (`fast_pass_blocks_per_split`), CERTATTN_TIER1_BPS:
-#   unset / "programs": `default_blocks_per_split` (about _TARGET_PROGRAMS programs);
-#   "fewer": at least min(4, B * H * nb // _MIN_PROGRAMS) blocks per split. Measured on the H200 (8B layer, 8K,
-#     fifteenth session, docs/performance.md): the full fast-pass launch 35.1 us at 1 block per split (1,024
-#     programs) against 28.3 us at 4 (256 programs), 56.6 us at 8 (128); at 32K 1 block per split costs 96.9 us
-#     against 69.1 at the default 4. Not the default until measured end to end and at SmolLM2's sizes;
+#   unset / "fewer" (the default): at least min(4, B * H * nb // _MIN_PROGRAMS) blocks per split, else as
+#     "programs". Measured on the H200 (8B layer, 8K): the full fast-pass launch 35.1 us at 1 block per split
+#     (1,024 programs) against 28.3 us at 4 (256 programs), 56.6 us at 8 (128; fifteenth session); end to end at
+#     8B 8K certified 97.2 and 97.5 tokens/s against 93.5 with "programs" in the same call, alternated, compile
+#     unchanged (results/bench_generate_h200_fewer_pair_*_2026-12-04e.json, docs/performance.md). SmolLM2's
+#     small caches and every size from 32K keep what "programs" gives;
+#   "programs": `default_blocks_per_split` (about _TARGET_PROGRAMS programs), the rule before;
 #   an integer N >= 1: N blocks per split at every size (tests and measurements).
 # The bound follows whatever is chosen: E_num's chain term takes the blocks per split (docs/bounds.md section 14).
 _MIN_PROGRAMS = 256
@@ -97,7 +99,7 @@ def _valid_split_rule(rule: str) -> bool:
     return rule in ("programs", "fewer") or (rule.isdigit() and int(rule) >= 1)
 
 
-FAST_PASS_BPS = os.environ.get("CERTATTN_TIER1_BPS", "").strip() or "programs"
+FAST_PASS_BPS = os.environ.get("CERTATTN_TIER1_BPS", "").strip() or "fewer"
 if not _valid_split_rule(FAST_PASS_BPS):
     raise ValueError(f"CERTATTN_TIER1_BPS={FAST_PASS_BPS!r}: choose programs, fewer or a positive integer")
 

@@ -687,9 +687,9 @@ def test_int_kv_at_the_8b_layer_shape_matches_the_reference():
 
 
 def test_fast_pass_split_rules():
-    """The fast pass's blocks per split: "programs" (about 1,024 programs), "fewer" (at least min(4, B*H*nb/256)
-    blocks per split: the 8B layer's 8K goes from 1 to 4, SmolLM2's small caches keep 1), or a fixed count;
-    CERTATTN_TIER1_BPS names a bad choice at import."""
+    """The fast pass's blocks per split: "programs" (about 1,024 programs), "fewer" (the default: at least
+    min(4, B*H*nb/256) blocks per split: the 8B layer's 8K goes from 1 to 4, SmolLM2's small caches keep 1), or a
+    fixed count; CERTATTN_TIER1_BPS names a bad choice at import."""
     import subprocess
     import sys
 
@@ -700,6 +700,8 @@ def test_fast_pass_split_rules():
     assert bps(1, 3, 16, "fewer") == bps(1, 3, 64, "fewer") == 1  # SmolLM2 1K / 4K: unchanged
     assert bps(8, 8, 512, "fewer") == bps(8, 8, 512, "programs") == 32
     assert bps(1, 8, 2, "3") == 2 and bps(1, 8, 100, "3") == 3
+    if "CERTATTN_TIER1_BPS" not in os.environ:  # the default rule
+        assert [bps(1, 8, nb) for nb in (64, 128, 512)] == [2, 4, 4]
     with pytest.raises(ValueError, match="split rule 'many'"):
         bps(1, 8, 100, "many")
     bad = subprocess.run([sys.executable, "-c", "import pallas_kernels.tier1_pass"], capture_output=True, text=True,
