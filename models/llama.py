@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,8 @@ from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mas
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
+from pallas_kernels import stacked_matmul as stacked_kernel
+from pallas_kernels.stacked_matmul import stacked_matmul
 
 Params = dict[str, Any]
 
@@ -51,7 +53,18 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return (normed.astype(x.dtype) * weight.astype(x.dtype)).astype(x.dtype)
 
 
-def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
+class StackedWeight(NamedTuple):
+    """Row `index` of a stacked weight `stacked` [L, K, N], as a layer's weight inside a loop over layers: `_dot`
+    multiplies it with `pallas_kernels.stacked_matmul`, which reads that row in place (XLA would copy the
+    dynamic slice before its GEMM)."""
+    stacked: jax.Array
+    index: jax.Array
+
+
+def _dot(x: jax.Array, w: jax.Array | StackedWeight) -> jax.Array:
+    if isinstance(w, StackedWeight):
+        out = stacked_matmul(x.reshape(-1, x.shape[-1]), w.stacked, w.index)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
     return jnp.matmul(x, w.astype(x.dtype))
 
 
@@ -221,8 +234,11 @@ COPY_WEIGHTS_BELOW_BYTES = SMALL_LAYER_BYTES  # the same dict: the cache's "auto
 # How small layers (below COPY_WEIGHTS_BELOW_BYTES) reach the looped body when params carry the stacked weights
 # (`params_for_decoding` adds them for certified caches): "stacked" reads row i of the stacked copy by index (a
 # copy, no conditional), "switch" takes them out of a `lax.switch` (a copy and a conditional per layer-step, each
-# conditional a host round trip on the GPU: docs/performance.md, 2026-12-02 sixth session). CERTATTN_LOOPED_WEIGHTS.
-LOOPED_WEIGHTS = ("stacked", "switch")
+# conditional a host round trip on the GPU: docs/performance.md, 2026-12-02 sixth session). "kernel": layers of
+# any size read stacked, the GEMMs by `pallas_kernels.stacked_matmul` on row i in place (no copy, no
+# conditional; large layers then hold their weights twice: per layer for the prefill, stacked for the decode
+# loop; docs/performance.md, eighteenth session). CERTATTN_LOOPED_WEIGHTS.
+LOOPED_WEIGHTS = ("stacked", "switch", "kernel")
 _LOOPED_WEIGHTS = os.environ.get("CERTATTN_LOOPED_WEIGHTS", "stacked").strip() or "stacked"
 if _LOOPED_WEIGHTS not in LOOPED_WEIGHTS:
     raise ValueError(f"CERTATTN_LOOPED_WEIGHTS={_LOOPED_WEIGHTS!r}: choose from {LOOPED_WEIGHTS}")
@@ -266,6 +282,8 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     the branches."""
     layers = list(params["layers"])
     small = _small_layers(params)
+    if STACKED_LAYERS in params and _LOOPED_WEIGHTS == "kernel":  # any size: GEMMs read row i in place
+        return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
     if small and STACKED_LAYERS in params and _LOOPED_WEIGHTS == "stacked":
         return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
     if small or rare:  # one switch returns the layer's weights (a copy)
@@ -329,7 +347,11 @@ def reads_stacked_weights(params: Params, cache: Any) -> bool:
     small layers (`_small_layers`: on a GPU, below COPY_WEIGHTS_BELOW_BYTES; `_layers_looped` is the "looped"
     fast pass and every schedule's second pass; `_layers_looped_stacked` the `STACKED_SCHEDULES`' first pass).
     Large layers never: a stacked copy would double their memory and copy each layer's slice on every step."""
-    if getattr(cache, "mode", None) != "certified" or not _small_layers(params):
+    if getattr(cache, "mode", None) != "certified":
+        return False
+    if _LOOPED_WEIGHTS == "kernel":  # every looped pass reads them, whatever their size
+        return True
+    if not _small_layers(params):
         return False  # large layers run in place, in per-layer switch branches (`_layers_looped`)
     return getattr(cache, "schedule", None) in STACKED_SCHEDULES or _LOOPED_WEIGHTS == "stacked"
 
@@ -347,7 +369,8 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
     the "straight-looped" schedule, whose attention at rung 0 has no conditional either (docs/performance.md,
     2026-12-02). Large layers without a stacked copy (`_small_layers` false: 8B-sized, or any on the CPU) run
     `_layers_looped`'s per-layer switch branches instead: copying a 436 MB layer every step costs far more than
-    two conditionals."""
+    two conditionals. With CERTATTN_LOOPED_WEIGHTS=kernel the GEMMs read row i in place (`_row`, `StackedWeight`):
+    no copy at any size."""
     stacked = params.get(STACKED_LAYERS)
     if stacked is None and not _small_layers(params):  # large layers: in place, in per-layer switch branches
         return _layers_looped(params, config, x, cache, cos, sin, new_lengths)
@@ -356,10 +379,22 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
 
     def body(i, carry):
         x, cache = carry
-        layer = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False), stacked)
+        layer = {name: _row(name, w, i) for name, w in stacked.items()}
         return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
 
     return jax.lax.fori_loop(0, len(params["layers"]), body, (x, cache))
+
+
+_GEMM_WEIGHTS = ("wq", "wk", "wv", "wqkv", "wo", "w_gate", "w_up", "w_gate_up", "w_down")
+
+
+def _row(name: str, w: jax.Array, i: jax.Array) -> jax.Array | StackedWeight:
+    """Layer i's weight `name` of the stacked weights: for a GEMM with CERTATTN_LOOPED_WEIGHTS=kernel (and a
+    tiling the kernel runs here), the stacked array and i, multiplied in place by `_dot`; else the row (a copy)."""
+    if (_LOOPED_WEIGHTS == "kernel" and name in _GEMM_WEIGHTS and w.ndim == 3
+            and stacked_kernel.supports(w.shape[1], w.shape[2])):
+        return StackedWeight(w, i)
+    return jax.lax.dynamic_index_in_dim(w, i, keepdims=False)
 
 
 def logits_from_hidden(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax.Array:

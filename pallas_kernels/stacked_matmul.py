@@ -13,7 +13,8 @@ Layout: grid (N // block_n, splits); program (n, s) reads w[layer, s*Ks:(s+1)*Ks
 splits in float32 and rounds once to x's dtype. Every product and sum is float32 (x and w are bf16/fp16 codes
 widened exactly; the MMA's products of two 8-bit-mantissa
 values are exact in float32), like XLA's GEMMs; only the summation order differs from `stacked_matmul_reference`.
-M == 1 multiplies and reduces on vectors; M > 1 uses `jnp.dot` on rows padded to 16 (Triton's smallest dot).
+M == 1 multiplies on vectors (reduced every k step, or with `tile_acc` summed into a tile and reduced once); M > 1 uses
+`jnp.dot` on rows padded to 16 (Triton's smallest dot).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import backend
 
-__all__ = ["stacked_matmul", "stacked_matmul_reference", "default_tiling"]
+__all__ = ["stacked_matmul", "stacked_matmul_reference", "default_tiling", "supports"]
 
 _TARGET_PROGRAMS = 264  # about two programs per SM on the H200 (132 SMs): enough in flight to hide latency
 _MIN_DOT_ROWS = 16
@@ -49,13 +50,21 @@ def default_tiling(M: int, K: int, N: int) -> tuple[int, int, int]:
     return block_n, block_k, min(splits, tiles_k)
 
 
+def supports(K: int, N: int) -> bool:
+    """Whether `stacked_matmul` runs compiled here on a [K, N] weight with `default_tiling` (Triton needs
+    power-of-two tiles; interpret mode takes any)."""
+    block_n, block_k, _ = default_tiling(1, K, N)
+    return backend.supports_sizes(block_n, block_k) and N % block_n == 0 and K % block_k == 0
+
+
 def stacked_matmul(x: jax.Array, w: jax.Array, layer: jax.Array | int, *, block_n: int | None = None,
                    block_k: int | None = None, splits: int | None = None, num_warps: int = 4,
-                   num_stages: int = 3, interpret: bool | None = None) -> jax.Array:
+                   num_stages: int = 3, tile_acc: bool = False, interpret: bool | None = None) -> jax.Array:
     """x [M, K] @ w[layer] -> [M, N] in x's dtype, w [L, K, N] read in place (module docstring: layout, rounding).
 
     layer: an int32 scalar (traced in a loop over layers); clipped to [0, L). The tiling defaults to
-    `default_tiling`; block_n must divide N and splits * block_k must divide K."""
+    `default_tiling`; block_n must divide N and splits * block_k must divide K. tile_acc (M == 1): accumulate
+    the products in a [block_k, block_n] tile and reduce over k once at the end (else every k step reduces)."""
     if x.ndim != 2 or w.ndim != 3:
         raise ValueError(f"stacked_matmul takes x [M, K] and w [L, K, N], got {x.shape} and {w.shape}")
     M, K = x.shape
@@ -74,17 +83,18 @@ def stacked_matmul(x: jax.Array, w: jax.Array, layer: jax.Array | int, *, block_
     rows = M if M == 1 else max(_MIN_DOT_ROWS, 1 << (M - 1).bit_length())
     xp = x if rows == M else jnp.pad(x, ((0, rows - M), (0, 0)))
     partials = _call(xp, w, layer, block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps,
-                     num_stages=num_stages, interpret=interpret)
+                     num_stages=num_stages, tile_acc=tile_acc and M == 1, interpret=interpret)
     return jnp.sum(partials[:, :M], axis=0).astype(x.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("block_n", "block_k", "splits", "num_warps", "num_stages",
-                                             "interpret"))
-def _call(x, w, layer, *, block_n, block_k, splits, num_warps, num_stages, interpret):
+                                             "tile_acc", "interpret"))
+def _call(x, w, layer, *, block_n, block_k, splits, num_warps, num_stages, tile_acc, interpret):
     rows, K = x.shape
     L, _, N = w.shape
     k_split = K // splits
-    kernel = functools.partial(_kernel, block_k=block_k, steps=k_split // block_k, vector=rows == 1)
+    kernel = functools.partial(_kernel_tile_acc if tile_acc else _kernel, block_k=block_k,
+                               steps=k_split // block_k, vector=rows == 1)
     return pl.pallas_call(
         kernel,
         grid=(N // block_n, splits),
@@ -114,3 +124,18 @@ def _kernel(layer_ref, x_ref, w_ref, o_ref, *, block_k, steps, vector):
         return acc + jnp.dot(xk, w.astype(xk.dtype), preferred_element_type=jnp.float32)
 
     o_ref[...] = jax.lax.fori_loop(0, steps, step, jnp.zeros((rows, block_n), jnp.float32))
+
+
+def _kernel_tile_acc(layer_ref, x_ref, w_ref, o_ref, *, block_k, steps, vector):
+    """One row (M == 1): products summed elementwise into a [block_k, block_n] float32 tile, reduced over k once."""
+    del vector
+    layer = layer_ref[0]
+    block_n = o_ref.shape[-1]
+
+    def step(t, acc):
+        k0 = pl.multiple_of(t * block_k, block_k)
+        xk = x_ref[0, pl.ds(k0, block_k)].astype(jnp.float32)
+        return acc + xk[:, None] * w_ref[layer, pl.ds(k0, block_k), :].astype(jnp.float32)
+
+    acc = jax.lax.fori_loop(0, steps, step, jnp.zeros((block_k, block_n), jnp.float32))
+    o_ref[...] = jnp.sum(acc, axis=0)[None, :]

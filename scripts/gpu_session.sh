@@ -89,6 +89,13 @@ for s in "$@"; do
       # w[i]), loop_switch (the certified looped schedule's one switch per layer), loop_pallas (w[i] in place)
       step stacked_mm 240 "python3 scripts/probe_stacked_matmul.py --models llama3.1-8b --batches 1,8 --out $W/stacked_mm_8b.json && python3 scripts/probe_stacked_matmul.py --models smollm2 --batches 1 --out $W/stacked_mm_smol.json"
       step loop_pallas 240 "python3 scripts/probe_layer_loop.py --grid llama3.1-8b:8192,smollm2:1024 --forms unrolled,loop,loop_switch,loop_pallas --out $W/loop_pallas.json" ;;
+    kernel_e2e)  # eighteenth session's second call: the stacked-weight kernel's tilings (tile accumulation at M = 1),
+      # the layer-loop forms with a first-step agreement check, then CERTATTN_LOOPED_WEIGHTS=kernel end to end:
+      # SmolLM2 1K (stacked copy vs kernel, dense in the same call) and 8B 8K (per-layer switch vs kernel)
+      step sm_tiles 150 "python3 scripts/probe_stacked_matmul.py --models llama3.1-8b --batches 1 --tilings 0:0:0:4:3:0,0:0:0:4:3:1,0:64:0:4:3:1,0:64:0:2:4:1,0:128:0:8:3:1,256:64:0:4:3:1,0:64:0:4:4:1,0:64:0:2:4:0,256:64:0:8:3:0 --out $W/sm_tiles_8b.json"
+      step loop_pallas2 150 "python3 scripts/probe_layer_loop.py --grid llama3.1-8b:8192,smollm2:1024 --forms loop,loop_switch,loop_pallas,unrolled --out $W/loop_pallas2.json"
+      G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64"
+      step kernel_gen 420 "$G --models smollm2 --prompts 1024 --caches dense certified --out $W/kgen_smol_stacked.json; CERTATTN_LOOPED_WEIGHTS=kernel $G --models smollm2 --prompts 1024 --caches certified --out $W/kgen_smol_kernel.json; CERTATTN_LOOPED_WEIGHTS=kernel $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/kgen_8b_kernel.json; $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/kgen_8b_switch.json" ;;
     fewer_pair)  # eighteenth session: the "fewer" split rule against "programs" at 8B 8K, alternated, one process per
       # row (the seventeenth session's one sample: 98.5 against 93.5 tokens/s), dense first for the compile target
       step fewer_pair 330 "python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches dense --out $W/fewer_pair_0_dense.json; i=0; for r in fewer programs fewer; do i=\$((i+1)); CERTATTN_TIER1_BPS=\$r python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches certified --out $W/fewer_pair_\${i}_\$r.json; done" ;;

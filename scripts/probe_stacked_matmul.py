@@ -16,6 +16,7 @@ relative to the largest |output| (bf16 output rounding is ~4e-3).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -47,6 +48,26 @@ def timed(fn, args, repeats):
     return statistics.median(times)
 
 
+def _each_layer_buffer(reps, x, ws):
+    """reps passes of x @ w for each per-layer buffer w (unrolled: XLA's GEMMs read each buffer in place)."""
+    def rep(_, acc):
+        for wi in ws:
+            acc = acc + jnp.matmul(x, wi)[:, :1].astype(jnp.float32)
+        return acc
+    return jax.lax.fori_loop(0, reps, rep, jnp.zeros((x.shape[0], 1), jnp.float32))
+
+
+def _kernel_gemm(tiling, x, w, i):
+    return stacked_matmul(x, w, i, **tiling)
+
+
+def _loop_over_layers(gemm, L, count, x, w):
+    """count products gemm(x, w, j mod L) in a fori_loop over j (the layer index traced)."""
+    def body(j, acc):
+        return acc + gemm(x, w, j % L)[:, :1].astype(jnp.float32)
+    return jax.lax.fori_loop(0, count, body, jnp.zeros((x.shape[0], 1), jnp.float32))
+
+
 def run(model, M, reps, repeats, tilings):
     L, gemms = SHAPES[model]
     rows = []
@@ -58,32 +79,22 @@ def run(model, M, reps, repeats, tilings):
         gemm_bytes = K * N * 2
         count = reps * L
 
-        def xla_layers(x, ws):
-            def rep(_, acc):
-                for wi in ws:
-                    acc = acc + jnp.matmul(x, wi)[:, :1].astype(jnp.float32)
-                return acc
-            return jax.lax.fori_loop(0, reps, rep, jnp.zeros((M, 1), jnp.float32))
+        def looped(gemm, L=L, count=count):
+            return functools.partial(_loop_over_layers, gemm, L, count)
 
-        def looped(gemm):
-            def f(x, w):
-                def body(j, acc):
-                    return acc + gemm(x, w, j % L)[:, :1].astype(jnp.float32)
-                return jax.lax.fori_loop(0, count, body, jnp.zeros((M, 1), jnp.float32))
-            return f
-
-        forms = [("xla_layers", jax.jit(xla_layers), (x, w_layers)),
+        forms = [("xla_layers", jax.jit(functools.partial(_each_layer_buffer, reps)), (x, w_layers)),
                  ("xla_stacked", jax.jit(looped(lambda x, w, i: jnp.matmul(x, w[i]))), (x, w))]
-        for bn, bk, s, warps, stages in tilings:
+        for bn, bk, s, warps, stages, *flags in tilings:
             bn0, bk0, s0 = default_tiling(M, K, N)
             bn, bk, s = bn or bn0, bk or bk0, s or s0
+            tile_acc = bool(flags and flags[0]) and M == 1
             if N % bn or K % (bk * s):
                 continue
-            tag = f"pallas[n{bn},k{bk},s{s},w{warps},st{stages}]"
-            gemm = (lambda x, w, i, bn=bn, bk=bk, s=s, warps=warps, stages=stages: stacked_matmul(
-                x, w, i, block_n=bn, block_k=bk, splits=s, num_warps=warps, num_stages=stages))
+            tag = f"pallas[n{bn},k{bk},s{s},w{warps},st{stages}{',tile' if tile_acc else ''}]"
+            gemm = functools.partial(_kernel_gemm, dict(block_n=bn, block_k=bk, splits=s, num_warps=warps,
+                                                        num_stages=stages, tile_acc=tile_acc))
             forms.append((tag, jax.jit(looped(gemm)), (x, w)))
-            if not any(r.get("form") == "pallas_check" and r["gemm"] == name for r in rows):
+            if not any(r.get("tiling") == tag and r["gemm"] == name for r in rows):  # each tiling checked
                 out = np.asarray(jax.jit(gemm)(x, w, jnp.int32(L - 1)), np.float64)
                 ref = np.asarray(x, np.float64) @ np.asarray(w[L - 1], np.float64)
                 rows.append({"model": model, "gemm": name, "M": M, "form": "pallas_check", "tiling": tag,
@@ -114,7 +125,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4, help="passes over the layers per timed call")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tilings", default="0:0:0:4:3,0:0:0:4:4,0:64:0:4:3,64:0:0:4:3,0:0:0:8:3,128:64:0:2:4",
-                    help="block_n:block_k:splits:warps:stages (0 = default_tiling's choice), comma-separated")
+                    help="block_n:block_k:splits:warps:stages[:tile_acc], comma-separated (0: default_tiling's)")
     args = ap.parse_args()
     tilings = [tuple(int(v) for v in t.split(":")) for t in args.tilings.split(",") if t]
     rows = []

@@ -539,17 +539,18 @@ def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params, mo
     assert ("cond", True) in looped, looped
 
 
-@pytest.mark.parametrize("weights", ["stacked", "switch"])
+@pytest.mark.parametrize("weights", ["stacked", "switch", "kernel"])
 def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkeypatch, weights):
     """Small layers on a GPU (below COPY_WEIGHTS_BELOW_BYTES): `params_for_decoding` adds the stacked weights for a
     certified cache of any schedule, and the looped fast pass reads row i by index, so its body holds one
     conditional (rung 1) instead of two (the weight switch too, each a host round trip on the GPU);
-    CERTATTN_LOOPED_WEIGHTS=switch keeps the switch. Not for naive caches (no loop over layers)."""
+    CERTATTN_LOOPED_WEIGHTS=switch keeps the switch; =kernel reads them stacked too, the GEMMs by the stacked-weight
+    kernel. Not for naive caches (no loop over layers)."""
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", weights)
     cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
     p = llama.params_for_decoding(params, cache)
-    assert (llama.STACKED_LAYERS in p) == (weights == "stacked")
+    assert (llama.STACKED_LAYERS in p) == (weights in ("stacked", "kernel"))
     naive = cache_spec("naive", CFG, jnp.float32, POLICY)(1, 64)
     assert llama.params_for_decoding(params, naive) is params
     x = jnp.zeros((1, 1, CFG.hidden_size), jnp.float32)
@@ -562,7 +563,37 @@ def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkey
         (body,) = jax.extend.core.jaxprs_in_params(loop.params)
         return sum(e.primitive.name == "cond" for e in body.eqns)
 
-    assert conds_in_loop_body(jaxpr.jaxpr) == (1 if weights == "stacked" else 2)
+    assert conds_in_loop_body(jaxpr.jaxpr) == (2 if weights == "switch" else 1)
+    assert ("certattn_stacked_matmul" in str(jaxpr)) == (weights == "kernel")
+
+
+def test_the_stacked_weight_kernel_decodes_like_the_copied_rows(params, monkeypatch):
+    """CERTATTN_LOOPED_WEIGHTS=kernel: the looped schedule's GEMMs read row i of the stacked weights in place
+    (`pallas_kernels.stacked_matmul`, interpreted here) at any layer size -- large layers too get the stacked copy
+    and lose their per-layer weight switch -- and decode like the rows copied out by index: the same tokens, rungs,
+    K* and ranking checks, bounds within float32 reassociation (only the GEMMs' summation order differs)."""
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]  # tier-1 blocks, a ragged batch
+
+    def run(weights):
+        monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", weights)
+        monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
+        return gen.generate(params, CFG, prompts, 5, cache_factory=cache_spec("certified", CFG, jnp.float32, POLICY,
+                                                                              schedule="looped"),
+                            eos_token_ids=(), progress=False, prefill_chunk=32, record_steps=True)
+
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 0)  # every layer counts as large
+    large = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
+    monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "kernel")
+    assert llama.STACKED_LAYERS in llama.params_for_decoding(params, large)
+    kernel = run("kernel")
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
+    copied = run("stacked")
+    assert kernel.tokens == copied.tokens
+    for field in ("rung", "k_star", "certified", "ranking_ok"):
+        np.testing.assert_array_equal(getattr(kernel.step_records, field), getattr(copied.step_records, field),
+                                      err_msg=field)
+    np.testing.assert_allclose(kernel.step_records.error_bound, copied.step_records.error_bound, rtol=1e-4)
 
 
 def test_stacked_weights_are_built_once_outside_the_step(params, monkeypatch):
