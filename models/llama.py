@@ -41,7 +41,6 @@ from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
 from pallas_kernels import stacked_matmul as stacked_kernel
-from pallas_kernels.stacked_matmul import stacked_matmul
 
 Params = dict[str, Any]
 
@@ -63,7 +62,7 @@ class StackedWeight(NamedTuple):
 
 def _dot(x: jax.Array, w: jax.Array | StackedWeight) -> jax.Array:
     if isinstance(w, StackedWeight):
-        out = stacked_matmul(x.reshape(-1, x.shape[-1]), w.stacked, w.index)
+        out = stacked_kernel.stacked_matmul(x.reshape(-1, x.shape[-1]), w.stacked, w.index)
         return out.reshape(*x.shape[:-1], out.shape[-1])
     return jnp.matmul(x, w.astype(x.dtype))
 
@@ -282,9 +281,8 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     the branches."""
     layers = list(params["layers"])
     small = _small_layers(params)
-    if STACKED_LAYERS in params and _LOOPED_WEIGHTS == "kernel":  # any size: GEMMs read row i in place
-        return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
-    if small and STACKED_LAYERS in params and _LOOPED_WEIGHTS == "stacked":
+    # "kernel": any size (the GEMMs read row i in place); "stacked": small layers (row i copied)
+    if STACKED_LAYERS in params and (_LOOPED_WEIGHTS == "kernel" or (small and _LOOPED_WEIGHTS == "stacked")):
         return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
     if small or rare:  # one switch returns the layer's weights (a copy)
         pick = [lambda w=w: w for w in layers]
