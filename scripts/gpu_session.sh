@@ -84,6 +84,18 @@ for s in "$@"; do
     gemm_pair)  # the 8B compile: dense and certified with cuBLAS-only GEMMs at 64 tokens (same call), and what the
       # autotuner tunes in each program
       step gemm_pair 500 "for f in '' --xla_gpu_enable_triton_gemm=false; do for c in dense certified; do XLA_FLAGS=\"\$f --xla_gpu_dump_autotune_results_to=$W/autotune_\${c}\${f:+_cublas}.txt\" python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches \$c --out $W/gemm_\${c}\${f:+_cublas}.json; done; done" ;;
+    mm_tune)  # nineteenth session: the stacked-weight GEMM kernel's settings (the MMA path on a padded row, k tiles
+      # loaded together, more splits) per 8B / SmolLM2 GEMM; the fastest checked one per shape is picked into
+      # $W/stacked_tuning.json (CERTATTN_STACKED_TUNING); the layer-loop forms with it; then end to end, one process
+      # per row: 8B 8K certified kernel / switch / kernel, SmolLM2 1K dense, certified stacked copy, kernel
+      T1="0:0:0:4:3,0:0:0:4:3:2,0:64:0:4:3:2,0:64:0:4:4:2,0:128:0:4:4:2,0:64:0:8:4:2,0:64:0:2:4:2,0:64:0:4:4:2:2,0:0:0:4:3:0:2,0:64:0:4:3:0:4,0:64:0:2:4:0:2,0:64:0:4:3:1:2,64:64:0:4:3:0:2,0:64:4:4:3:0,0:64:8:4:3:0,0:64:8:4:4:2,0:32:0:4:4:2,256:64:0:8:4:2,0:128:0:4:5:2"
+      T8="0:0:0:4:3,0:64:0:4:3,0:64:0:4:4,0:64:0:4:4:0:2,0:64:8:4:4,0:32:0:4:4,0:128:0:4:4,0:64:0:2:4,256:64:0:8:4"
+      P="python3 scripts/probe_stacked_matmul.py --repeats 7"
+      step mm_probe 200 "$P --models llama3.1-8b --batches 1 --tilings $T1 --out $W/mm_8b_m1.json && $P --models llama3.1-8b --batches 8 --tilings $T8 --out $W/mm_8b_m8.json && $P --models smollm2 --batches 1 --tilings $T1 --out $W/mm_smol_m1.json && python3 scripts/pick_stacked_tiling.py $W/mm_8b_m1.json $W/mm_8b_m8.json $W/mm_smol_m1.json --out $W/stacked_tuning.json"
+      export CERTATTN_STACKED_TUNING=$W/stacked_tuning.json
+      step mm_loop 150 "python3 scripts/probe_layer_loop.py --grid llama3.1-8b:8192,smollm2:1024 --forms unrolled,loop_switch,loop_pallas --out $W/mm_loop.json"
+      G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64"
+      step mm_e2e 330 "i=0; for m in kernel switch kernel; do i=\$((i+1)); CERTATTN_LOOPED_WEIGHTS=\$m $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/mm_e2e_8b_\${i}_\$m.json; done; $G --models smollm2 --prompts 1024 --caches dense certified --out $W/mm_e2e_smol_stacked.json; CERTATTN_LOOPED_WEIGHTS=kernel $G --models smollm2 --prompts 1024 --caches certified --out $W/mm_e2e_smol_kernel.json" ;;
     stacked_mm)  # eighteenth session: the stacked-weight GEMM kernel (pallas_kernels.stacked_matmul) against XLA's GEMMs
       # on per-layer buffers, per 8B GEMM and tiling; then whole dense decode steps: unrolled, loop (XLA copies
       # w[i]), loop_switch (the certified looped schedule's one switch per layer), loop_pallas (w[i] in place)

@@ -82,18 +82,24 @@ def run(model, M, reps, repeats, tilings):
         def looped(gemm, L=L, count=count):
             return functools.partial(_loop_over_layers, gemm, L, count)
 
+        kwargs_of = {}
         forms = [("xla_layers", jax.jit(functools.partial(_each_layer_buffer, reps)), (x, w_layers)),
                  ("xla_stacked", jax.jit(looped(lambda x, w, i: jnp.matmul(x, w[i]))), (x, w))]
         for bn, bk, s, warps, stages, *flags in tilings:
             bn0, bk0, s0 = default_tiling(M, K, N)
             bn, bk, s = bn or bn0, bk or bk0, s or s0
-            tile_acc = bool(flags and flags[0]) and M == 1
-            if N % bn or K % (bk * s):
+            mode = flags[0] if flags else 0
+            unroll = flags[1] if len(flags) > 1 else 1
+            tile_acc, dot = mode == 1 and M == 1, mode == 2 and M == 1
+            if N % bn or K % (bk * s) or (K // (bk * s)) % unroll:
                 continue
-            tag = f"pallas[n{bn},k{bk},s{s},w{warps},st{stages}{',tile' if tile_acc else ''}]"
-            gemm = functools.partial(_kernel_gemm, dict(block_n=bn, block_k=bk, splits=s, num_warps=warps,
-                                                        num_stages=stages, tile_acc=tile_acc))
+            tag = (f"pallas[n{bn},k{bk},s{s},w{warps},st{stages}{',tile' if tile_acc else ''}"
+                   f"{',dot' if dot else ''}{f',u{unroll}' if unroll > 1 else ''}]")
+            kwargs = dict(block_n=bn, block_k=bk, splits=s, num_warps=warps, num_stages=stages,
+                          tile_acc=tile_acc, dot=dot, unroll=unroll)
+            gemm = functools.partial(_kernel_gemm, kwargs)
             forms.append((tag, jax.jit(looped(gemm)), (x, w)))
+            kwargs_of[tag] = kwargs
             if not any(r.get("tiling") == tag and r["gemm"] == name for r in rows):  # each tiling checked
                 out = np.asarray(jax.jit(gemm)(x, w, jnp.int32(L - 1)), np.float64)
                 ref = np.asarray(x, np.float64) @ np.asarray(w[L - 1], np.float64)
@@ -109,7 +115,8 @@ def run(model, M, reps, repeats, tilings):
             us = t / count * 1e6
             rows.append({"model": model, "gemm": name, "M": M, "K": K, "N": N, "form": tag,
                          "us_per_gemm": round(us, 2), "weight_bytes": gemm_bytes,
-                         "GBps": round(gemm_bytes / (us * 1e-6) / 1e9, 1)})
+                         "GBps": round(gemm_bytes / (us * 1e-6) / 1e9, 1),
+                         **({"kwargs": kwargs_of[tag]} if tag in kwargs_of else {})})
         for r in rows:
             if r["gemm"] == name:
                 print(json.dumps(r), flush=True)
@@ -125,7 +132,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4, help="passes over the layers per timed call")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tilings", default="0:0:0:4:3,0:0:0:4:4,0:64:0:4:3,64:0:0:4:3,0:0:0:8:3,128:64:0:2:4",
-                    help="block_n:block_k:splits:warps:stages[:tile_acc], comma-separated (0: default_tiling's)")
+                    help="block_n:block_k:splits:warps:stages[:mode[:unroll]], comma-separated (0: default_tiling's; "
+                         "mode at M = 1: 0 vector, 1 tile accumulation, 2 the MMA path on a padded row)")
     args = ap.parse_args()
     tilings = [tuple(int(v) for v in t.split(":")) for t in args.tilings.split(",") if t]
     rows = []

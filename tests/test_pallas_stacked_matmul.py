@@ -20,6 +20,10 @@ def _inputs(seed, M, K, N, L=3, dtype=jnp.bfloat16):
 @pytest.mark.parametrize("M,K,N,tiling", [
     (1, 256, 384, {}),                                          # one row: the vector path, default tiling
     (1, 192, 128, dict(block_k=32, splits=3, tile_acc=False)),  # one row, reduced every k step
+    (1, 256, 128, dict(block_k=32, splits=2, unroll=2)),        # one row, two k tiles loaded per loop step
+    (1, 256, 128, dict(block_k=32, splits=2, tile_acc=True, unroll=4)),  # tile accumulation, four per step
+    (1, 192, 128, dict(block_k=32, splits=2, dot=True)),        # one row on the MMA path (padded to 16)
+    (5, 256, 128, dict(block_k=32, splits=2, unroll=2)),        # the dot path, two k tiles per loop step
     (3, 256, 128, dict(block_n=64, block_k=64, splits=2)),      # rows padded to 16 for the dot
     (20, 128, 64, {}),                                          # rows padded to 32
 ])
@@ -57,6 +61,8 @@ def test_stacked_matmul_refuses_bad_inputs():
         stacked_matmul(x.astype(jnp.int32), w, 0)
     with pytest.raises(ValueError, match="does not divide"):
         stacked_matmul(x, w, 0, block_k=64, splits=2)
+    with pytest.raises(ValueError, match="does not divide"):
+        stacked_matmul(x, w, 0, block_k=16, splits=1, unroll=3)
 
 
 def test_default_tiling_and_supports():
