@@ -40,6 +40,7 @@ from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mas
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
+from pallas_kernels import backend as pallas_backend
 from pallas_kernels import stacked_matmul as stacked_kernel
 
 Params = dict[str, Any]
@@ -230,23 +231,35 @@ def _layers_unrolled(params: Params, config: LlamaConfig, x: jax.Array, cache: K
 # 142 in branches; 8B, 436 MB: 49.8 vs 68.6); on a 2-core CPU conditionals are cheap and copies are not
 # (SmolLM2: 16.5 tokens/s copying vs 30.3 in branches), so never. Other backends: in branches.
 COPY_WEIGHTS_BELOW_BYTES = SMALL_LAYER_BYTES  # the same dict: the cache's "auto" schedule reads it too
-# How small layers (below COPY_WEIGHTS_BELOW_BYTES) reach the looped body when params carry the stacked weights
-# (`params_for_decoding` adds them for certified caches): "stacked" reads row i of the stacked copy by index (a
-# copy, no conditional), "switch" takes them out of a `lax.switch` (a copy and a conditional per layer-step, each
-# conditional a host round trip on the GPU: docs/performance.md, 2026-12-02 sixth session). "kernel": layers of
-# any size read stacked, the GEMMs by `pallas_kernels.stacked_matmul` on row i in place (no copy, no
-# conditional; large layers then hold their weights twice: per layer for the prefill, stacked for the decode
-# loop; docs/performance.md, eighteenth session). CERTATTN_LOOPED_WEIGHTS.
-LOOPED_WEIGHTS = ("stacked", "switch", "kernel")
-_LOOPED_WEIGHTS = os.environ.get("CERTATTN_LOOPED_WEIGHTS", "stacked").strip() or "stacked"
+# How layers reach the looped body (CERTATTN_LOOPED_WEIGHTS). "stacked": small layers (below
+# COPY_WEIGHTS_BELOW_BYTES) read row i of the stacked copy that `params_for_decoding` adds for certified caches
+# (a copy, no conditional); "switch": small layers take their weights out of a `lax.switch` (a copy and a
+# conditional per layer-step, each conditional a host round trip on the GPU: docs/performance.md, 2026-12-02 sixth
+# session); "kernel": layers of any size read stacked, the GEMMs by `pallas_kernels.stacked_matmul` on row i in
+# place (no copy, no conditional; large layers then hold their weights twice, per layer for the prefill and stacked
+# for the decode loop: +5.8 GB peak at 8B). Large layers outside "kernel" compute in per-layer switch branches.
+# "auto" (the default): "kernel" for small layers where the kernel compiles (a GPU; their stacked copy exists
+# anyway), else "stacked". Measured on the H200 (nineteenth session, tuned kernel): SmolLM2 1K certified 355.4
+# against 335.2 tokens/s stacked; 8B 8K 103.1 / 103.5 "kernel" against 98.6 "switch" (host round trips 67 -> 35),
+# left opt-in for its memory.
+LOOPED_WEIGHTS = ("auto", "stacked", "switch", "kernel")
+_LOOPED_WEIGHTS = os.environ.get("CERTATTN_LOOPED_WEIGHTS", "auto").strip() or "auto"
 if _LOOPED_WEIGHTS not in LOOPED_WEIGHTS:
     raise ValueError(f"CERTATTN_LOOPED_WEIGHTS={_LOOPED_WEIGHTS!r}: choose from {LOOPED_WEIGHTS}")
 
 
-def looped_weights() -> str:
-    """How small layers reach the looped body in this process ("stacked" | "switch", CERTATTN_LOOPED_WEIGHTS);
-    benchmarks record it."""
-    return _LOOPED_WEIGHTS
+def looped_weights(params: Params | None = None) -> str:
+    """How layers reach the looped body in this process (CERTATTN_LOOPED_WEIGHTS); with params, "auto" resolved
+    for their layer size on this backend. Benchmarks record it."""
+    return _LOOPED_WEIGHTS if params is None else _weights_mode(params)
+
+
+def _weights_mode(params: Params) -> str:
+    """CERTATTN_LOOPED_WEIGHTS for these params: "auto" resolved ("kernel" for small layers where the stacked-weight
+    kernel compiles, else "stacked")."""
+    if _LOOPED_WEIGHTS != "auto":
+        return _LOOPED_WEIGHTS
+    return "kernel" if _small_layers(params) and not pallas_backend.interpret() else "stacked"
 
 
 def _small_layers(params: Params) -> bool:
@@ -282,7 +295,8 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     layers = list(params["layers"])
     small = _small_layers(params)
     # "kernel": any size (the GEMMs read row i in place); "stacked": small layers (row i copied)
-    if STACKED_LAYERS in params and (_LOOPED_WEIGHTS == "kernel" or (small and _LOOPED_WEIGHTS == "stacked")):
+    mode = _weights_mode(params)
+    if STACKED_LAYERS in params and (mode == "kernel" or (small and mode == "stacked")):
         return _layers_looped_stacked(params, config, x, cache, cos, sin, new_lengths)
     if small or rare:  # one switch returns the layer's weights (a copy)
         pick = [lambda w=w: w for w in layers]
@@ -347,11 +361,12 @@ def reads_stacked_weights(params: Params, cache: Any) -> bool:
     Large layers never: a stacked copy would double their memory and copy each layer's slice on every step."""
     if getattr(cache, "mode", None) != "certified":
         return False
-    if _LOOPED_WEIGHTS == "kernel":  # every looped pass reads them, whatever their size
+    mode = _weights_mode(params)
+    if mode == "kernel":  # every looped pass reads them, whatever their size
         return True
     if not _small_layers(params):
         return False  # large layers run in place, in per-layer switch branches (`_layers_looped`)
-    return getattr(cache, "schedule", None) in STACKED_SCHEDULES or _LOOPED_WEIGHTS == "stacked"
+    return getattr(cache, "schedule", None) in STACKED_SCHEDULES or mode == "stacked"
 
 
 def params_for_decoding(params: Params, cache: Any) -> Params:
@@ -375,9 +390,11 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
     if stacked is None:  # a caller's own loop without `params_for_decoding`: stacked on every call
         stacked = _stack_layer_weights(params["layers"])
 
+    in_place = _weights_mode(params) == "kernel"
+
     def body(i, carry):
         x, cache = carry
-        layer = {name: _row(name, w, i) for name, w in stacked.items()}
+        layer = {name: _row(name, w, i, in_place) for name, w in stacked.items()}
         return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
 
     return jax.lax.fori_loop(0, len(params["layers"]), body, (x, cache))
@@ -386,10 +403,10 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
 _GEMM_WEIGHTS = ("wq", "wk", "wv", "wqkv", "wo", "w_gate", "w_up", "w_gate_up", "w_down")
 
 
-def _row(name: str, w: jax.Array, i: jax.Array) -> jax.Array | StackedWeight:
-    """Layer i's weight `name` of the stacked weights: for a GEMM with CERTATTN_LOOPED_WEIGHTS=kernel (and a
-    tiling the kernel runs here), the stacked array and i, multiplied in place by `_dot`; else the row (a copy)."""
-    if (_LOOPED_WEIGHTS == "kernel" and name in _GEMM_WEIGHTS and w.ndim == 3
+def _row(name: str, w: jax.Array, i: jax.Array, in_place: bool) -> jax.Array | StackedWeight:
+    """Layer i's weight `name` of the stacked weights: for a GEMM when in_place (the "kernel" weights mode) and the
+    kernel tiles it here, the stacked array and i, multiplied in place by `_dot`; else the row (a copy)."""
+    if (in_place and name in _GEMM_WEIGHTS and w.ndim == 3
             and stacked_kernel.supports(w.shape[1], w.shape[2])):
         return StackedWeight(w, i)
     return jax.lax.dynamic_index_in_dim(w, i, keepdims=False)

@@ -39,8 +39,26 @@ _SETTINGS = ("block_n", "block_k", "splits", "num_warps", "num_stages", "tile_ac
 _DEFAULTS = dict(num_warps=4, num_stages=3, tile_acc=False, dot=False, unroll=1)
 TUNING_ENV = "CERTATTN_STACKED_TUNING"  # a JSON file of measured settings (scripts/pick_stacked_tiling.py)
 
-# (rows, K, N) -> settings measured fastest on the H200 (rows: 1, or M padded for the dot); see docs/performance.md
-TUNED: dict[tuple[int, int, int], dict] = {}
+# (rows, K, N) -> the setting measured fastest on the H200 among those of `gpu_session.sh mm_tune` (rows: 1, or M
+# padded for the dot; results/probe_stacked_matmul_h200_*_2026-12-04f.json, docs/performance.md nineteenth
+# session). Comments: its microseconds per GEMM, and XLA's (cuBLAS) on per-layer buffers in the same run. On a
+# row the MMA path (`dot`) won every shape: Triton pipelines its loads, which the vector path's are not.
+TUNED: dict[tuple[int, int, int], dict] = {
+    # LLaMA-3.1-8B: q|k|v, o, gate|up, down
+    (1, 4096, 6144): dict(block_n=128, block_k=64, splits=8, num_warps=4, num_stages=3, dot=True),  # 21.8 (17.3)
+    (1, 4096, 4096): dict(block_n=128, block_k=64, splits=8, num_warps=4, num_stages=4, dot=True),  # 16.6 (12.0)
+    (1, 4096, 28672): dict(block_n=128, block_k=32, splits=2, num_warps=4, num_stages=4, dot=True),  # 67.4 (59.2)
+    (1, 14336, 4096): dict(block_n=128, block_k=64, splits=8, num_warps=4, num_stages=4, dot=True),  # 39.2 (31.9)
+    (16, 4096, 6144): dict(block_n=128, block_k=32, splits=8, num_warps=4, num_stages=4),  # 21.6 (16.9)
+    (16, 4096, 4096): dict(block_n=128, block_k=64, splits=8, num_warps=4, num_stages=4),  # 17.3 (11.8)
+    (16, 4096, 28672): dict(block_n=128, block_k=64, splits=2, num_warps=4, num_stages=3),  # 67.4 (60.7)
+    (16, 14336, 4096): dict(block_n=128, block_k=64, splits=8, num_warps=4, num_stages=4),  # 39.4 (32.5)
+    # SmolLM2-135M
+    (1, 576, 960): dict(block_n=64, block_k=32, splits=9, num_warps=4, num_stages=4, dot=True),  # 7.3 (5.1)
+    (1, 576, 576): dict(block_n=64, block_k=64, splits=9, num_warps=8, num_stages=4, dot=True),  # 6.9 (4.3)
+    (1, 576, 3072): dict(block_n=128, block_k=64, splits=9, num_warps=4, num_stages=4, dot=True),  # 8.8 (7.3)
+    (1, 1536, 576): dict(block_n=64, block_k=64, splits=12, num_warps=4, num_stages=3, dot=True),  # 8.2 (9.0)
+}
 
 
 def _rows_class(M: int) -> int:
@@ -96,7 +114,8 @@ def stacked_matmul(x: jax.Array, w: jax.Array, layer: jax.Array | int, *, block_
     """x [M, K] @ w[layer] -> [M, N] in x's dtype, w [L, K, N] read in place (module docstring: layout, rounding).
 
     layer: an int32 scalar (traced in a loop over layers); clipped to [0, L). Settings left None come from
-    `tuned_settings` (measured), then `default_tiling` (block_n, block_k, splits) and 4 warps, 3 stages; block_n
+    `tuned_settings` (measured; compiled only), then `default_tiling` (block_n, block_k, splits), 4 warps, 3
+    stages and, compiled, the MMA path for a row; block_n
     must divide N and splits * block_k must divide K. tile_acc (M == 1): accumulate
     the products in a [block_k, block_n] tile and reduce over k once at the end (else every k step reduces).
     dot (M == 1): multiply on the MMA path with the row padded to 16. unroll: k tiles loaded per loop step
@@ -111,14 +130,16 @@ def stacked_matmul(x: jax.Array, w: jax.Array, layer: jax.Array | int, *, block_
         raise TypeError(f"stacked_matmul multiplies floating arrays, got {x.dtype} and {w.dtype}")
     given = dict(block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps, num_stages=num_stages,
                  tile_acc=tile_acc, dot=dot, unroll=unroll)
+    interpret = backend.interpret() if interpret is None else interpret
     bn, bk, s = default_tiling(M, K, N)
-    settings = {**_DEFAULTS, "block_n": bn, "block_k": bk, "splits": s, **tuned_settings(M, K, N),
+    # untuned shapes compiled: a row on the MMA path (it won every measured shape); interpreted: the vector path
+    settings = {**_DEFAULTS, "dot": not interpret, "block_n": bn, "block_k": bk, "splits": s,
+                **({} if interpret else tuned_settings(M, K, N)),
                 **{k: v for k, v in given.items() if v is not None}}
     block_n, block_k, splits, num_warps, num_stages, tile_acc, dot, unroll = (settings[k] for k in _SETTINGS)
     if N % block_n or K % (block_k * splits) or (K // (block_k * splits)) % unroll:
         raise ValueError(f"tiling (block_n={block_n}, block_k={block_k}, splits={splits}, unroll={unroll}) does "
                          f"not divide K={K}, N={N}")
-    interpret = backend.interpret() if interpret is None else interpret
     layer = jnp.clip(jnp.asarray(layer, jnp.int32).reshape(1), 0, L - 1)
     rows = M if M == 1 and not dot else max(_MIN_DOT_ROWS, 1 << (M - 1).bit_length())
     xp = x if rows == M else jnp.pad(x, ((0, rows - M), (0, 0)))

@@ -200,7 +200,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "rung0_impl": ("fused" if uses_fused_rung0(warm.cache.layer_view(0), policy) else "jnp")
             if mode == "certified" else None,
             "hot_refresh": policy.hot_refresh, "eps": float(policy.eps),
-            "looped_weights": llama.looped_weights(),
+            "looped_weights": llama.looped_weights(params),  # "auto" resolved for this model here
             # the concrete one ("auto" resolved); naive has none (one pass)
             "schedule": getattr(warm.cache, "schedule", None) if mode == "certified" else None,
             "adaptive_streak": adaptive_rung0_streak(),

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
                                           "jax": jax.__version__, "length": args.length, "k_max": policy.k_max,
                                           "hot_slots": policy.slots, "hot_refresh": policy.hot_refresh,
                                           "schedule": args.schedule or "default",
-                                          "looped_weights": llama.looped_weights(),
+                                          "looped_weights": llama.looped_weights(pre.params),
                                           "fetch_unroll_up_to": select.FETCH_UNROLL_UP_TO,
                                           "fetch_whole_below_bytes": select.FETCH_WHOLE_LAYER_BELOW_BYTES,
                                           "fetch_kernel": cache.inner.store.reads_tier2_by_kernel(),

@@ -227,7 +227,7 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str, ep
            "trace_file": os.path.relpath(files[-1], trace_dir), "processes": processes,
            "events_total": len(events), "events_in_loop": len(loop_events),
            "layers": cfg.num_layers, "eps": float(policy.eps),
-           "looped_weights": llama.looped_weights()}
+           "looped_weights": llama.looped_weights(params)}
     decode_s = warm.num_steps / warm.tokens_per_s if warm.tokens_per_s else float("nan")
     row.update(summarize(loop_events or events, scopes, max(warm.num_steps, 1), decode_s))
     span = loop_events or events

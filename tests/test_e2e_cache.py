@@ -539,18 +539,28 @@ def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params, mo
     assert ("cond", True) in looped, looped
 
 
-@pytest.mark.parametrize("weights", ["stacked", "switch", "kernel"])
+@pytest.mark.parametrize("weights", ["auto", "stacked", "switch", "kernel"])
 def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkeypatch, weights):
     """Small layers on a GPU (below COPY_WEIGHTS_BELOW_BYTES): `params_for_decoding` adds the stacked weights for a
     certified cache of any schedule, and the looped fast pass reads row i by index, so its body holds one
     conditional (rung 1) instead of two (the weight switch too, each a host round trip on the GPU);
     CERTATTN_LOOPED_WEIGHTS=switch keeps the switch; =kernel reads them stacked too, the GEMMs by the stacked-weight
-    kernel. Not for naive caches (no loop over layers)."""
+    kernel; "auto" (the default) is "kernel" where the kernel compiles (a GPU) and "stacked" where it is
+    interpreted (here). Not for naive caches (no loop over layers)."""
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
     monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", weights)
+    if weights == "auto":
+        monkeypatch.setattr(llama.pallas_backend, "interpret", lambda: False)
+        assert llama.looped_weights(params) == "kernel"  # small layers, compiled kernel
+        monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 0)
+        assert llama.looped_weights(params) == "stacked"  # large layers keep their per-layer switch
+        monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
+        monkeypatch.setattr(llama.pallas_backend, "interpret", lambda: True)
+        assert llama.looped_weights(params) == "stacked"  # interpreted: the copied rows
+        assert llama.looped_weights() == "auto"
     cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
     p = llama.params_for_decoding(params, cache)
-    assert (llama.STACKED_LAYERS in p) == (weights in ("stacked", "kernel"))
+    assert (llama.STACKED_LAYERS in p) == (weights in ("auto", "stacked", "kernel"))
     naive = cache_spec("naive", CFG, jnp.float32, POLICY)(1, 64)
     assert llama.params_for_decoding(params, naive) is params
     x = jnp.zeros((1, 1, CFG.hidden_size), jnp.float32)

@@ -73,3 +73,36 @@ def test_default_tiling_and_supports():
         assert N % block_n == 0 and K % (block_k * splits) == 0
         assert (N // block_n) * splits >= min(264, (N // block_n) * (K // block_k))
     assert supports(4096, 6144)
+
+
+def test_every_tuned_setting_tiles_its_shape():
+    """The measured table (`TUNED`, compiled only): each entry tiles its own shape exactly (whole column tiles,
+    whole k tiles per split, whole unrolled steps) with power-of-two tiles Triton compiles, and names only
+    settings the kernel takes."""
+    from pallas_kernels.stacked_matmul import TUNED
+
+    allowed = {"block_n", "block_k", "splits", "num_warps", "num_stages", "tile_acc", "dot", "unroll"}
+    assert TUNED
+    for (rows, K, N), s in TUNED.items():
+        assert set(s) <= allowed, s
+        bn, bk, splits, unroll = s["block_n"], s["block_k"], s["splits"], s.get("unroll", 1)
+        assert N % bn == 0 and K % (bk * splits) == 0 and (K // (bk * splits)) % unroll == 0, (rows, K, N, s)
+        assert all(v & (v - 1) == 0 for v in (bn, bk, s["num_warps"])), s
+        assert rows == 1 or rows >= 16
+
+
+def test_a_tuning_file_overrides_the_table(tmp_path, monkeypatch):
+    """CERTATTN_STACKED_TUNING names a file of measured settings (scripts/pick_stacked_tiling.py); a file that is
+    not a list of {rows, K, N, settings} entries is refused by name."""
+    from pallas_kernels import stacked_matmul as sm
+
+    f = tmp_path / "tuning.json"
+    f.write_text('[{"rows": 1, "K": 64, "N": 32, "settings": {"block_n": 32, "block_k": 16, "splits": 2}}]')
+    monkeypatch.setenv(sm.TUNING_ENV, str(f))
+    assert sm.tuned_settings(1, 64, 32) == {"block_n": 32, "block_k": 16, "splits": 2}
+    assert sm.tuned_settings(4, 64, 32) == {}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": 1}')
+    monkeypatch.setenv(sm.TUNING_ENV, str(bad))
+    with pytest.raises(ValueError, match="CERTATTN_STACKED_TUNING"):
+        sm.tuned_settings(1, 64, 32)
