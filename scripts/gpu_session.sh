@@ -97,14 +97,13 @@ for s in "$@"; do
       G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64"
       step mm_e2e 330 "i=0; for m in kernel switch kernel; do i=\$((i+1)); CERTATTN_LOOPED_WEIGHTS=\$m $G --models llama3.1-8b --prompts 8192 --caches certified --out $W/mm_e2e_8b_\${i}_\$m.json; done; $G --models smollm2 --prompts 1024 --caches dense certified --out $W/mm_e2e_smol_stacked.json; CERTATTN_LOOPED_WEIGHTS=kernel $G --models smollm2 --prompts 1024 --caches certified --out $W/mm_e2e_smol_kernel.json" ;;
     glue_view)  # nineteenth session's call 2: the tuned stacked-weight kernel compiled (its tests, the model decoding
-      # through it), then where a certified step's time goes now: SmolLM2 1K dense / certified traced and their
-      # decode loops' HLO by scope (the default "auto" weights: the kernel for small layers), 8B 8K certified traced
-      # with CERTATTN_LOOPED_WEIGHTS=kernel
+      # through it); 8B 8K with CERTATTN_LOOPED_WEIGHTS=kernel under the schedules that need no per-layer
+      # conditional once no weight switch is left (adaptive, straight-looped) against looped, dense first; then the
+      # default SmolLM2 1K certified step traced (the "auto" weights: the kernel for small layers)
       step mm_tests 150 "python3 -m pytest -q -x tests/test_pallas_stacked_matmul.py tests/test_e2e_cache.py -k 'stacked or looped_body'"
-      step smol_trace 200 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified --steps 16 --out $W/trace_smol_auto.json"
-      step smol_hlo 150 "python3 scripts/bench_generate.py --timeout 130 --new-tokens 32 --models smollm2 --prompts 1024 --caches dense certified --dump-hlo $W/hlo --out $W/gen_smol_auto.json"
-      hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session
-      step trace8b_kernel 200 "CERTATTN_LOOPED_WEIGHTS=kernel python3 scripts/trace_decode.py --model llama3.1-8b --prompt 8192 --caches certified --steps 16 --out $W/trace_8b8k_kernel.json" ;;
+      G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192"
+      step sched8b_kernel 330 "$G --caches dense --out $W/k8_dense.json; for c in certified certified_adaptive certified_straight-looped; do CERTATTN_LOOPED_WEIGHTS=kernel $G --caches \$c --out $W/k8_\$c.json; done"
+      step smol_trace 150 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified --steps 16 --out $W/trace_smol_auto.json" ;;
     stacked_mm)  # eighteenth session: the stacked-weight GEMM kernel (pallas_kernels.stacked_matmul) against XLA's GEMMs
       # on per-layer buffers, per 8B GEMM and tiling; then whole dense decode steps: unrolled, loop (XLA copies
       # w[i]), loop_switch (the certified looped schedule's one switch per layer), loop_pallas (w[i] in place)
