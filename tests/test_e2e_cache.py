@@ -577,8 +577,9 @@ def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkey
     assert ("certattn_stacked_matmul" in str(jaxpr)) == (weights == "kernel")
 
 
-def test_the_stacked_weight_kernel_decodes_like_the_copied_rows(params, monkeypatch):
-    """CERTATTN_LOOPED_WEIGHTS=kernel: the looped schedule's GEMMs read row i of the stacked weights in place
+@pytest.mark.parametrize("schedule", ["looped", "adaptive"])
+def test_the_stacked_weight_kernel_decodes_like_the_copied_rows(params, monkeypatch, schedule):
+    """CERTATTN_LOOPED_WEIGHTS=kernel: the looped and adaptive schedules' GEMMs read row i of the stacked weights in place
     (`pallas_kernels.stacked_matmul`, interpreted here) at any layer size -- large layers too get the stacked copy
     and lose their per-layer weight switch -- and decode like the rows copied out by index: the same tokens, rungs,
     K* and ranking checks, bounds within float32 reassociation (only the GEMMs' summation order differs)."""
@@ -589,11 +590,11 @@ def test_the_stacked_weight_kernel_decodes_like_the_copied_rows(params, monkeypa
         monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", weights)
         monkeypatch.setattr(gen, "_COMPILED", {})  # the compiled loops do not know the module constant
         return gen.generate(params, CFG, prompts, 5, cache_factory=cache_spec("certified", CFG, jnp.float32, POLICY,
-                                                                              schedule="looped"),
+                                                                              schedule=schedule),
                             eos_token_ids=(), progress=False, prefill_chunk=32, record_steps=True)
 
     monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 0)  # every layer counts as large
-    large = cache_spec("certified", CFG, jnp.float32, POLICY, schedule="looped")(1, 64)
+    large = cache_spec("certified", CFG, jnp.float32, POLICY, schedule=schedule)(1, 64)
     monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", "kernel")
     assert llama.STACKED_LAYERS in llama.params_for_decoding(params, large)
     kernel = run("kernel")
