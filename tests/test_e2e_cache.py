@@ -579,8 +579,8 @@ def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkey
 
 @pytest.mark.parametrize("schedule", ["looped", "adaptive"])
 def test_the_stacked_weight_kernel_decodes_like_the_copied_rows(params, monkeypatch, schedule):
-    """CERTATTN_LOOPED_WEIGHTS=kernel: the looped and adaptive schedules' GEMMs read row i of the stacked weights in place
-    (`pallas_kernels.stacked_matmul`, interpreted here) at any layer size -- large layers too get the stacked copy
+    """CERTATTN_LOOPED_WEIGHTS=kernel: the looped and adaptive schedules' GEMMs read row i of the stacked weights in
+    place (`pallas_kernels.stacked_matmul`, interpreted here) at any layer size -- large layers too get the stacked copy
     and lose their per-layer weight switch -- and decode like the rows copied out by index: the same tokens, rungs,
     K* and ranking checks, bounds within float32 reassociation (only the GEMMs' summation order differs)."""
     rng = np.random.default_rng(6)
