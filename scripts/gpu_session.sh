@@ -299,6 +299,22 @@ for s in "$@"; do
     compile8b)  # twelfth session's question: the 8B certified decode's 24 s of XLA compile (dense 5.8) -- each kernel's
       # compile at the 8B shape, then the same decode program without any kernel (tier 1 and rung 0 in XLA)
       step compile8b 330 "python3 scripts/probe_kernel_compile.py --shapes 8b:8192 --k-max 8 --out $W/probe_kernel_compile_8b.json; python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --tier1 jnp --rung0 jnp --out $W/compile_nokernels.json" ;;
+    ncu_fast)  # twentieth session: what bounds the fast pass's two launches (Nsight Compute: stall reasons,
+      # registers, occupancy, local memory), per shape in a process of its own; a first run without ncu keeps the
+      # kernels' self-check verdicts on disk, so the profiled process launches only the measured kernels
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+      P="python3 scripts/profile_cert_step.py --tier1 fused --phases rung0 --steps 4 --reps 1"
+      S="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats"
+      M="--metrics smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_local_st.sum,smsp__inst_executed.sum,smsp__cycles_active.avg"
+      for s in smol:1024 8b:8192 8b:32768; do
+        n=${s/:/_}
+        step ncu_$n 150 "$P --shapes $s --out $W/ncu_plain_$n.json && $NCU --clock-control none -k regex:certattn_ --launch-count 4 $S $M --log-file $W/ncu_$n.txt $P --shapes $s"
+      done ;;
+    smol_pair) step smol_pair 200 "python3 scripts/bench_generate.py --timeout 100 --new-tokens 64 --models smollm2 --prompts 1024 --caches dense certified --out $W/smol_pair.json" ;;
+    sched8b_h100)  # twentieth session: 8B 8K on this machine: dense, the default (looped, a weight switch per layer),
+      # adaptive with the stacked-weight kernel (no per-layer conditional on a rung-0 step), one process per row
+      G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192"
+      step sched8b_h100 480 "$G --caches dense --out $W/s8_dense.json; $G --caches certified --out $W/s8_looped.json; CERTATTN_LOOPED_WEIGHTS=kernel $G --caches certified_adaptive --out $W/s8_adaptive_kernel.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
