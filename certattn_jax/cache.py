@@ -343,8 +343,8 @@ class TieredKVCache:
         self._check_room(jnp.ones((B,), jnp.int32))
         r = self.lengths - self.flushed
         # a layer view's stack no longer holds this residual (a model cache writes the token back and views again)
-        c = self.replace(res_k=write_positions(self.res_k, k, r), res_v=write_positions(self.res_v, v, r),
-                         stack=None)
+        c = self.replace(res_k=_write_residual_token(self.res_k, k, r),
+                         res_v=_write_residual_token(self.res_v, v, r), stack=None)
         return c._note_values(k, v, jnp.ones((B,), jnp.int32)).replace(lengths=self.lengths + 1)
 
     def needs_flush(self) -> jax.Array:
@@ -488,6 +488,16 @@ class _Prefixed:
     def zeros_on_host(self, shape, dtype):
         make = tiers.zeros_on_host if self.host else jnp.zeros
         return make(self.lead + tuple(shape), dtype)
+
+
+def _write_residual_token(buf: jax.Array, new: jax.Array, r: jax.Array) -> jax.Array:
+    """buf [B, H, Bk, d] with new [B, 1, H, d] at residual position r[b] (nothing written where r >= Bk, as
+    `write_positions` drops it). A select over the residual block rather than a scatter: XLA turns a scatter at a
+    traced position into a dynamic-update-slice guarded by a bounds-check reduction, a launch of its own per
+    written array and layer-step on a GPU; the select fuses into the write-back (docs/performance.md, twentieth
+    session). The residual block is small (Bk tokens), so rewriting it costs nothing measurable."""
+    at = jnp.arange(buf.shape[-2])[None, None, :, None] == r[:, None, None, None]  # [B, 1, Bk, 1]
+    return jnp.where(at, new.astype(buf.dtype).transpose(0, 2, 1, 3), buf)
 
 
 def _narrows(src, dst) -> bool:

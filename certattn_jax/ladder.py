@@ -31,7 +31,6 @@ from certattn_jax.step import (
     Partials,
     StageResult,
     StepContext,
-    block_validity,
     build_context,
     dense_attention_f32,
     evaluate_stage,
@@ -290,8 +289,9 @@ def run_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: i
     """Rungs 0 to top_rung only (the fast pass of a decode step; top_rung 1, or 0 for a pass without any
     conditional): (out, Certificate, cache, escalate [B] bool). Where escalate[b] is set, some head of sequence b
     needs a rung above top_rung and its out / certificate are *not* valid: the caller must answer that step with
-    `run`. Where it is clear, (out, certificate, cache) equal what `run` returns (`run` stops at rung top_rung or
-    below for every head, with the same computation)."""
+    `run`. Such a head, and only such a head, has rung 3 in the certificate (a model cache reads escalation from
+    the certificates it keeps: `TieredModelCache.needs_slow_path`). Where it is clear, (out, certificate, cache)
+    equal what `run` returns (`run` stops at rung top_rung or below for every head, with the same computation)."""
     if top_rung not in (0, 1):
         raise ValueError(f"the fast pass stops at rung 0 or 1, not {top_rung}")
     return _ladder(q, cache, policy, top_rung=top_rung)
@@ -359,7 +359,9 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
         if prefetch:
             kept = {"hot_pending": selection(context()).cand}
         elif defer:
-            kept = {"hot_pending": jnp.full_like(cache.hot_pending, -1)}
+            # nothing pending: the view's own list, which is -1 between steps (`apply_pending_hot_sets` clears it
+            # after the last layer) -- a new array here would be written back into the stack every layer-step
+            kept = {"hot_pending": cache.hot_pending}
         else:
             kept = {f: getattr(cache, f) for f in HOT_FIELDS}
         return _skipped_like(st0), _no_items(B, H, G, 2 * policy.k_max, d), kept
@@ -423,8 +425,9 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     # overflow float32): +inf, never NaN.
     unprovable = bad | ~jnp.all(jnp.isfinite(out.astype(jnp.float32)), axis=-1)
     bound = jnp.where(unprovable, jnp.inf, bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U)))
-    all_blocks = jnp.broadcast_to(jnp.sum(block_validity(cache), axis=-1)[:, None, None], rung.shape)
-    all_blocks = all_blocks.astype(jnp.int32)
+    # every full block (rungs 3-4 attend all of them exactly): as `block_validity` counts them, without a reduction
+    n_full = jnp.clip(cache.flushed // cache.block_size, 0, cache.num_blocks).astype(jnp.int32)
+    all_blocks = jnp.broadcast_to(n_full[:, None, None], rung.shape)
     k_used = pick(st0.k_star, st1.k_star, st2.k_star, all_blocks, all_blocks)
     true_ = jnp.ones_like(st0.ranking_ok)
     ranking_ok = pick(st0.ranking_ok, st1.ranking_ok, st2.ranking_ok, true_, true_)

@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from certattn_jax import kernel_checks, tiers
@@ -98,8 +99,6 @@ class TieredModelCache:
     lengths:          [B] valid tokens (the model's; every layer holds the same)
     cert_packed:      [L, B, Hq, 9] float32, the last decode step's certificates (`certificate.pack`: one write
                       per layer); `last_certificate` is the Certificate with [L, B, Hq] leaves
-    escalate:         [B] bool, set during a decode step's fast pass (`decode_fast_path`) when some head of that
-                      sequence needs a rung above 1 (the step must then be answered by the whole ladder)
     rung0_streak:     int32 scalar, decode steps in a row, up to the last, that answered every head at rung 0
                       (saturating); the "adaptive" schedule's predictor. Counted by the schedules with a fast
                       pass (all but "unrolled")
@@ -142,7 +141,6 @@ class TieredModelCache:
     store: TieredKVCache
     lengths: jax.Array
     cert_packed: jax.Array  # [L, B, Hq, 9] float32 (certificate.pack)
-    escalate: jax.Array
     policy: CertPolicy  # tolerances are leaves: changing them does not recompile the decode loop
     mode: str = struct.field(pytree_node=False, default="certified")
     fast: bool = struct.field(pytree_node=False, default=False)
@@ -173,7 +171,7 @@ class TieredModelCache:
         L, B = store.k_codes.shape[0], store.batch
         cert = jnp.broadcast_to(pack(empty_like_heads(B, num_q_heads)), (L, B, num_q_heads, len(PACKED_FIELDS)))
         return commit_arrays(cls(store=store, lengths=lengths, cert_packed=jnp.asarray(cert),
-                                 escalate=jnp.zeros((B,), bool), policy=policy, mode=mode, schedule=schedule,
+                                 policy=policy, mode=mode, schedule=schedule,
                                  rung0_streak=jnp.zeros((), jnp.int32), slow_steps=jnp.zeros((), jnp.int32)))
 
     @classmethod
@@ -245,8 +243,8 @@ class TieredModelCache:
         # stack: the stacked arrays, for the Pallas tier-1 pass to read this layer in place (a slice feeding a
         # kernel launch is a copy of the layer's tier 1; jnp consumers fuse the slices below instead), and for
         # the ladder's rung-1 branch to slice what it reads inside the branch (`TieredKVCache.resliced`)
-        return s.replace(**{f: getattr(s, f)[layer] for f in DEVICE_FIELDS}, layer=jnp.asarray(layer, jnp.int32),
-                         stack={f: getattr(s, f) for f in DEVICE_FIELDS})
+        return s.replace(**{f: _layer_of(getattr(s, f), layer) for f in DEVICE_FIELDS},
+                         layer=jnp.asarray(layer, jnp.int32), stack={f: getattr(s, f) for f in DEVICE_FIELDS})
 
     def with_layer(self, layer: int | jax.Array, view: TieredKVCache,
                    base: TieredKVCache | None = None) -> TieredModelCache:
@@ -254,29 +252,35 @@ class TieredModelCache:
         caller did not change are not written back (so a decode step writes its residual token, running range and
         hot set, never the layer's tier 1)."""
         s = self.store
-        updates = {f: getattr(s, f).at[layer].set(getattr(view, f)) for f in DEVICE_FIELDS
+        updates = {f: _set_layer(getattr(s, f), layer, getattr(view, f)) for f in DEVICE_FIELDS
                    if base is None or getattr(view, f) is not getattr(base, f)}
         return self.replace(store=s.replace(**updates, host_k=view.host_k, host_v=view.host_v))
 
     def attend(self, layer: int | jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
                new_lengths: jax.Array) -> tuple[jax.Array, TieredModelCache]:
+        """Layer `layer`'s attention of q [B, T, Hq, d] over its cache with k, v [B, T, Hkv, d] appended: (out
+        [B, T, Hq, d], the cache with the layer written back). A decode step (T = 1) leaves the layers' recorded
+        lengths (and `lengths`) to `with_lengths`, which the model calls after its last layer: between the two, a
+        layer view still reports the step's starting length."""
         check_capacity(self.lengths, new_lengths, self.capacity)
         base = self.layer_view(layer)
         T = q.shape[1]
-        cert, escalate = self.cert_packed, self.escalate
+        cert = self.cert_packed
         model = self
         if T == 1:
             # the token goes into the stacked residual first; the attention then works on a fresh view of it, so
-            # that the kernels read the layer's residual (like its tier 1 and hot set) in place
-            model = self.with_layer(layer, base.write_token(k, v), base)
-            base = c = model.layer_view(layer)
+            # that the kernels read the layer's residual (like its tier 1 and hot set) in place. The layer's new
+            # length stays in the view: `with_lengths` records every layer's at once after the last layer (one
+            # write per step instead of one per layer-step)
+            written = base.write_token(k, v)
+            model = self.with_layer(layer, written.replace(lengths=base.lengths), base)
+            base = c = model.layer_view(layer).replace(lengths=written.lengths)
             if self.mode == "certified":
-                if self.fast:
-                    out, step_cert, c, esc = certified_attention_fast(q[:, 0], c, self.policy, self.fast_top_rung)
-                    escalate = escalate | esc
+                if self.fast:  # a head that escalates says so in its certificate (`needs_slow_path`)
+                    out, step_cert, c, _ = certified_attention_fast(q[:, 0], c, self.policy, self.fast_top_rung)
                 else:
                     out, step_cert, c = certified_attention_step(q[:, 0], c, self.policy)
-                cert = cert.at[layer].set(pack(step_cert))
+                cert = _set_layer(cert, layer, pack(step_cert))
             else:
                 out = naive_attention(q[:, 0], c, self.policy)
             out = out[:, None]
@@ -286,7 +290,7 @@ class TieredModelCache:
             q_pos = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
             out = masked_attention(q, k_all, v_all, q_pos, new_lengths)
         new = model.with_layer(layer, c, base)
-        return out, new.replace(cert_packed=cert, escalate=escalate)
+        return out, new.replace(cert_packed=cert)
 
     def with_lengths(self, new_lengths: jax.Array) -> TieredModelCache:
         """After the last layer: make resident the blocks rung 1 asked for in any layer (`hot_pending`), then
@@ -295,7 +299,8 @@ class TieredModelCache:
         Both are rare (a flush every block_size steps, pending blocks only after a rung 1), so they sit under
         one outer lax.cond: on a GPU each conditional is a host round trip, and the common step pays one here
         instead of two (each inner conditional runs only inside the taken branch)."""
-        store = self.store
+        # every layer holds the same tokens: their lengths in one write (a decode step's `attend` leaves them)
+        store = self.store.replace(lengths=jnp.broadcast_to(new_lengths.astype(jnp.int32), self.store.lengths.shape))
         pending = jnp.any(store.hot_pending >= 0)
         full = jnp.any(store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens (pending does not
         # change lengths or flushed, so `full` is the same before and after the hot sets are applied)
@@ -318,13 +323,13 @@ class TieredModelCache:
     # ------------------------------------------------------------------ the two-pass decode step (models.llama)
     def decode_fast_path(self, top_rung: int | None = None) -> TieredModelCache | None:
         """The cache for a decode step's fast pass (every layer answers at rung 0 or up to `top_rung` (default:
-        0 for the "straight" schedules, else 1) and records in `escalate` the sequences where some head needs
-        more), or None when this mode has no slower path (naive)."""
+        0 for the "straight" schedules, else 1; a head that needs more is marked rung 3 in its certificate:
+        `needs_slow_path`), or None when this mode has no slower path (naive)."""
         if self.mode != "certified" or self.schedule == "unrolled":
             return None
         if top_rung is None:
             top_rung = 0 if self.schedule.startswith("straight") else 1
-        return self.replace(fast=True, fast_top_rung=top_rung, escalate=jnp.zeros_like(self.escalate))
+        return self.replace(fast=True, fast_top_rung=top_rung)
 
     def left_rung0_last_step(self) -> jax.Array:
         """Scalar bool: some head of some layer answered above rung 0 in the last decode step (its certificates,
@@ -338,19 +343,22 @@ class TieredModelCache:
         return self.rung0_streak < adaptive_rung0_streak()
 
     def needs_slow_path(self) -> jax.Array:
-        """Scalar bool, after a fast pass: some head of some layer needs a rung above 1."""
-        return jnp.any(self.escalate)
+        """Scalar bool, after a fast pass: some head of some layer needs a rung above the pass's top rung. The
+        fast pass (`ladder.run_fast`) computes no rung above 1 and marks such a head rung 3 in its certificate, so
+        one reduction of this step's certificates says it (no per-layer flag to carry: one write less per
+        layer-step)."""
+        return jnp.any(self.cert_packed[..., PACKED_FIELDS.index("rung")] >= 3)
 
     def fast_pass_result(self) -> TieredModelCache:
-        """After a fast pass: the same cache (its `escalate` flags kept) with the pass's static rung limit
-        reset, so that the fast passes of the "adaptive" schedule's two branches (rung 0, rungs 0-1) return one
-        pytree structure and share one second pass."""
+        """After a fast pass: the same cache (its certificates kept: `needs_slow_path`) with the pass's static
+        rung limit reset, so that the fast passes of the "adaptive" schedule's two branches (rung 0, rungs 0-1)
+        return one pytree structure and share one second pass."""
         return self.replace(fast_top_rung=1)
 
     def fast_path_done(self) -> TieredModelCache:
         """The fast pass's result as an ordinary cache (same pytree structure as the input of the step), the
         step counted (`rung0_streak`)."""
-        done = self.replace(fast=False, fast_top_rung=1, escalate=jnp.zeros_like(self.escalate))
+        done = self.replace(fast=False, fast_top_rung=1)
         return done._count_step(slow=False)
 
     def slow_path_done(self) -> TieredModelCache:
@@ -364,6 +372,25 @@ class TieredModelCache:
 
 
 _STREAK_CAP = 1 << 30
+
+
+def _layer_of(stacked: jax.Array, layer: int | jax.Array) -> jax.Array:
+    """stacked[layer]: a Python int indexes as usual (negative counts from the end, out of range raises); a traced
+    index (a loop over the layers: in range by construction) is a dynamic slice without the negative-index select
+    that `stacked[layer]` adds."""
+    if isinstance(layer, (int, np.integer)):
+        return stacked[layer]
+    return jax.lax.dynamic_index_in_dim(stacked, layer, axis=0, keepdims=False)
+
+
+def _set_layer(stacked: jax.Array, layer: int | jax.Array, value: jax.Array) -> jax.Array:
+    """stacked with row `layer` replaced by value: a dynamic-update-slice (in place in a loop that carries
+    `stacked`). `stacked.at[layer].set(value)` with a traced index is a scatter whose bounds check XLA evaluates
+    as a reduction of its own: a kernel launch per written field and layer-step on a GPU (docs/performance.md,
+    twentieth session). A Python int is checked and normalised here; a traced index is in range by construction."""
+    if isinstance(layer, (int, np.integer)):
+        layer = range(stacked.shape[0])[layer]
+    return jax.lax.dynamic_update_index_in_dim(stacked, value.astype(stacked.dtype), layer, axis=0)
 
 
 def positive_int_from_env(name: str, default: int) -> int:

@@ -470,6 +470,28 @@ def test_the_straight_fast_pass_holds_no_conditional():
     assert bool(np.all(np.asarray(escalate)))
 
 
+@pytest.mark.parametrize("top_rung", [0, 1])
+def test_a_fast_pass_marks_exactly_its_escalated_heads_rung_3(top_rung):
+    """`TieredModelCache.needs_slow_path` reads escalation from the certificates: a sequence escalates out of the fast
+    pass exactly when one of its heads has rung 3 there (tolerances from none passing to all passing, and a batch
+    whose sequences differ)."""
+    from certattn_jax.attention import certified_attention_fast
+
+    rng = np.random.default_rng(3)
+    k = jnp.asarray(rng.normal(size=(2, 150, 2, 32)) * np.array([1.0, 8.0])[:, None, None, None], jnp.float32)
+    cache = TieredKVCache.from_dense(k, k[..., ::-1], POLICY)
+    q = jnp.asarray(rng.normal(size=(2, 4, 32)) * 3, jnp.float32)
+    seen = set()
+    for eps in (0.0, 1e-4, 1e-2, 0.05, 1e9):
+        policy = dataclasses.replace(POLICY, eps=eps)
+        _, cert, _, escalate = certified_attention_fast(q, cache, policy, top_rung)
+        rung3 = np.any(np.asarray(cert.rung) == 3, axis=-1)
+        np.testing.assert_array_equal(np.asarray(escalate), rung3, err_msg=f"eps {eps}")
+        assert set(np.unique(np.asarray(cert.rung)).tolist()) <= {0, 1, 3}
+        seen |= set(np.asarray(escalate).tolist())
+    assert seen == {False, True}
+
+
 def test_the_end_of_a_step_holds_one_conditional_and_still_flushes():
     """`TieredModelCache.with_lengths` (after the last layer of every step) puts the rare hot-set application and
     the flush under one outer conditional (one host round trip per step on a GPU, was two); inside its branch

@@ -99,7 +99,7 @@ class EvalCache:
             inner = self.inner.with_layer(layer, c, base)
         new = self.replace(inner=inner)
         if self.audit and q.shape[1] == 1:
-            c = inner.layer_view(layer)
+            c = inner.layer_view(layer).replace(lengths=new_lengths)  # (the stack records lengths after the step)
             kk, vv = exact_keys_values(c)
             ref = dense_attention_f32(q[:, 0], kk, vv, c.lengths)  # [B, Hq, d] float32
             err = jnp.sqrt(jnp.sum(jnp.square(out[:, 0].astype(jnp.float32) - ref), axis=-1))
