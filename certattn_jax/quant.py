@@ -203,20 +203,47 @@ def dequantize_values(packed: jax.Array, scale: jax.Array, zero: jax.Array, grou
     return dequantize(g, scale, zero, axis=-1).reshape(codes.shape)
 
 
+# `norm_upper`'s three scalings: the squares of x * 2^k are summed in one pass for each k, and the one whose range
+# holds the largest entry is used. (largest entry at least / below this, the scale 2^k)
+_NORM_MID = (2.0 ** -40, 2.0 ** 58)  # unscaled: squares of entries up to 2^58, n of them, stay below 2^127
+_NORM_BIG_SCALE = -71  # entries above 2^58: (x 2^-71)^2 <= 2^114, n of them below 2^127 (n <= 2^11)
+_NORM_SMALL_SCALE = 64  # entries below 2^-40: (x 2^64)^2 < 2^48; squares of normal entries stay normal
+_NORM_MAX_TERMS = 1 << 11  # beyond: the two-pass form (scaled by the largest entry)
+
+
 def norm_upper(x: jax.Array) -> jax.Array:
-    """An upper bound of ||x||_2 over the last axis (float32): scaled by the largest magnitude so that the
-    squares neither underflow (values ~1e-20) nor overflow (~1e30), rounded up for its own float32 error and
-    for an entry that may have been flushed below the smallest normal float. +inf when x holds a non-finite
-    entry. (docs/bounds.md section 3, "Norms".)"""
+    """An upper bound of ||x||_2 over the last axis (float32), rounded up for its own float32 error and for entries
+    whose squares underflow (or that were flushed below the smallest normal float). +inf when x holds a non-finite
+    entry. (docs/bounds.md section 3, "Norms".)
+
+    One pass: the sums of the squares of x, x 2^-71 and x 2^64 are sibling reductions of the largest |x| and the
+    finiteness check (a GPU runs them as one kernel; scaling by the largest entry first made every norm two
+    dependent reductions, two launches: docs/performance.md, twentieth session), and the sum whose scale keeps
+    the largest entry's square in range is used: with S that sum and 2^k its scale, ||x||_2 <= 2^-k
+    sqrt(S (1 + gamma_n) + 4 n TINY) (each square rounds once and the scalings are exact; a square that underflows,
+    or an input flushed to 0, is off by less than 4 TINY in the scaled units), rounded up by 1 + (n + 8) eps."""
     a = jnp.abs(x.astype(jnp.float32))
     n = x.shape[-1]
-    big = jnp.max(a, axis=-1, keepdims=True)
-    r = a / jnp.where(big > 0, big, 1.0)
     eps = float(jnp.finfo(jnp.float32).eps)
     tiny = float(jnp.finfo(jnp.float32).tiny)
-    norm = big[..., 0] * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
+    big = jnp.max(a, axis=-1)
+    if n > _NORM_MAX_TERMS:
+        r = a / jnp.where(big > 0, big, 1.0)[..., None]
+        norm = big * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
+    else:
+        lo, hi = _NORM_MID
+        big_scale, small_scale = 2.0 ** _NORM_BIG_SCALE, 2.0 ** _NORM_SMALL_SCALE
+        sums = {k: jnp.sum(jnp.square(a * f), axis=-1) for k, f in (("mid", 1.0), ("big", big_scale),
+                                                                    ("small", small_scale))}
+        squares = jnp.where(big > hi, sums["big"], jnp.where(big < lo, sums["small"], sums["mid"]))
+        unscale = jnp.where(big > hi, 1.0 / big_scale, jnp.where(big < lo, 1.0 / small_scale, 1.0))
+        norm = (unscale * jnp.sqrt(squares + 4 * n * tiny)) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
     finite = jnp.all(jnp.isfinite(x), axis=-1) & jnp.isfinite(norm)
-    return jnp.where(finite, jnp.where(big[..., 0] > 0, norm, 0.0), jnp.inf)
+    # 0 only for a vector of zeros, read from the bits: a platform that treats subnormal inputs as zero (XLA:CPU)
+    # sees big == 0 for a vector of subnormals, whose norm (< sqrt(n) TINY) the floor above still bounds
+    magnitude_bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) & jnp.uint32(0x7FFFFFFF)
+    nonzero = jnp.any(magnitude_bits != 0, axis=-1)
+    return jnp.where(finite, jnp.where(nonzero, norm, 0.0), jnp.inf)
 
 
 def round_up_to_bf16(x: jax.Array) -> jax.Array:

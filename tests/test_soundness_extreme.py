@@ -330,6 +330,38 @@ def test_norms_neither_underflow_nor_overflow(scale):
     assert float(bounds.l2(jnp.array([1.0, jnp.nan]))) == np.inf
 
 
+@pytest.mark.parametrize("n", [1, 3, 64, 128, 2048, 2049])
+def test_one_pass_norms_bound_every_magnitude(n):
+    """`quant.norm_upper` picks one of three scalings by the largest entry (one pass on a GPU): the bound holds
+    against float64 and stays tight on each side of the regimes' edges (2^-40, 2^58), for spreads of magnitudes
+    within a vector (entries whose squares underflow, subnormal entries), near float32's largest value, for one
+    entry and for more than 2^11 (the two-pass form); zeros give 0, non-finite entries +inf."""
+    rng = np.random.default_rng(n)
+    edges = [2.0 ** e for e in (-149, -140, -127, -126, -100, -63, -41, -40, -39, 0, 10, 57, 58, 59, 64, 100, 126)]
+    rows = []
+    for top in edges:
+        for spread in (0.0, 10.0, 60.0, 200.0):  # log2 of the ratio between the largest and the smallest entry
+            e = -rng.uniform(0.0, spread, size=n)
+            e[0] = 0.0
+            row = top * np.exp2(e) * rng.choice([-1.0, 1.0], size=n)
+            rows.append(row)
+    rows.append(np.full(n, np.finfo(np.float32).max / 2 ** 6))
+    x = np.asarray(np.stack(rows), np.float32)  # the float32 values are the inputs (rounded, flushed or not)
+    exact = np.linalg.norm(x.astype(np.float64), axis=-1)
+    got = np.asarray(quant.norm_upper(jnp.asarray(x)), np.float64)
+    assert np.all(got >= exact), (got - exact).min()
+    ok = exact < np.finfo(np.float32).max / 2  # beyond float32's range the bound is +inf
+    tiny = float(np.finfo(np.float32).tiny)
+    assert np.all(got[ok] <= exact[ok] * (1 + (n + 8) * 2.4e-7) + tiny * (2 * np.sqrt(n) + n + 3)), \
+        np.max(got[ok] / np.maximum(exact[ok], 1e-45))
+    assert float(quant.norm_upper(jnp.zeros((n,)))) == 0.0
+    bad = np.ones(n, np.float32)
+    bad[-1] = np.inf
+    assert float(quant.norm_upper(jnp.asarray(bad))) == np.inf
+    bad[-1] = np.nan
+    assert float(quant.norm_upper(jnp.asarray(bad))) == np.inf
+
+
 def test_a_block_whose_weights_all_underflow_escalates(monkeypatch):
     """Simulate what a compiler that evaluates the score twice (once for the block max, once, contracted with
     the subtraction, inside exp) did to a needle scored ~1e10: every weight of the needle's block evaluated to
