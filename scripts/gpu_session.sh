@@ -315,6 +315,13 @@ for s in "$@"; do
       # adaptive with the stacked-weight kernel (no per-layer conditional on a rung-0 step), one process per row
       G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192"
       step sched8b_h100 480 "$G --caches dense --out $W/s8_dense.json; $G --caches certified --out $W/s8_looped.json; CERTATTN_LOOPED_WEIGHTS=kernel $G --caches certified_adaptive --out $W/s8_adaptive_kernel.json" ;;
+    ab_smol)  # twentieth session: the per-layer-step launches removed (layer rows by dynamic-update-slice, no per-layer
+      # escalate / hot_pending / lengths writes, one-pass norms) against the tree before them (.carry_old, carried:
+      # git archive 668a581), SmolLM2 1K, one process per row, alternated, dense in the same call; then the model
+      # tests whose decode runs through the changed code, compiled
+      G="python3 scripts/bench_generate.py --timeout 100 --new-tokens 64 --models smollm2 --prompts 1024"
+      step ab_smol 330 "$G --caches dense certified --out $W/ab_new_1.json; (cd .carry_old && PYTHONPATH=. $G --caches certified --out $W/ab_old_1.json); $G --caches certified --out $W/ab_new_2.json; (cd .carry_old && PYTHONPATH=. $G --caches certified --out $W/ab_old_2.json)"
+      step ab_tests 150 "python3 -m pytest -q -x -n 8 tests/test_e2e_cache.py -k 'schedules_decode or marks_exactly or end_of_a_step or kernels_read_each_layer or adaptive_schedule_picks'" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
