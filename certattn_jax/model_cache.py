@@ -67,6 +67,12 @@ AUTO_SCHEDULE = {"gpu": "adaptive"}  # backend -> schedule; other backends "loop
 # for 13 % more tokens/s where every head stays at rung 0; docs/performance.md, 2026-12-03). On a 2-core CPU
 # copies cost more than conditionals: no layer is small there.
 SMALL_LAYER_BYTES = {"gpu": 32 << 20, "cpu": 0}
+# Backends where a naive cache's decode step loops over its layers (`models.llama._layers_looped`: the INT attention
+# compiled once, each layer's dense code in its own switch branch) instead of unrolling them. On the 2-core CPU
+# (SmolLM2 shapes, 256-token prompt, 32 new tokens, three runs each): decode compile 10.1-10.9 s unrolled against
+# 3.3-3.5 s looped, decode 26.8-27.8 against 28.6-29.7 tokens/s (docs/performance.md, twentieth session). On a GPU
+# the per-layer conditional is a host round trip and the unrolled layers read their weights in place: unrolled.
+NAIVE_LOOPED_BACKENDS = frozenset({"cpu"})
 
 
 def resolve_schedule(schedule: str, layer_bytes: int | None = None) -> str:
@@ -319,6 +325,11 @@ class TieredModelCache:
 
     def step_record(self) -> Certificate | dict:
         return self.last_certificate if self.mode == "certified" else {}
+
+    def loops_naive_decode(self) -> bool:
+        """Whether a naive cache's decode step runs its layers in a loop over layers (the attention compiled once)
+        rather than unrolled: on the backends of `NAIVE_LOOPED_BACKENDS`."""
+        return self.mode == "naive" and jax.default_backend() in NAIVE_LOOPED_BACKENDS
 
     # ------------------------------------------------------------------ the two-pass decode step (models.llama)
     def decode_fast_path(self, top_rung: int | None = None) -> TieredModelCache | None:

@@ -145,7 +145,9 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
 
     x = params["embed"][tokens]
     fast = cache.decode_fast_path() if T == 1 and hasattr(cache, "decode_fast_path") else None
-    if fast is None:
+    if fast is None and T == 1 and getattr(cache, "loops_naive_decode", lambda: False)():
+        x, cache = _layers_looped(params, config, x, cache, cos, sin, new_lengths)
+    elif fast is None:
         x, cache = _layers_unrolled(params, config, x, cache, cos, sin, new_lengths)
     else:
         # Two passes (docs/performance.md, "compile time"): every layer at rungs 0-1 (looped, or unrolled for the
