@@ -322,6 +322,9 @@ for s in "$@"; do
       G="python3 scripts/bench_generate.py --timeout 100 --new-tokens 64 --models smollm2 --prompts 1024"
       step ab_smol 330 "$G --caches dense certified --out $W/ab_new_1.json; (cd .carry_old && PYTHONPATH=. $G --caches certified --out $W/ab_old_1.json); $G --caches certified --out $W/ab_new_2.json; (cd .carry_old && PYTHONPATH=. $G --caches certified --out $W/ab_old_2.json)"
       step ab_tests 150 "python3 -m pytest -q -x -n 8 tests/test_e2e_cache.py -k 'schedules_decode or marks_exactly or end_of_a_step or kernels_read_each_layer or adaptive_schedule_picks'" ;;
+    ab_min)  # ab_smol's rows within a short budget: dense and certified now, certified before, certified now again
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step ab_min 210 "$G --caches dense certified --out $W/ab_new_1.json; (cd .carry_old && PYTHONPATH=. $G --caches certified --out $W/ab_old_1.json); $G --caches certified --out $W/ab_new_2.json" ;;
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
   esac
