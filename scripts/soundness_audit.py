@@ -39,7 +39,10 @@ FAMILIES = ("gauss", "needle", "huge_scores", "tiny_values", "huge_values", "off
 # block's extremes at the middle of two INT8/INT4 levels (the quantizer's largest rounding error on every element,
 # the case where Delta's |error| <= s/2 is tight), "value_outlier" one channel per value group and token 10^2-10^4
 # times the others (INT4 then zeroes the rest of the group: the largest per-token value error eta can meet).
-EXTRA_FAMILIES = ("midpoint", "value_outlier")
+# "subnormal" (twentieth session): values, and in half the cases keys, at float32's subnormal / smallest normal
+# magnitudes (1e-45..1e-36, where squares and products underflow or are flushed); "magnitude_mix": every token's
+# value vector at its own magnitude between 1e-40 and 1e30 (one vector's entries spanning the whole range).
+EXTRA_FAMILIES = ("midpoint", "value_outlier", "subnormal", "magnitude_mix")
 
 
 @functools.partial(jax.jit, static_argnames=("policy",), donate_argnums=0)
@@ -92,6 +95,13 @@ def draw(rng, family, T, policy=None):
             ch = j * g + rng.integers(g, size=(B, T, H))
             np.put_along_axis(v, ch[..., None], np.take_along_axis(v, ch[..., None], axis=-1)
                               * 10 ** rng.uniform(2, 4), axis=-1)
+    elif family == "subnormal":
+        v *= 10 ** rng.uniform(-45, -36)
+        if rng.random() < 0.5:
+            k *= 10 ** rng.uniform(-45, -36)
+    elif family == "magnitude_mix":
+        v *= 10 ** rng.uniform(-40, 30, size=(B, T, H, 1))
+        v[..., rng.integers(D)] *= 10 ** rng.uniform(-40, 0)
     elif family == "nonfinite":
         k[rng.integers(B), rng.integers(T), rng.integers(H), rng.integers(D)] = rng.choice([np.nan, np.inf, 1e6])
     return q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
