@@ -115,6 +115,6 @@ def _naive_through_kernel(q: jax.Array, cache: TieredKVCache) -> jax.Array:
     parts = tier1_pass.tier1_pass(qt.q_scaled, *arrays, cache.flushed // cache.block_size,
                                   group_size=cache.group_size, key_bits=cache.key_bits,
                                   value_bits=cache.value_bits, score_scale=1.0, variant=NAIVE_VARIANT, layer=layer)
-    res, _, _ = step.residual_partials(qt, cache)
+    res, _ = step.residual_partials(qt, cache)
     out, _ = split_combine.combine(parts, [(res.m, res.l, res.acc)])
     return out.reshape(B, Hq, d).astype(q.dtype)

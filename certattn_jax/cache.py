@@ -6,11 +6,13 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
     v_codes [B, H, nb, Bk, d*vbits/8] uint8   values, per-token asymmetric per group of channels
     v_scale, v_zero [B, H, nb, Bk, d/g]
     v_err   [B, H, nb] f32                    eta_n = max_{i in n} ||v_i - v_hat_i||_2 (exact, at write time)
-    v_norm  [B, H, nb] f32                    nu_n = max_{i in n} ||v_i||_2 (for the key term's centre-0 form)
     v_mean_err [B, H, nb] bf16                ||(1/Bk) sum_{i in n} (v_i - v_hat_i)||_2, rounded up, and
     v_err_op [B, H, nb] bf16                  ||E_n||_2 (spectral norm of the block's error matrix), an upper
                                               bound: E_val of a block whose attention is spread (bounds.md §4)
-    v_err_max, v_norm_max [B, H] f32          running maxima of v_err and v_norm over the blocks flushed so far
+    v_err_max [B, H] f32                      running maximum of v_err over the blocks flushed so far
+    v_norm_max [B, H] f32                     running maximum of ||v_i||_2 (an upper bound, of the value as stored)
+                                              over every token written, residual included: the key term's
+                                              centre-0 form (docs/bounds.md section 3), noted at the write
     v_scale_max, v_zero_max [B, H, d/gs] f32  running maxima of |v_scale| and |v_zero| per value group (E_int's
                                               inputs): a step reads these instead of reducing tier 1 again
     v_min, v_max [B, H, d] f32                running per-channel range of the values written so far
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import jax
@@ -64,7 +67,20 @@ TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 # The fields that only a flush (tier 1, its annotations and running maxima), rung 1 (the hot set) or a token
 # write (the residual) changes: a layer view with a `stack` holds exactly its stack's slices of them (`resliced`,
 # `tier1_arrays`, `slot_arrays`); whatever changes one of them drops the stack.
-BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_norm", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max",
+# Whether a model cache's decode step writes its token with one Pallas kernel (`pallas_kernels.write_token`: the
+# residual row and the running value statistics of the layer, in place, one launch) instead of XLA's updates (one
+# dynamic-update-slice launch per written array and layer-step on a GPU). None ("auto", the default): wherever
+# compiled kernels run (a GPU) and the kernel passed its known-answer check (`pallas_kernels.selftest.write_trusted`);
+# in interpret mode (the CPU) XLA's updates, which cost nothing extra there. CERTATTN_WRITE_KERNEL=1 / 0 forces it on
+# (also interpreted: the CPU tests) / off.
+_WRITE_KERNEL_SETTINGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False, "auto": None,
+                          "": None}
+_write_kernel_env = os.environ.get("CERTATTN_WRITE_KERNEL", "auto").strip().lower()
+if _write_kernel_env not in _WRITE_KERNEL_SETTINGS:
+    raise ValueError(f"CERTATTN_WRITE_KERNEL={_write_kernel_env!r}: expected 1, 0 or auto")
+WRITE_KERNEL: bool | None = _WRITE_KERNEL_SETTINGS[_write_kernel_env]
+
+BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max",
                                "v_scale_max", "v_zero_max", "hot_k", "hot_v", "hot_ids", "res_k", "res_v")
 
 
@@ -77,7 +93,6 @@ class TieredKVCache:
     v_scale: jax.Array
     v_zero: jax.Array
     v_err: jax.Array
-    v_norm: jax.Array
     v_mean_err: jax.Array
     v_err_op: jax.Array
     v_err_max: jax.Array
@@ -134,7 +149,7 @@ class TieredKVCache:
             k_scale=alloc.zeros((B, H, nb, d), sdt), k_zero=alloc.zeros((B, H, nb, d), sdt),
             v_codes=alloc.zeros((B, H, nb, Bk, dv), jnp.uint8),
             v_scale=alloc.zeros((B, H, nb, Bk, d // g), sdt), v_zero=alloc.zeros((B, H, nb, Bk, d // g), sdt),
-            v_err=alloc.zeros((B, H, nb), jnp.float32), v_norm=alloc.zeros((B, H, nb), jnp.float32),
+            v_err=alloc.zeros((B, H, nb), jnp.float32),
             v_mean_err=alloc.zeros((B, H, nb), jnp.bfloat16), v_err_op=alloc.zeros((B, H, nb), jnp.bfloat16),
             v_err_max=alloc.zeros((B, H), jnp.float32), v_norm_max=alloc.zeros((B, H), jnp.float32),
             v_scale_max=alloc.zeros((B, H, d // g), jnp.float32), v_zero_max=alloc.zeros((B, H, d // g), jnp.float32),
@@ -347,6 +362,47 @@ class TieredKVCache:
                          res_v=_write_residual_token(self.res_v, v, r), stack=None)
         return c._note_values(k, v, jnp.ones((B,), jnp.int32)).replace(lengths=self.lengths + 1)
 
+    def writes_token_by_kernel(self, token_dtype: Any = None) -> bool:
+        """Whether `write_layer_token` (a model cache's decode step) writes a token of token_dtype (default: the
+        cache dtype) with the `pallas_kernels.write_token` kernel, else with XLA (`WRITE_KERNEL`)."""
+        from pallas_kernels import selftest
+        from pallas_kernels import write_token as kernel
+
+        token_dtype = self.dtype if token_dtype is None else token_dtype
+        if WRITE_KERNEL is False or not kernel.supports(self.dtype, token_dtype):
+            return False
+        if WRITE_KERNEL:
+            return True
+        return selftest.runs_compiled_kernels() and selftest.write_trusted(self.block_size, self.head_dim,
+                                                                           jnp.dtype(self.dtype).name)
+
+    def write_layer_token(self, layer: jax.Array, k: jax.Array, v: jax.Array) -> TieredKVCache:
+        """The stacked form (a model's cache): `write_token` of layer `layer`'s token k, v [B, 1, Hkv, d] into this
+        cache in place -- that layer's residual row and running value statistics through one kernel
+        (`pallas_kernels.write_token`, where `writes_token_by_kernel`), its non-finite flag through XLA. Lengths
+        are left to the caller (a model records every layer's once per step). The same cache as writing a layer
+        view's token with `write_token` and writing the view back."""
+        from pallas_kernels import write_token as kernel
+
+        if not self.stacked:
+            raise ValueError("write_layer_token writes into a model's stacked cache (one layer: write_token)")
+        self._check_new(k, v)
+        if k.shape[1] != 1:
+            raise ValueError(f"write_layer_token takes one token per sequence, got {k.shape[1]}")
+        if not self.writes_token_by_kernel(k.dtype):
+            raise ValueError("write_layer_token needs the token-write kernel (writes_token_by_kernel is False)")
+        layer = jnp.asarray(layer, jnp.int32)
+        lengths = jax.lax.dynamic_index_in_dim(self.lengths, layer, 0, keepdims=False)
+        flushed = jax.lax.dynamic_index_in_dim(self.flushed, layer, 0, keepdims=False)
+        res_k, res_v, v_min, v_max, v_norm_max = kernel.write_token(
+            self.res_k, self.res_v, self.v_min, self.v_max, self.v_norm_max, k[:, 0], v[:, 0], lengths - flushed,
+            layer)
+        bad = ~jnp.all(jnp.isfinite(k[:, 0]) & jnp.isfinite(v[:, 0]), axis=-1)  # [B, H]
+        old = jax.lax.dynamic_index_in_dim(self.nonfinite, layer, 0, keepdims=False)
+        nonfinite = jax.lax.dynamic_update_index_in_dim(self.nonfinite, old | bad, layer, 0)
+        return self.replace(res_k=res_k, res_v=res_v, v_min=v_min, v_max=v_max, v_norm_max=v_norm_max,
+                            nonfinite=nonfinite, stack=None)
+
     def needs_flush(self) -> jax.Array:
         """[B] bool: the residual block is full."""
         return (self.lengths - self.flushed) >= self.block_size
@@ -419,14 +475,17 @@ class TieredKVCache:
         return c.replace(host_k=host_k, host_v=host_v, stack=None)
 
     def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array) -> TieredKVCache:
-        """Update the running value range and the non-finite flag with the valid new tokens *as stored*.
+        """Update the running value range, the running value norm and the non-finite flag with the valid new
+        tokens *as stored*.
 
         When the inputs are wider than the cache dtype (float32 into bf16/f16) the stored values are the inputs
-        rounded: the range is widened by that rounding (half an ulp, relative, plus half the smallest subnormal)
-        so that it contains every stored value, and an input at or beyond the dtype's largest finite value
-        (it may round to Inf) sets the flag. Computing the range from an f32 -> bf16 -> f32 round trip is not an
-        option: XLA may elide the round trip (excess precision, on GPU). (An f32 1002.1 is stored as 1000 in
-        bf16; 7e4 is Inf in f16: the audit found a range recorded before the cast, 0.2 against a stored 4.)
+        rounded: the range and the norm are widened by that rounding (`quant.narrowing_slack`: half an ulp,
+        relative, plus half the smallest subnormal per channel) so that they cover every stored value, and an input
+        at or beyond the dtype's largest finite value (it may round to Inf) sets the flag. Computing them from an
+        f32 -> bf16 -> f32 round trip is not an option: XLA may elide the round trip (excess precision, on GPU).
+        (An f32 1002.1 is stored as 1000 in bf16; 7e4 is Inf in f16: the audit found a range recorded before the
+        cast, 0.2 against a stored 4.) The norm is noted here, per token, rather than per flushed block plus the
+        residual at every step: the step then reads one number (docs/performance.md, twenty-first session).
         """
         T = k.shape[1]
         mask = (jnp.arange(T)[None, :] < valid[:, None])[:, :, None, None]  # [B, T, 1, 1]
@@ -434,17 +493,18 @@ class TieredKVCache:
         lo = jnp.min(jnp.where(mask, v32, jnp.inf), axis=1)
         hi = jnp.max(jnp.where(mask, v32, -jnp.inf), axis=1)
         finite = jnp.isfinite(k32) & jnp.isfinite(v32)
-        if _narrows(k.dtype, self.dtype):
-            fi = jnp.finfo(self.dtype)
-            rel = float(fi.eps) / 2 * (1.0 + 2.0 ** -20)
-            absolute = max(float(fi.smallest_subnormal), float(jnp.finfo(jnp.float32).tiny))
-            lo = jnp.where(jnp.isfinite(lo), lo - jnp.abs(lo) * rel - absolute, lo)
-            hi = jnp.where(jnp.isfinite(hi), hi + jnp.abs(hi) * rel + absolute, hi)
-            finite = finite & (jnp.abs(k32) < float(fi.max)) & (jnp.abs(v32) < float(fi.max))
+        norms = quant.norm_upper(v32)  # [B, T, H]
+        slack = quant.narrowing_slack(k.dtype, self.dtype)
+        if slack is not None:
+            lo = jnp.where(jnp.isfinite(lo), lo - jnp.abs(lo) * slack.rel - slack.absolute, lo)
+            hi = jnp.where(jnp.isfinite(hi), hi + jnp.abs(hi) * slack.rel + slack.absolute, hi)
+            finite = finite & (jnp.abs(k32) < slack.fmax) & (jnp.abs(v32) < slack.fmax)
+            norms = quant.widen_norm(norms, slack, v.shape[-1])
         v_min = jnp.minimum(self.v_min, lo)
         v_max = jnp.maximum(self.v_max, hi)
+        v_norm_max = jnp.maximum(self.v_norm_max, jnp.max(jnp.where(mask[..., 0], norms, 0.0), axis=1))
         bad = jnp.any(mask & ~finite, axis=(1, 3))  # [B, H]
-        return self.replace(v_min=v_min, v_max=v_max, nonfinite=self.nonfinite | bad)
+        return self.replace(v_min=v_min, v_max=v_max, v_norm_max=v_norm_max, nonfinite=self.nonfinite | bad)
 
     # ------------------------------------------------------------------ checks
     def _check_new(self, k: jax.Array, v: jax.Array) -> None:
@@ -498,12 +558,6 @@ def _write_residual_token(buf: jax.Array, new: jax.Array, r: jax.Array) -> jax.A
     session). The residual block is small (Bk tokens), so rewriting it costs nothing measurable."""
     at = jnp.arange(buf.shape[-2])[None, None, :, None] == r[:, None, None, None]  # [B, 1, Bk, 1]
     return jnp.where(at, new.astype(buf.dtype).transpose(0, 2, 1, 3), buf)
-
-
-def _narrows(src, dst) -> bool:
-    """Casting src to dst may round (dst has fewer significand bits or a smaller range)."""
-    a, b = jnp.finfo(src), jnp.finfo(dst)
-    return b.nmant < a.nmant or float(b.max) < float(a.max)
 
 
 # the per-layer arrays of a TieredKVCache that live on the device (tier 2, the layer index and a view's stack aside)
@@ -609,22 +663,21 @@ def conversion_layout(policy: CertPolicy) -> CertPolicy:
 
 def _quantize_blocks(blocks_k: jax.Array, blocks_v: jax.Array, key_bits: int, group_size: int,
                      value_bits: int) -> dict[str, jax.Array]:
-    """Tier-1 fields of blocks [B, H, n, Bk, d]: codes/scales/zeros [B, H, n, ...], v_err, v_norm, v_mean_err,
-    v_err_op [B, H, n]."""
+    """Tier-1 fields of blocks [B, H, n, Bk, d]: codes/scales/zeros [B, H, n, ...], v_err, v_mean_err, v_err_op
+    [B, H, n]."""
     kc, ks, kz = quant.quantize_keys(blocks_k, key_bits)
     vc, vs, vz = quant.quantize_values(blocks_v, group_size, value_bits)
     v_hat = quant.dequantize_values(vc, vs, vz, group_size, value_bits)
     err = jnp.max(quant.token_error_norms(blocks_v, v_hat), axis=-1)
-    norm = jnp.max(quant.token_error_norms(blocks_v, jnp.zeros_like(v_hat)), axis=-1)
     return {"k_codes": kc, "k_scale": ks, "k_zero": kz, "v_codes": vc, "v_scale": vs, "v_zero": vz,
-            "v_err": err, "v_norm": norm,
+            "v_err": err,
             # bf16 rounded up (upper bounds stay upper bounds) keeps tier 1 within 44% of dense bf16
             "v_mean_err": quant.round_up_to_bf16(quant.mean_error_norm(blocks_v, v_hat)),
             "v_err_op": quant.round_up_to_bf16(quant.error_op_norm(blocks_v, v_hat))}
 
 
 def _running_maxima(c: TieredKVCache, t1: dict[str, jax.Array], stored: jax.Array) -> dict[str, jax.Array]:
-    """The running maxima (v_err_max, v_norm_max, v_scale_max, v_zero_max) of cache c after storing the blocks of
+    """The running maxima (v_err_max, v_scale_max, v_zero_max) of cache c after storing the blocks of
     t1 ([..., B, H, n, ...], `_quantize_blocks`) where stored [B, n]. A maximum over a superset of the valid
     blocks only loosens the bounds that read it (they are upper bounds), so nothing is ever subtracted."""
     ok = stored[:, None, :]  # [B, 1, n]: broadcasts over a leading layer axis and the heads
@@ -636,7 +689,6 @@ def _running_maxima(c: TieredKVCache, t1: dict[str, jax.Array], stored: jax.Arra
         return jnp.max(jnp.where(ok[..., None, None], jnp.abs(x.astype(jnp.float32)), 0.0), axis=(-3, -2))
 
     return {"v_err_max": jnp.maximum(c.v_err_max, per_block(t1["v_err"])),
-            "v_norm_max": jnp.maximum(c.v_norm_max, per_block(t1["v_norm"])),
             "v_scale_max": jnp.maximum(c.v_scale_max, per_group(t1["v_scale"])),
             "v_zero_max": jnp.maximum(c.v_zero_max, per_group(t1["v_zero"]))}
 

@@ -2,15 +2,15 @@
 
 Before a tiered cache's step routes a configuration through a compiled Pallas kernel, the kernel is checked once
 per machine against its jnp reference (`pallas_kernels.selftest`: the tier-1 pass, the fused rung 0, rung 1's
-tier-2 gather). Run where the step is first traced, those checks sit inside the decode compile, one after the
-other (11 s of a 31 s SmolLM2 compile on a fresh H200, eighth session of 2026-12-02). `start` asks the very
-predicates the step asks (`step.tier1_kernel_runs`, `step.uses_fused_rung0`, `TieredKVCache.reads_tier2_by_kernel`),
-on the cache's shapes alone (`jax.eval_shape`), each in a background thread: the checks run side by side while
-the prompt is prefilled, and the step's trace then reads their verdicts (or waits for the rest). An ahead-of-time
-compile need not wait at all (`compile_while_checking`): it traces on trust and is kept only once the verdicts
-confirm it. A first thread compiles one tiny kernel (`selftest.warm_compiler`): the first Pallas compile in a
-process pays a one-time setup (~10 s on the H200), which then overlaps the prefill too. Where no compiled kernel
-runs (the CPU) nothing starts.
+tier-2 gather, the token write). Run where the step is first traced, those checks sit inside the decode compile,
+one after the other (11 s of a 31 s SmolLM2 compile on a fresh H200, eighth session of 2026-12-02). `start` asks
+the very predicates the step asks (`step.tier1_kernel_runs`, `step.uses_fused_rung0`,
+`TieredKVCache.reads_tier2_by_kernel`, `TieredKVCache.writes_token_by_kernel`), on the cache's shapes alone
+(`jax.eval_shape`), each in a background thread: the checks run side by side while the prompt is prefilled, and
+the step's trace then reads their verdicts (or waits for the rest). An ahead-of-time compile need not wait at all
+(`compile_while_checking`): it traces on trust and is kept only once the verdicts confirm it. A first thread
+compiles one tiny kernel (`selftest.warm_compiler`): the first Pallas compile in a process pays a one-time setup
+(~10 s on the H200), which then overlaps the prefill too. Where no compiled kernel runs (the CPU) nothing starts.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def start(*, mode: str, batch: int, capacity: int, num_kv_heads: int, head_dim: 
         return []
     # the compiler's one-time setup first (a no-op once paid): with verdicts kept on disk no check below compiles
     # a kernel, and the decode compile would pay it
-    checks = [selftest.warm_compiler, lambda: step.tier1_kernel_runs(shapes, policy.tier1)]
+    checks = [selftest.warm_compiler, lambda: step.tier1_kernel_runs(shapes, policy.tier1),
+              shapes.writes_token_by_kernel]
     if mode == "certified":
         checks += [lambda: step.uses_fused_rung0(shapes, policy), shapes.reads_tier2_by_kernel]
     return selftest.start_in_background(*checks)

@@ -278,9 +278,12 @@ class TieredModelCache:
             # that the kernels read the layer's residual (like its tier 1 and hot set) in place. The layer's new
             # length stays in the view: `with_lengths` records every layer's at once after the last layer (one
             # write per step instead of one per layer-step)
-            written = base.write_token(k, v)
-            model = self.with_layer(layer, written.replace(lengths=base.lengths), base)
-            base = c = model.layer_view(layer).replace(lengths=written.lengths)
+            if self.store.writes_token_by_kernel(k.dtype):  # one launch, in place (a GPU)
+                model = self.replace(store=self.store.write_layer_token(layer, k, v))
+            else:
+                written = base.write_token(k, v)
+                model = self.with_layer(layer, written.replace(lengths=base.lengths), base)
+            base = c = model.layer_view(layer).replace(lengths=base.lengths + 1)
             if self.mode == "certified":
                 if self.fast:  # a head that escalates says so in its certificate (`needs_slow_path`)
                     out, step_cert, c, _ = certified_attention_fast(q[:, 0], c, self.policy, self.fast_top_rung)

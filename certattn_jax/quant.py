@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -209,9 +210,12 @@ _NORM_MID = (2.0 ** -40, 2.0 ** 58)  # unscaled: squares of entries up to 2^58, 
 _NORM_BIG_SCALE = -71  # entries above 2^58: (x 2^-71)^2 <= 2^114, n of them below 2^127 (n <= 2^11)
 _NORM_SMALL_SCALE = 64  # entries below 2^-40: (x 2^64)^2 < 2^48; squares of normal entries stay normal
 _NORM_MAX_TERMS = 1 << 11  # beyond: the two-pass form (scaled by the largest entry)
+# A Triton-compiled square root (libdevice __nv_sqrtf: sqrt.rn, or sqrt.approx whose relative error PTX bounds by
+# about 2^-23 depending on nvvm-reflect settings we do not control): counted as 2^-20, with room to spare.
+KERNEL_SQRT_REL_ERROR = 2.0 ** -20
 
 
-def norm_upper(x: jax.Array) -> jax.Array:
+def norm_upper(x: jax.Array, sqrt_rel_error: float = 0.0) -> jax.Array:
     """An upper bound of ||x||_2 over the last axis (float32), rounded up for its own float32 error and for entries
     whose squares underflow (or that were flushed below the smallest normal float). +inf when x holds a non-finite
     entry. (docs/bounds.md section 3, "Norms".)
@@ -221,7 +225,12 @@ def norm_upper(x: jax.Array) -> jax.Array:
     dependent reductions, two launches: docs/performance.md, twentieth session), and the sum whose scale keeps
     the largest entry's square in range is used: with S that sum and 2^k its scale, ||x||_2 <= 2^-k
     sqrt(S (1 + gamma_n) + 4 n TINY) (each square rounds once and the scalings are exact; a square that underflows,
-    or an input flushed to 0, is off by less than 4 TINY in the scaled units), rounded up by 1 + (n + 8) eps."""
+    or an input flushed to 0, is off by less than 4 TINY in the scaled units), rounded up by 1 + (n + 8) eps.
+
+    sqrt_rel_error: the relative error of a square root that is not correctly rounded (0 for XLA's; a Pallas kernel
+    compiled by Triton calls libdevice's `__nv_sqrtf`, which may be `sqrt.approx`: pass `KERNEL_SQRT_REL_ERROR`).
+    Only operations a Pallas kernel can lower are used (no boolean reductions: Triton has none), so a kernel calls
+    this same function on its rows."""
     a = jnp.abs(x.astype(jnp.float32))
     n = x.shape[-1]
     eps = float(jnp.finfo(jnp.float32).eps)
@@ -229,7 +238,8 @@ def norm_upper(x: jax.Array) -> jax.Array:
     big = jnp.max(a, axis=-1)
     if n > _NORM_MAX_TERMS:
         r = a / jnp.where(big > 0, big, 1.0)[..., None]
-        norm = big * jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
+        norm = big * (jnp.sqrt(jnp.sum(r * r, axis=-1)) * (1.0 + sqrt_rel_error)) * (1.0 + (n + 8) * eps) \
+            + tiny * (n + 2)
     else:
         lo, hi = _NORM_MID
         big_scale, small_scale = 2.0 ** _NORM_BIG_SCALE, 2.0 ** _NORM_SMALL_SCALE
@@ -237,13 +247,41 @@ def norm_upper(x: jax.Array) -> jax.Array:
                                                                     ("small", small_scale))}
         squares = jnp.where(big > hi, sums["big"], jnp.where(big < lo, sums["small"], sums["mid"]))
         unscale = jnp.where(big > hi, 1.0 / big_scale, jnp.where(big < lo, 1.0 / small_scale, 1.0))
-        norm = (unscale * jnp.sqrt(squares + 4 * n * tiny)) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
-    finite = jnp.all(jnp.isfinite(x), axis=-1) & jnp.isfinite(norm)
+        root = jnp.sqrt(squares + 4 * n * tiny) * (1.0 + sqrt_rel_error)
+        norm = (unscale * root) * (1.0 + (n + 8) * eps) + tiny * (n + 2)
+    finite = (jnp.min(jnp.isfinite(x).astype(jnp.int32), axis=-1) > 0) & jnp.isfinite(norm)
     # 0 only for a vector of zeros, read from the bits: a platform that treats subnormal inputs as zero (XLA:CPU)
     # sees big == 0 for a vector of subnormals, whose norm (< sqrt(n) TINY) the floor above still bounds
-    magnitude_bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) & jnp.uint32(0x7FFFFFFF)
-    nonzero = jnp.any(magnitude_bits != 0, axis=-1)
+    magnitude_bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) & jnp.int32(0x7FFFFFFF)
+    nonzero = jnp.max(magnitude_bits, axis=-1) > 0
     return jnp.where(finite, jnp.where(nonzero, norm, 0.0), jnp.inf)
+
+
+class NarrowingSlack(NamedTuple):
+    """How far a value may move when it is stored in a narrower float dtype: |stored_c - x_c| <= rel |x_c| +
+    absolute per element, and an |x_c| >= fmax may become Inf."""
+
+    rel: float
+    absolute: float
+    fmax: float
+
+
+def narrowing_slack(src, dst) -> NarrowingSlack | None:
+    """The rounding of a cast from src to dst (None when dst holds every src value exactly: the same dtype, or a
+    wider one): half an ulp relative (with a 2^-20 margin), plus the larger of dst's smallest subnormal and float32's
+    smallest normal (a platform may flush either)."""
+    a, b = jnp.finfo(src), jnp.finfo(dst)
+    if not (b.nmant < a.nmant or float(b.max) < float(a.max)):
+        return None
+    absolute = max(float(b.smallest_subnormal), float(jnp.finfo(jnp.float32).tiny))
+    return NarrowingSlack(rel=float(b.eps) / 2 * (1.0 + 2.0 ** -20), absolute=absolute, fmax=float(b.max))
+
+
+def widen_norm(norm: jax.Array, slack: NarrowingSlack, d: int) -> jax.Array:
+    """An upper bound of ||stored||_2 from norm >= ||x||_2 (float32) of a d-vector x stored with `slack`:
+    ||stored|| <= (1 + rel) ||x|| + absolute sqrt(d), rounded up."""
+    eps = float(jnp.finfo(jnp.float32).eps)
+    return (norm * (1.0 + slack.rel) + slack.absolute * math.sqrt(d)) * (1.0 + 4 * eps)
 
 
 def round_up_to_bf16(x: jax.Array) -> jax.Array:

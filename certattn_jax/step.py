@@ -188,7 +188,8 @@ def residual_tokens(cache: TieredKVCache) -> tuple[jax.Array, jax.Array, jax.Arr
 
 
 class ValueTerms(NamedTuple):
-    """What the bound needs of the values, from tier-1 annotations and the residual: eta, eta_mean, eta_op
+    """What the bound needs of the values, from tier-1 annotations and the running statistics every write keeps
+    (nothing here reads the residual block's values): eta, eta_mean, eta_op
     [B, H, nb] (0 for invalid blocks), value_range [B, H] ||r||_2, key_scale [B, H], value_abs [B, H, d],
     tolerance [B, H]."""
 
@@ -201,7 +202,7 @@ class ValueTerms(NamedTuple):
     tolerance: jax.Array
 
 
-def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array, res_v: jax.Array) -> ValueTerms:
+def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array) -> ValueTerms:
     eta = jnp.where(block_valid[:, None, :], cache.v_err, 0.0)
     eta_mean = jnp.where(block_valid[:, None, :], cache.v_mean_err.astype(jnp.float32), 0.0)
     eta_op = jnp.where(block_valid[:, None, :], cache.v_err_op.astype(jnp.float32), 0.0)
@@ -211,22 +212,21 @@ def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array
     eta_inf = cache.v_err_max  # the running maximum (>= the max over the valid blocks: an upper bound)
     value_abs = jnp.where(has_values, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0)
     value_abs = (value_abs + eta_inf[..., None]) * (1.0 + 2 * bounds.U)
-    res_norm = jnp.max(bounds.l2(res_v), axis=-1)
-    max_norm = jnp.maximum(cache.v_norm_max, res_norm)
+    # v_norm_max: every token written, the residual's included (noted at the write, `TieredKVCache._note_values`)
     return ValueTerms(eta=eta, eta_mean=eta_mean, eta_op=eta_op, value_range=value_range,
-                      key_scale=key_term_scale(value_range, max_norm), value_abs=value_abs,
+                      key_scale=key_term_scale(value_range, cache.v_norm_max), value_abs=value_abs,
                       tolerance=policy.eps * value_range + policy.abs_tol)
 
 
-def residual_partials(qt: QueryTerms, cache: TieredKVCache) -> tuple[Partials, jax.Array, jax.Array]:
-    """The residual block's exact partials (m, l [B, H, G, 1], acc [B, H, G, 1, d]), its Delta [B, H, G, 1]
-    (rounding of the exact scores) and its values res_v [B, H, Bk, d] (float32, padding zeroed)."""
+def residual_partials(qt: QueryTerms, cache: TieredKVCache) -> tuple[Partials, jax.Array]:
+    """The residual block's exact partials (m, l [B, H, G, 1], acc [B, H, G, 1, d]) and its Delta [B, H, G, 1]
+    (rounding of the exact scores)."""
     res_tok, res_k, res_v = residual_tokens(cache)
     s_res = jnp.einsum("bhgd,bhtd->bhgt", qt.q_scaled, res_k, precision=_HI)
     s_res = jnp.where(res_tok[:, None, None, :], s_res, -jnp.inf)[:, :, :, None, :]
     res = partials(s_res, res_v[:, :, None])
     res_kmax = jnp.max(jnp.abs(res_k), axis=2)[:, :, None]
-    return res, bounds.key_delta_exact(qt.q_abs, res_kmax), res_v
+    return res, bounds.key_delta_exact(qt.q_abs, res_kmax)
 
 
 def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: Partials | None = None,
@@ -242,8 +242,8 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
         apx = tier1_partials(qt.q_scaled, cache, block_valid, policy.tier1)
     apx_delta = key_deltas(qt.q_abs, cache, policy.tier1)
 
-    res, res_delta, res_v = residual_partials(qt, cache)
-    vt = value_terms(cache, policy, block_valid, res_v)
+    res, res_delta = residual_partials(qt, cache)
+    vt = value_terms(cache, policy, block_valid)
     all_lm = jnp.concatenate([log_mass(apx), log_mass(res)], axis=-1)
     log_norm = jax.scipy.special.logsumexp(all_lm, axis=-1)
     return StepContext(q32=qt.q32, q_abs=qt.q_abs, q_scaled=qt.q_scaled, apx=apx, apx_delta=apx_delta,
@@ -448,8 +448,7 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
     G = Hq // H
     qt = query_terms(q, cache)
     it = fused_items(qt, cache, policy, split)
-    _, _, res_v = residual_tokens(cache)
-    vt = value_terms(cache, policy, block_validity(cache), res_v)
+    vt = value_terms(cache, policy, block_validity(cache))
     extra = it.apx.m.shape[-1] - nb
 
     def blocks(x):  # [B, H, nb] -> [B, H, 1, block columns of apx]

@@ -609,3 +609,50 @@ def gather_trusted(block_size: int, head_dim: int, host_dtype: str, dst_dtype: s
 
 
 gather_trusted = _assumable(gather_trusted)
+
+
+def write_disagreement(block_size: int, head_dim: int, dtype: str, run: Callable | None = None) -> str | None:
+    """Run the token-write kernel (`run`, default `write_token.write_token`) on small stacked cache arrays and
+    compare with `write_token_reference`: the residual rows, value range and the arrays it must leave alone bit for
+    bit (a store and a min / max round nothing); the value norm bound no smaller than the float64 norm and within
+    1e-4 of the reference's. Returns a description of the first difference, or None. Evaluated eagerly."""
+    from pallas_kernels import write_token as wt
+
+    run = run or wt.write_token
+
+    def check() -> str | None:
+        rng = np.random.default_rng(11)
+        L, B, H = 3, 2, 2
+        shape = (L, B, H, block_size, head_dim)
+        res = [jnp.asarray(rng.normal(size=shape), dtype) for _ in range(2)]
+        v_min = jnp.asarray(rng.normal(size=(L, B, H, head_dim)) - 1, jnp.float32)
+        v_max = v_min + 2
+        v_norm_max = jnp.asarray(rng.random((L, B, H)) * head_dim ** 0.5, jnp.float32)
+        k, v = (jnp.asarray(rng.normal(size=(B, H, head_dim)) * 10.0 ** rng.uniform(-2, 2, (B, H, 1)), dtype)
+                for _ in range(2))
+        r = jnp.asarray([block_size - 1, 1], jnp.int32)
+        args = (*res, v_min, v_max, v_norm_max, k, v, r, jnp.asarray(1, jnp.int32))
+        got, ref = jax.jit(run)(*args), wt.write_token_reference(*args)
+        for name, g, w in zip(("res_k", "res_v", "v_min", "v_max"), got[:4], ref[:4], strict=True):
+            g, w = np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32))
+            if g.shape != w.shape or not np.array_equal(g, w):
+                return f"{name} differs in {int(np.sum(g != w)) if g.shape == w.shape else 'shape'} of {w.size}"
+        g, w = np.asarray(got[4], np.float64), np.asarray(ref[4], np.float64)
+        exact = np.linalg.norm(np.asarray(v.astype(jnp.float32), np.float64), axis=-1)
+        if g.shape != w.shape or np.any(g[1] < exact) or np.any(np.abs(g - w) > 1e-4 * np.abs(w)):
+            return "v_norm_max: the norm bound is below the norm or off the reference's"
+        return None
+
+    return _eagerly(check)
+
+
+@functools.cache
+def write_trusted(block_size: int, head_dim: int, dtype: str) -> bool:
+    """Whether a model cache's decode step may write its token with the compiled `write_token` kernel for this
+    configuration; True without a check where no compiled kernel executes."""
+    cfg = dict(block_size=block_size, head_dim=head_dim, dtype=dtype)
+    return _trusted("the compiled token-write kernel", cfg, lambda: write_disagreement(**cfg),
+                    "The decode step writes its token with XLA's updates instead.")
+
+
+write_trusted = _assumable(write_trusted)

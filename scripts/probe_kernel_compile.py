@@ -49,8 +49,7 @@ def certify_only(policy: CertPolicy):
     def items(q, c):
         qt = step.query_terms(q, c)
         it = step.fused_items(qt, c, policy, True)
-        _, _, res_v = step.residual_tokens(c)
-        vt = step.value_terms(c, policy, step.block_validity(c), res_v)
+        vt = step.value_terms(c, policy, step.block_validity(c))
         extra = it.apx.m.shape[-1] - c.num_blocks
 
         def blocks(x):

@@ -794,3 +794,40 @@ def test_the_staging_cache_converts_a_layer_at_a_time_to_what_one_program_gives(
     with pytest.raises(ValueError, match="layer 1 holds"):
         TieredKVCache.stacked_from_layers(dense.k[:1] + (dense.k[1][:, :, :32],), dense.v[:2], dense.lengths, POLICY)
     assert not dense.k[0].is_deleted()  # the staging cache is read, not donated
+
+
+@pytest.mark.parametrize("mode", ["certified", "naive"])
+def test_the_token_write_kernel_leaves_what_xla_writes_leave(params, mode, monkeypatch):
+    """A model cache's decode step with its token written by `pallas_kernels.write_token` (one launch per layer-step,
+    in place; interpret mode here, forced on) against XLA's updates: the same logits, certificates and cache, bit
+    for bit, over steps that fill and flush the residual block; the kernel really ran, once per layer-step."""
+    from certattn_jax import cache as cache_module
+    from pallas_kernels import write_token as kernel
+
+    calls = []
+    real = kernel.write_token
+    monkeypatch.setattr(kernel, "write_token", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    rng = np.random.default_rng(4)
+    B, T = 2, 27
+    kv = [(jnp.asarray(rng.normal(size=(B, T, 2, 32)), jnp.float32),
+           jnp.asarray(rng.normal(size=(B, T, 2, 32)) + 1, jnp.float32)) for _ in range(CFG.num_layers)]
+    lengths = jnp.asarray([T, T - 9], jnp.int32)
+    tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, size=(B, 12)), jnp.int32)
+    runs = {}
+    for by_kernel in (False, True):
+        monkeypatch.setattr(cache_module, "WRITE_KERNEL", by_kernel)
+        calls.clear()
+        layers = [TieredKVCache.from_dense(k, v, POLICY, capacity=64, lengths=lengths) for k, v in kv]
+        cache = TieredModelCache.from_layers(layers, num_q_heads=CFG.num_heads, policy=POLICY, mode=mode)
+        step = jax.jit(lambda p, tok, c: llama.forward(p, CFG, tok, c))
+        logits = []
+        for t in range(tokens.shape[1]):  # 12 steps: the longer row's residual fills and flushes
+            out, cache = step(params, tokens[:, t:t + 1], cache)
+            logits.append(np.asarray(out))
+        assert bool(calls) == by_kernel
+        runs[by_kernel] = (np.stack(logits), cache)
+    np.testing.assert_array_equal(runs[True][0], runs[False][0])
+    with_kernel, with_xla = (jax.tree.leaves_with_path(runs[b][1].replace(policy=None)) for b in (True, False))
+    for (path, a), (_, b) in zip(with_kernel, with_xla, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    assert np.asarray(runs[True][1].store.flushed[0]).tolist() == [32, 16]  # the first row crossed a block boundary

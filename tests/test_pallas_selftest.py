@@ -356,7 +356,7 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
     policy = CertPolicy(block_size=16, group_size=16, k_max=2, tier1="pallas", rung0="fused")
     spec = model_cache.CacheSpec(mode="certified", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=32,
                                  dtype=jnp.float32, policy=policy)
-    asked = {"tier1": [], "rung0": [], "gather": []}
+    asked = {"tier1": [], "rung0": [], "gather": [], "write": []}
 
     def record(what, problem=None):
         return lambda **cfg: asked[what].append(cfg) or problem
@@ -364,7 +364,8 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
     monkeypatch.setattr(selftest, "tier1_disagreement", record("tier1"))
     monkeypatch.setattr(selftest, "rung0_disagreement", record("rung0", "bound smaller than the jnp rung 0's"))
     monkeypatch.setattr(selftest, "gather_disagreement", record("gather"))
-    for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
+    monkeypatch.setattr(selftest, "write_disagreement", record("write"))
+    for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted, selftest.write_trusted):
         fn.cache_clear()
     try:
         # where kernels are interpreted (the CPU; forced here so that the test means the same on a GPU): nothing
@@ -378,20 +379,21 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
         real_start = selftest.start_in_background
         monkeypatch.setattr(selftest, "start_in_background", lambda *fns: threads.extend(real_start(*fns)) or threads)
         spec.staging(1, 60)
-        assert len(threads) == 4
+        assert len(threads) == 5
         for t in threads:
             t.join(30)
-        assert [len(v) for v in asked.values()] == [1, 1, 1] and warmed == [1]
+        assert [len(v) for v in asked.values()] == [1, 1, 1, 1] and warmed == [1]
         layer = model_cache.TieredModelCache.init(num_layers=2, batch=1, capacity=64, num_kv_heads=2,
                                                   num_q_heads=4, head_dim=32, dtype=jnp.float32,
                                                   policy=policy).layer_view(0)
         assert step.tier1_kernel_runs(layer, policy.tier1)
         with pytest.warns(RuntimeWarning, match="bound smaller"):
             assert not step.uses_fused_rung0(layer, policy)
-        assert layer.reads_tier2_by_kernel()
-        assert [len(v) for v in asked.values()] == [1, 1, 1], asked  # the step's questions were answered, not re-asked
+        assert layer.reads_tier2_by_kernel() and layer.writes_token_by_kernel()
+        # the step's questions were answered, not re-asked
+        assert [len(v) for v in asked.values()] == [1, 1, 1, 1], asked
     finally:
-        for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
+        for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted, selftest.write_trusted):
             fn.cache_clear()
 
 

@@ -118,6 +118,10 @@ def test_incremental_float32_inputs_into_low_precision_caches(dtype, policy, mod
         assert np.all(np.asarray(cache.v_min) <= vs.min(axis=1)) and np.all(np.asarray(cache.v_max) >= vs.max(axis=1))
         slack = np.abs(vs).max(axis=1) * float(jnp.finfo(dtype).eps) * 2 + 1e-30
         assert np.all(np.asarray(cache.v_min) >= vs.min(axis=1) - slack)
+        # so does the running value norm (the key term's centre-0 form): every stored token's, tightly
+        norms = np.linalg.norm(vs.astype(np.float64), axis=-1).max(axis=1)
+        got = np.asarray(cache.v_norm_max, np.float64)
+        assert np.all(got >= norms) and np.all(got <= norms * (1 + 4 * float(jnp.finfo(dtype).eps)) + 1e-30)
 
 
 def test_f16_overflow_from_float32_inputs_sets_nonfinite():

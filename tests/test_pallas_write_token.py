@@ -1,0 +1,90 @@
+"""pallas_kernels.write_token (a decode step's token write into a model's stacked cache, one launch, in place)
+against its jnp reference and against float64 numpy; its use in a model cache's decode step."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.write_token import write_token, write_token_reference
+
+
+def _stack(rng, L, B, H, Bk, d, dtype, poison: bool):
+    """Stacked cache arrays; with `poison`, the residual rows hold NaN (a row the kernel must not touch keeps it)."""
+    fill = np.nan if poison else 0.0
+    res_k = jnp.asarray(np.where(rng.random((L, B, H, Bk, d)) < 0.5, fill, rng.normal(size=(L, B, H, Bk, d))), dtype)
+    res_v = jnp.asarray(np.where(rng.random((L, B, H, Bk, d)) < 0.5, fill, rng.normal(size=(L, B, H, Bk, d))), dtype)
+    v_min = jnp.asarray(rng.normal(size=(L, B, H, d)) - 1.5, jnp.float32)
+    v_max = v_min + jnp.asarray(rng.random((L, B, H, d)) * 3, jnp.float32)
+    v_norm_max = jnp.asarray(rng.random((L, B, H)) * 8, jnp.float32)
+    return res_k, res_v, v_min, v_max, v_norm_max
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("L,B,H,Bk,d,layer", [(3, 2, 3, 16, 32, 2), (5, 1, 2, 64, 64, 0), (2, 3, 1, 16, 128, 1)])
+def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, H, Bk, d, layer):
+    rng = np.random.default_rng(L * 1000 + B * 100 + Bk + d + layer)
+    stack = _stack(rng, L, B, H, Bk, d, dtype, poison=True)
+    scale = 10.0 ** rng.uniform(-3, 3, size=(B, H, 1))  # each head its own magnitude
+    k = jnp.asarray(rng.normal(size=(B, H, d)) * scale, dtype)
+    v = jnp.asarray(rng.normal(size=(B, H, d)) * scale, dtype)
+    r = jnp.asarray(rng.integers(0, Bk, size=B), jnp.int32).at[0].set(Bk - 1)
+    if B > 1:
+        r = r.at[-1].set(Bk)  # a full residual: nothing is stored there (as `write_token` drops it)
+    got = jax.jit(write_token)(*stack, k, v, r, jnp.int32(layer))
+    want = write_token_reference(*stack, k, v, r, jnp.int32(layer))
+    names = ("res_k", "res_v", "v_min", "v_max")
+    for name, g, w in zip(names, got, want, strict=False):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        # NaN where nothing was written, in both: the other rows, layers and heads are left alone
+        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)),
+                                      err_msg=name)
+    # the norm bound: compiled, its sums run in another order and its square root counts Triton's error
+    np.testing.assert_allclose(np.asarray(got[4]), np.asarray(want[4]), rtol=1e-5)
+    # against float64: the row holds the token, the range covers it, the norm bound covers its norm, tightly
+    k64, v64 = np.asarray(k.astype(jnp.float32), np.float64), np.asarray(v.astype(jnp.float32), np.float64)
+    rows_k, rows_v = np.asarray(got[0].astype(jnp.float32)), np.asarray(got[1].astype(jnp.float32))
+    for b in range(B):
+        if int(r[b]) < Bk:
+            np.testing.assert_array_equal(rows_k[layer, b, :, int(r[b])], k64[b])
+            np.testing.assert_array_equal(rows_v[layer, b, :, int(r[b])], v64[b])
+    assert np.all(np.asarray(got[2])[layer] <= v64) and np.all(np.asarray(got[3])[layer] >= v64)
+    norms = np.linalg.norm(v64, axis=-1)
+    bound = np.asarray(got[4], np.float64)[layer]
+    assert np.all(bound >= norms) and np.all(bound <= np.maximum(norms * (1 + 1e-4), np.asarray(stack[4])[layer]))
+
+
+def test_a_non_finite_value_makes_the_norm_infinite():
+    rng = np.random.default_rng(7)
+    L, B, H, Bk, d = 2, 1, 2, 16, 32
+    stack = _stack(rng, L, B, H, Bk, d, jnp.bfloat16, poison=False)
+    v = jnp.asarray(rng.normal(size=(B, H, d)), jnp.bfloat16).at[0, 1, 3].set(jnp.inf)
+    got = jax.jit(write_token)(*stack, v, v, jnp.zeros((B,), jnp.int32), jnp.int32(1))
+    assert np.isinf(np.asarray(got[4])[1, 0, 1]) and np.isfinite(np.asarray(got[4])[1, 0, 0])
+
+
+def test_bad_arguments_are_named():
+    rng = np.random.default_rng(0)
+    stack = _stack(rng, 2, 1, 2, 16, 32, jnp.bfloat16, poison=False)
+    k = jnp.zeros((1, 2, 32), jnp.bfloat16)
+    with pytest.raises(TypeError, match="cache dtype"):
+        write_token(*stack, k.astype(jnp.float32), k, jnp.zeros((1,), jnp.int32), jnp.int32(0))
+    with pytest.raises(ValueError, match="v_norm_max"):
+        write_token(*stack[:4], stack[4][0], k, k, jnp.zeros((1,), jnp.int32), jnp.int32(0))
+    with pytest.raises(ValueError, match="r must be"):
+        write_token(*stack, k, k, jnp.zeros((2,), jnp.int32), jnp.int32(0))
+
+
+def test_the_kernel_lowers_to_triton(monkeypatch):
+    """Cross-lower the compiled kernel for CUDA on this machine (what the Pallas Triton lowering rejects shows here
+    without a GPU; Triton's own compile to PTX runs only on the GPU)."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    stack = _stack(np.random.default_rng(1), 30, 1, 3, 64, 64, jnp.bfloat16, poison=False)
+    k = jnp.zeros((1, 3, 64), jnp.bfloat16)
+    f = jax.jit(lambda *a: write_token(*a, interpret=False))
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(
+        *stack, k, k, jnp.zeros((1,), jnp.int32), jnp.int32(3)).mlir_module()
+    assert "xla.gpu.triton" in text
