@@ -110,9 +110,12 @@ def flush_floor(n_terms: int, value_abs: jax.Array) -> jax.Array:
     XLA:CPU) in a normalized weighted sum of n_terms values: each weight and each product loses < TINY, and
     the normalizer is >= 1/2 (`combine` checks it), so the output moves by < 2 (2 n + 8) TINY (max|v| + 1)
     per channel. value_abs [..., d] bounds |v|; returns [...]."""
-    d = value_abs.shape[-1]
-    per_channel = 2.0 * (2 * n_terms + 8) * TINY * (jnp.max(value_abs, axis=-1) + 1.0)
-    return per_channel * math.sqrt(d) * 2.0
+    return flush_floor_from_max(n_terms, jnp.max(value_abs, axis=-1), value_abs.shape[-1])
+
+
+def flush_floor_from_max(n_terms: int, abs_max: jax.Array, d: int) -> jax.Array:
+    """`flush_floor` from abs_max = max_c value_abs_c [...] of d channels."""
+    return 2.0 * (2 * n_terms + 8) * TINY * (abs_max + 1.0) * math.sqrt(d) * 2.0
 
 
 def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array, bits: int,
@@ -178,8 +181,12 @@ def dequantization_mismatch(value_abs: jax.Array) -> jax.Array:
     reconstructions differ by at most 4u (value_abs_c + 2.016 max value_abs). Softmax-averaged (weights summing to
     at most 1 + 1e-3) and taken as a vector norm: <= 4.01u (||value_abs||_2 + 2.016 sqrt(d) max value_abs);
     5u (||value_abs||_2 + 2.01 sqrt(d) max value_abs) here covers it. value_abs [..., d] bounds |v_hat| per channel."""
-    d = value_abs.shape[-1]
-    return 5 * U * (l2(value_abs) + 2.01 * math.sqrt(d) * jnp.max(value_abs, axis=-1))
+    return dequantization_mismatch_from(l2(value_abs), jnp.max(value_abs, axis=-1), value_abs.shape[-1])
+
+
+def dequantization_mismatch_from(abs_norm: jax.Array, abs_max: jax.Array, d: int) -> jax.Array:
+    """`dequantization_mismatch` from abs_norm >= ||value_abs||_2 and abs_max = max_c value_abs_c [...]."""
+    return 5 * U * (abs_norm + 2.01 * math.sqrt(d) * abs_max)
 
 
 def flush_delta(q_abs: jax.Array) -> jax.Array:
@@ -303,13 +310,27 @@ def int_value_rounding(scale_max: jax.Array, zero_max: jax.Array, block_size: in
     sigma the two-level sum error over n items (the merge), eps_w a merge weight's error. chain > 0: the blocks'
     sums reach the merge through online-softmax split accumulators of `chain` blocks (`merge_sum_error`): each
     weight is then a product of up to chain + 1 exps (eps_w times chain + 1)."""
+    return int_value_rounding_from_norm(l2(int_sum_vector(scale_max, zero_max, block_size, value_bits)),
+                                        scale_max.shape[-1], block_size, value_bits, group, n_items, chain)
+
+
+def int_sum_vector(scale_max: jax.Array, zero_max: jax.Array, block_size: int, value_bits: int) -> jax.Array:
+    """[..., ng]: a off t_max,j + b y_max,j of `int_value_rounding` (a, b rounded up by 1e-5, far more than this
+    evaluation's own float32 rounding), the part of E_int that depends on the cache's contents."""
     B, off = block_size, 2 ** (value_bits - 1)
     a = (5 * U + B * 2.0 ** -26 + gamma(3) * (1 + 0.0315 * B) + gamma(B - 1)) * (1 + 1e-5)
     b = (gamma(B) + 2 * U) * (1 + 1e-5)
+    return a * off * scale_max + b * zero_max
+
+
+def int_value_rounding_from_norm(sum_norm: jax.Array, n_groups: int, block_size: int, value_bits: int, group: int,
+                                 n_items: int, chain: int = 0) -> jax.Array:
+    """`int_value_rounding` from sum_norm >= ||int_sum_vector||_2 [...] over n_groups value groups: by the triangle
+    inequality ||X merge + floor||_2 <= merge ||X||_2 + floor sqrt(n_groups), rounded up."""
+    B, off = block_size, 2 ** (value_bits - 1)
     merge = (1 + 2 * merge_sum_error(B + 1, n_items + 1, chain) + 2 * (1 + chain) * EPS_WEIGHT) * (1 + 1e-5)
     floor = 2.0 * n_items * 4 * B * off * 2.0 ** -126
-    per_group = (a * off * scale_max + b * zero_max) * merge + floor
-    return l2(per_group) * math.sqrt(group) * (1.0 + 4 * U)
+    return (sum_norm * merge + floor * math.sqrt(n_groups)) * math.sqrt(group) * (1.0 + 8 * U)
 
 
 def l2(x: jax.Array) -> jax.Array:
@@ -323,14 +344,59 @@ def approx_division_error(value_abs: jax.Array) -> jax.Array:
     and |num_c / denom| <= 1.001 value_abs_c (a weighted average of reconstructed values whose computed numerator
     and denominator carry relative errors far below 1e-3), so as a vector norm <= 4.004 u ||value_abs||_2; a
     subnormal quotient is off by at most 2^-148 per channel. value_abs [..., d] -> [...]."""
-    d = value_abs.shape[-1]
-    return (APPROX_DIV_ERROR * 1.01) * l2(value_abs) + math.sqrt(d) * TINY
+    return approx_division_error_from_norm(l2(value_abs), value_abs.shape[-1])
+
+
+def approx_division_error_from_norm(abs_norm: jax.Array, d: int) -> jax.Array:
+    """`approx_division_error` from abs_norm >= ||value_abs||_2 [...] of d channels."""
+    return (APPROX_DIV_ERROR * 1.01) * abs_norm + math.sqrt(d) * TINY
 
 
 def numeric_error(v_abs_bound: jax.Array, factor: float) -> jax.Array:
     """E_num (before the cast and the underflow floor): factor * ||V_abs||_2, V_abs_c bounding |v_tilde_ic| over
     every token, factor from `softmax_average_error` (rounded up)."""
-    return factor * l2(v_abs_bound) * (1.0 + 4 * U)
+    return numeric_error_from_norm(l2(v_abs_bound), factor)
+
+
+def numeric_error_from_norm(abs_norm: jax.Array, factor: float) -> jax.Array:
+    """`numeric_error` from abs_norm >= ||V_abs||_2."""
+    return factor * abs_norm * (1.0 + 4 * U)
+
+
+# A cache's `value_stats` [..., N_VALUE_STATS] (cache.py): the query-independent value statistics every step's bound
+# reads, kept current by every write of the cache (a token, a flush, a conversion) rather than reduced again at every
+# step (docs/performance.md, twenty-first session). Columns:
+STAT_RANGE = 0  # ||r||_2, r_c = v_max_c - v_min_c (0 before any value): the key term's mid-range form (section 3)
+STAT_ABS_NORM = 1  # ||value_abs||_2, value_abs_c >= |v_tilde_ic| for every stored and reconstructed value (E_num)
+STAT_ABS_MAX = 2  # max_c value_abs_c (E_num's floors)
+STAT_INT = 3  # ||int_sum_vector||_2 (E_int of the exact-integer value sums, section 13)
+N_VALUE_STATS = 4
+
+
+def value_range_vector(v_min: jax.Array, v_max: jax.Array) -> jax.Array:
+    """r [..., d] = v_max - v_min per channel, 0 where no (finite) value was recorded."""
+    has_values = jnp.isfinite(v_min) & jnp.isfinite(v_max)
+    return jnp.where(has_values, v_max - v_min, 0.0)
+
+
+def value_abs_bound(v_min: jax.Array, v_max: jax.Array, v_err_max: jax.Array) -> jax.Array:
+    """value_abs [..., d]: per channel a bound on |v| of every stored value and of every INT reconstruction (the
+    largest reconstruction error v_err_max [...] added), rounded up."""
+    has_values = jnp.isfinite(v_min) & jnp.isfinite(v_max)
+    value_abs = jnp.where(has_values, jnp.maximum(jnp.abs(v_min), jnp.abs(v_max)), 0.0)
+    return (value_abs + v_err_max[..., None]) * (1.0 + 2 * U)
+
+
+def value_statistics(v_min: jax.Array, v_max: jax.Array, v_err_max: jax.Array, scale_max: jax.Array,
+                     zero_max: jax.Array, block_size: int, value_bits: int, sqrt_rel_error: float = 0.0,
+                     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The columns of `value_stats` (STAT_RANGE, STAT_ABS_NORM, STAT_ABS_MAX, STAT_INT), each [...], from a cache's
+    running statistics v_min, v_max [..., d], v_err_max [...], scale_max, zero_max [..., ng]. Only operations a
+    Pallas kernel can lower (the token-write kernel evaluates the first three; sqrt_rel_error: `quant.norm_upper`)."""
+    value_abs = value_abs_bound(v_min, v_max, v_err_max)
+    return (quant.norm_upper(value_range_vector(v_min, v_max), sqrt_rel_error),
+            quant.norm_upper(value_abs, sqrt_rel_error), jnp.max(value_abs, axis=-1),
+            quant.norm_upper(int_sum_vector(scale_max, zero_max, block_size, value_bits), sqrt_rel_error))
 
 
 def cast_error(out_f32: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:

@@ -16,6 +16,10 @@ Tier 1 (device), per sequence b and KV head h, for the full blocks n < nb of B t
     v_scale_max, v_zero_max [B, H, d/gs] f32  running maxima of |v_scale| and |v_zero| per value group (E_int's
                                               inputs): a step reads these instead of reducing tier 1 again
     v_min, v_max [B, H, d] f32                running per-channel range of the values written so far
+    value_stats [B, H, 4] f32                 what a step's bound needs of the five running statistics above
+                                              (`bounds.value_statistics`: ||r||_2, ||value_abs||_2, max value_abs,
+                                              E_int's norm), recomputed by every write that changes them, so that
+                                              no step reduces them again (the token-write kernel included)
     nonfinite [B, H] bool                     a NaN/Inf was written to this head (it can no longer be certified)
     stack        (layer views of a model cache only) {field: the model's stacked [L, ...] array} for every
                  device field: the tier-1 kernel reads layer `layer` of the tier-1 arrays in place
@@ -58,7 +62,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from certattn_jax import quant, select, tiers
+from certattn_jax import bounds, quant, select, tiers
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 
@@ -80,8 +84,8 @@ if _write_kernel_env not in _WRITE_KERNEL_SETTINGS:
     raise ValueError(f"CERTATTN_WRITE_KERNEL={_write_kernel_env!r}: expected 1, 0 or auto")
 WRITE_KERNEL: bool | None = _WRITE_KERNEL_SETTINGS[_write_kernel_env]
 
-BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max",
-                               "v_scale_max", "v_zero_max", "hot_k", "hot_v", "hot_ids", "res_k", "res_v")
+BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max", "v_scale_max",
+                               "v_zero_max", "value_stats", "hot_k", "hot_v", "hot_ids", "res_k", "res_v")
 
 
 @struct.dataclass
@@ -101,6 +105,7 @@ class TieredKVCache:
     v_zero_max: jax.Array
     v_min: jax.Array
     v_max: jax.Array
+    value_stats: jax.Array
     nonfinite: jax.Array
     res_k: jax.Array
     res_v: jax.Array
@@ -154,6 +159,7 @@ class TieredKVCache:
             v_err_max=alloc.zeros((B, H), jnp.float32), v_norm_max=alloc.zeros((B, H), jnp.float32),
             v_scale_max=alloc.zeros((B, H, d // g), jnp.float32), v_zero_max=alloc.zeros((B, H, d // g), jnp.float32),
             v_min=alloc.full((B, H, d), jnp.inf, jnp.float32), v_max=alloc.full((B, H, d), -jnp.inf, jnp.float32),
+            value_stats=alloc.zeros((B, H, bounds.N_VALUE_STATS), jnp.float32),  # (what no value gives)
             nonfinite=alloc.zeros((B, H), bool),
             res_k=alloc.zeros((B, H, Bk, d), dtype), res_v=alloc.zeros((B, H, Bk, d), dtype),
             hot_k=alloc.zeros((B, H, K, Bk, d), dtype), hot_v=alloc.zeros((B, H, K, Bk, d), dtype),
@@ -394,14 +400,14 @@ class TieredKVCache:
         layer = jnp.asarray(layer, jnp.int32)
         lengths = jax.lax.dynamic_index_in_dim(self.lengths, layer, 0, keepdims=False)
         flushed = jax.lax.dynamic_index_in_dim(self.flushed, layer, 0, keepdims=False)
-        res_k, res_v, v_min, v_max, v_norm_max = kernel.write_token(
-            self.res_k, self.res_v, self.v_min, self.v_max, self.v_norm_max, k[:, 0], v[:, 0], lengths - flushed,
-            layer)
+        res_k, res_v, v_min, v_max, v_norm_max, value_stats = kernel.write_token(
+            self.res_k, self.res_v, self.v_min, self.v_max, self.v_norm_max, self.value_stats, self.v_err_max,
+            k[:, 0], v[:, 0], lengths - flushed, layer)
         bad = ~jnp.all(jnp.isfinite(k[:, 0]) & jnp.isfinite(v[:, 0]), axis=-1)  # [B, H]
         old = jax.lax.dynamic_index_in_dim(self.nonfinite, layer, 0, keepdims=False)
         nonfinite = jax.lax.dynamic_update_index_in_dim(self.nonfinite, old | bad, layer, 0)
         return self.replace(res_k=res_k, res_v=res_v, v_min=v_min, v_max=v_max, v_norm_max=v_norm_max,
-                            nonfinite=nonfinite, stack=None)
+                            value_stats=value_stats, nonfinite=nonfinite, stack=None)
 
     def needs_flush(self) -> jax.Array:
         """[B] bool: the residual block is full."""
@@ -469,7 +475,7 @@ class TieredKVCache:
 
         put_all = jax.vmap(put) if self.stacked else put
         c = self.replace(**{name: put_all(getattr(self, name), x) for name, x in t1.items()})
-        c = c.replace(**_running_maxima(c, t1, ids < nb))
+        c = c.replace(**_running_maxima(c, t1, ids < nb)).with_value_stats()
         host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb, self.layer)
         # a layer view's stack no longer holds this view's tier 1: drop it (`tier1_arrays`, `resliced`)
         return c.replace(host_k=host_k, host_v=host_v, stack=None)
@@ -504,7 +510,15 @@ class TieredKVCache:
         v_max = jnp.maximum(self.v_max, hi)
         v_norm_max = jnp.maximum(self.v_norm_max, jnp.max(jnp.where(mask[..., 0], norms, 0.0), axis=1))
         bad = jnp.any(mask & ~finite, axis=(1, 3))  # [B, H]
-        return self.replace(v_min=v_min, v_max=v_max, v_norm_max=v_norm_max, nonfinite=self.nonfinite | bad)
+        return self.replace(v_min=v_min, v_max=v_max, v_norm_max=v_norm_max,
+                            nonfinite=self.nonfinite | bad).with_value_stats()
+
+    def with_value_stats(self) -> TieredKVCache:
+        """This cache with `value_stats` recomputed from its running statistics (`bounds.value_statistics`); every
+        write that changes v_min, v_max, v_err_max, v_scale_max or v_zero_max ends here."""
+        cols = bounds.value_statistics(self.v_min, self.v_max, self.v_err_max, self.v_scale_max, self.v_zero_max,
+                                       self.block_size, self.value_bits)
+        return self.replace(value_stats=jnp.stack(cols, axis=-1))
 
     # ------------------------------------------------------------------ checks
     def _check_new(self, k: jax.Array, v: jax.Array) -> None:
@@ -620,7 +634,7 @@ def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: C
         return jnp.where(full.reshape(B, 1, nb, *(1,) * (x.ndim - 3)), x, jnp.zeros((), x.dtype))
 
     c = c.replace(**{name: keep(x) for name, x in t1.items()})
-    c = c.replace(**_running_maxima(c, t1, full))
+    c = c.replace(**_running_maxima(c, t1, full))  # (value_stats: by _note_values below)
     # the partial last block -> residual (exact), its invalid tail zeroed
     pick = jnp.minimum(n_full, nb - 1)[:, None, None, None, None]
     r_valid = (jnp.arange(Bk)[None, :] < (lengths - flushed)[:, None])[:, None, :, None]  # [B, 1, Bk, 1]

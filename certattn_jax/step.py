@@ -126,7 +126,7 @@ class StepContext(NamedTuple):
     eta_op: jax.Array  # [B, H, nb] spectral norm of each block's value error matrix (cache.v_err_op)
     value_range: jax.Array  # [B, H] ||r||_2
     key_scale: jax.Array  # [B, H] E_key = TV * key_scale, key_scale = min(||r||_2, 2 max_i ||v_i||_2)
-    value_abs: jax.Array  # [B, H, d] bound on |v_tilde_ic|
+    value_stats: jax.Array  # [B, H, 4] the cache's `value_stats` (bounds.STAT_*: ||r||, ||value_abs||, ...)
     tolerance: jax.Array  # [B, H, G]
     bad: jax.Array  # [B, H, G] nothing can be proven: NaN/Inf in the cache or in the query
     value_rounding: jax.Array  # [B, H] E_int: rounding of the tier-1 kernel's integer value sums (0 if none)
@@ -188,17 +188,17 @@ def residual_tokens(cache: TieredKVCache) -> tuple[jax.Array, jax.Array, jax.Arr
 
 
 class ValueTerms(NamedTuple):
-    """What the bound needs of the values, from tier-1 annotations and the running statistics every write keeps
-    (nothing here reads the residual block's values): eta, eta_mean, eta_op
-    [B, H, nb] (0 for invalid blocks), value_range [B, H] ||r||_2, key_scale [B, H], value_abs [B, H, d],
-    tolerance [B, H]."""
+    """What the bound needs of the values, from tier-1 annotations and the statistics every write keeps current
+    (nothing here reduces the values or their statistics again): eta, eta_mean, eta_op [B, H, nb] (0 for invalid
+    blocks), value_range [B, H] ||r||_2, key_scale [B, H], stats [B, H, 4] (the cache's `value_stats`: E_num's and
+    E_int's inputs), tolerance [B, H]."""
 
     eta: jax.Array
     eta_mean: jax.Array
     eta_op: jax.Array
     value_range: jax.Array
     key_scale: jax.Array
-    value_abs: jax.Array
+    stats: jax.Array
     tolerance: jax.Array
 
 
@@ -206,15 +206,11 @@ def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array
     eta = jnp.where(block_valid[:, None, :], cache.v_err, 0.0)
     eta_mean = jnp.where(block_valid[:, None, :], cache.v_mean_err.astype(jnp.float32), 0.0)
     eta_op = jnp.where(block_valid[:, None, :], cache.v_err_op.astype(jnp.float32), 0.0)
-    has_values = jnp.isfinite(cache.v_min) & jnp.isfinite(cache.v_max)
-    v_range = jnp.where(has_values, cache.v_max - cache.v_min, 0.0)
-    value_range = bounds.l2(v_range)
-    eta_inf = cache.v_err_max  # the running maximum (>= the max over the valid blocks: an upper bound)
-    value_abs = jnp.where(has_values, jnp.maximum(jnp.abs(cache.v_min), jnp.abs(cache.v_max)), 0.0)
-    value_abs = (value_abs + eta_inf[..., None]) * (1.0 + 2 * bounds.U)
+    stats = cache.value_stats  # recomputed by every write (`TieredKVCache.with_value_stats`, the write kernel)
+    value_range = stats[..., bounds.STAT_RANGE]
     # v_norm_max: every token written, the residual's included (noted at the write, `TieredKVCache._note_values`)
     return ValueTerms(eta=eta, eta_mean=eta_mean, eta_op=eta_op, value_range=value_range,
-                      key_scale=key_term_scale(value_range, cache.v_norm_max), value_abs=value_abs,
+                      key_scale=key_term_scale(value_range, cache.v_norm_max), stats=stats,
                       tolerance=policy.eps * value_range + policy.abs_tol)
 
 
@@ -250,13 +246,15 @@ def build_context(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, apx: P
                        apx_lm=log_mass(apx), log_norm=log_norm, res=res, res_delta=res_delta,
                        res_valid=cache.lengths > cache.flushed, block_valid=block_valid, eta=vt.eta,
                        eta_mean=vt.eta_mean, eta_op=vt.eta_op,
-                       value_range=vt.value_range, key_scale=vt.key_scale, value_abs=vt.value_abs,
+                       value_range=vt.value_range, key_scale=vt.key_scale, value_stats=vt.stats,
                        tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad,
                        value_rounding=int_value_term(cache, policy))
 
 
-def numeric_term(value_abs: jax.Array, n_items: int, block_size: int, chain: int = 0) -> jax.Array:
-    """E_num before the output cast [B, H] (docs/bounds.md section 5): the softmax average's float32 error over
+def numeric_term(stats: jax.Array, head_dim: int, n_items: int, block_size: int, chain: int = 0) -> jax.Array:
+    """E_num before the output cast [B, H] from a cache's value_stats [B, H, 4] (bounds.STAT_ABS_NORM,
+    STAT_ABS_MAX: ||value_abs||_2 and max value_abs of head_dim channels; docs/bounds.md section 5): the softmax
+    average's float32 error over
     n_items items of block_size tokens, the underflow floor and the value-reconstruction mismatch. chain > 0: the
     numerator's INT blocks were merged through online-softmax split accumulators of `chain` blocks (the fused
     rung 0's split layout, docs/bounds.md section 14)."""
@@ -267,8 +265,9 @@ def numeric_term(value_abs: jax.Array, n_items: int, block_size: int, chain: int
     # weights e^{s - m_n} e^{m_n - big}: two exps, two rounded subtractions whose |arguments| add to big - s; with a
     # chain, e^{s - m_n} e^{m_n - m'} ... e^{acc_m - big}: up to chain + 2 exps whose arguments still add to s - big
     factor = bounds.softmax_average_error(n_tokens, sum_rel, n_exps=2 + chain, arg_roundings=1)
-    return (bounds.numeric_error(value_abs, factor) + bounds.flush_floor(n_tokens, value_abs)
-            + bounds.dequantization_mismatch(value_abs))
+    abs_norm, abs_max = stats[..., bounds.STAT_ABS_NORM], stats[..., bounds.STAT_ABS_MAX]
+    return (bounds.numeric_error_from_norm(abs_norm, factor) + bounds.flush_floor_from_max(n_tokens, abs_max, head_dim)
+            + bounds.dequantization_mismatch_from(abs_norm, abs_max, head_dim))
 
 
 def int_value_term(cache: TieredKVCache, policy: CertPolicy, chain: int = 0) -> jax.Array:
@@ -280,29 +279,29 @@ def int_value_term(cache: TieredKVCache, policy: CertPolicy, chain: int = 0) -> 
     B, H = cache.batch, cache.num_kv_heads
     if not (tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT in kernel.INT_VALUE_VARIANTS):
         return jnp.zeros((B, H), jnp.float32)
-    # the running maxima over every flushed block (cache.v_scale_max / v_zero_max: no per-step read of tier 1)
-    scale_max, zero_max = cache.v_scale_max, cache.v_zero_max
+    # the norm of the running maxima over every flushed block (value_stats, kept by the writes: no per-step reduction)
     n_items = cache.num_blocks + 4 * cache.k_max + policy.v_max + 2
-    return bounds.int_value_rounding(scale_max, zero_max, cache.block_size, cache.value_bits, cache.group_size,
-                                     n_items, chain)
+    return bounds.int_value_rounding_from_norm(cache.value_stats[..., bounds.STAT_INT], cache.v_scale_max.shape[-1],
+                                               cache.block_size, cache.value_bits, cache.group_size, n_items, chain)
 
 
-def kernel_division_term(value_abs: jax.Array) -> jax.Array:
-    """[B, H]: the certify kernel's output division, compiled by Triton (PTX div.full.f32, not IEEE), adds
-    `bounds.approx_division_error` to E_num; 0 where the kernel is interpreted (XLA divides correctly rounded)."""
+def kernel_division_term(stats: jax.Array, head_dim: int) -> jax.Array:
+    """[B, H] from value_stats [B, H, 4]: the certify kernel's output division, compiled by Triton (PTX
+    div.full.f32, not IEEE), adds `bounds.approx_division_error` to E_num; 0 where the kernel is interpreted (XLA
+    divides correctly rounded)."""
     from pallas_kernels import backend
 
     if backend.interpret():
-        return jnp.zeros(value_abs.shape[:-1], jnp.float32)
-    return bounds.approx_division_error(value_abs)
+        return jnp.zeros(stats.shape[:-1], jnp.float32)
+    return bounds.approx_division_error_from_norm(stats[..., bounds.STAT_ABS_NORM], head_dim)
 
 
-def total_bound(e_key: jax.Array, e_val: jax.Array, value_abs: jax.Array, n_items: int, block_size: int,
+def total_bound(e_key: jax.Array, e_val: jax.Array, stats: jax.Array, head_dim: int, n_items: int, block_size: int,
                 cast: jax.Array, broken: jax.Array, value_rounding: jax.Array | None = None, chain: int = 0,
                 ) -> tuple[jax.Array, jax.Array]:
     """(E_num [B, H, G] with the output cast and E_int (value_rounding [B, H], if any), +inf where broken; the
-    bound E_key + E_val + E_num rounded up). chain: see `numeric_term`."""
-    e_num = numeric_term(value_abs, n_items, block_size, chain)
+    bound E_key + E_val + E_num rounded up). stats: value_stats [B, H, 4]; chain: see `numeric_term`."""
+    e_num = numeric_term(stats, head_dim, n_items, block_size, chain)
     if value_rounding is not None:
         e_num = e_num + value_rounding
     e_num = jnp.where(broken, jnp.inf, e_num[..., None] + cast)
@@ -465,8 +464,8 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
     out, cast = bounds.cast_error(r.out, q.dtype)
     # items merged: the blocks (split layout: the splits and the hot set's INT sums), the hot slots, the residual
     n_items = nb + K + 1 if not it.chain else max(nb, it.apx.acc.shape[3] + K) + K + 1
-    e_num, bound = total_bound(r.e_key, r.e_val, vt.value_abs, n_items, cache.block_size, cast, r.broken,
-                               int_value_term(cache, policy, it.chain) + kernel_division_term(vt.value_abs),
+    e_num, bound = total_bound(r.e_key, r.e_val, vt.stats, d, n_items, cache.block_size, cast, r.broken,
+                               int_value_term(cache, policy, it.chain) + kernel_division_term(vt.stats, d),
                                it.chain)
     k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
     stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
@@ -574,8 +573,8 @@ def evaluate_stage(ctx: StepContext, exact: list[ExactItems], out_dtype, policy:
                                        ctx.eta_op[:, :, None, :], ctx.apx.l, policy.block_size)
     e_val = bounds.weighted_sum(lm_up[..., :nb], errors, valid[..., :nb], broken)
     out, cast = bounds.cast_error(comb.out, out_dtype)
-    e_num, bound = total_bound(e_key, e_val, ctx.value_abs, n_items, policy.block_size, cast, broken,
-                               ctx.value_rounding)
+    e_num, bound = total_bound(e_key, e_val, ctx.value_stats, ctx.q32.shape[-1], n_items, policy.block_size, cast,
+                               broken, ctx.value_rounding)
 
     norm = ctx.log_norm[..., None]
     approx_lm, exact_lm, active = [], [], []

@@ -333,6 +333,13 @@ for s in "$@"; do
       # (git archive 668a581: before both); dense in the same call
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
       step ab3 330 "$G --caches dense certified --out $W/ab3_now_1.json; (cd .carry_mid && PYTHONPATH=. $G --caches certified --out $W/ab3_mid_1.json); (cd .carry_old && PYTHONPATH=. $G --caches certified --out $W/ab3_old_1.json); $G --caches certified --out $W/ab3_now_2.json; (cd .carry_mid && PYTHONPATH=. $G --caches certified --out $W/ab3_mid_2.json)" ;;
+    sched_xla)  # twenty-first session: does the layer-schedules test's bound tolerance (1e-6 across programs) hold on a
+      # GPU with XLA's token writes? (it failed with the write kernel; never run on a GPU before)
+      step sched_xla 150 "CERTATTN_WRITE_KERNEL=0 python3 -m pytest -q -x tests/test_e2e_cache.py -k 'schedules_decode_identically and rung0'" ;;
+    ab_k1)  # twenty-first session: SmolLM2 1K certified, now (value statistics kept by the writes) against .carry_k1
+      # (git archive 4c31ca1: the token-write kernel alone), alternated, dense in the same call
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step ab_k1 300 "$G --caches dense certified --out $W/abk1_now_1.json; (cd .carry_k1 && PYTHONPATH=. $G --caches certified --out $W/abk1_k1_1.json); $G --caches certified --out $W/abk1_now_2.json; (cd .carry_k1 && PYTHONPATH=. $G --caches certified --out $W/abk1_k1_2.json)" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;

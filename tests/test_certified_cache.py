@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from certattn_jax import quant
+from certattn_jax import bounds, quant
 from certattn_jax.attention import (
     certified_attention,
     certified_attention_step,
@@ -108,6 +108,12 @@ def test_tier2_keeps_the_originals_and_append_paths_agree(T):
             np.testing.assert_array_equal(np.asarray(getattr(c, name)), want, err_msg=name)
         got = np.asarray(c.v_norm_max, np.float64)
         assert np.all(got >= norms) and np.all(got <= norms * (1 + 1e-5) + 1e-30)
+        # the statistics a step reads are those of the running fields, as every write leaves them
+        cols = bounds.value_statistics(c.v_min, c.v_max, c.v_err_max, c.v_scale_max, c.v_zero_max, c.block_size,
+                                       c.value_bits)
+        np.testing.assert_array_equal(np.asarray(c.value_stats), np.asarray(jnp.stack(cols, axis=-1)))
+        value_abs = np.maximum(np.abs(np.asarray(v, np.float64)).max(axis=1), 0)  # [B, H, d]
+        assert np.all(np.asarray(c.value_stats)[..., bounds.STAT_ABS_NORM] >= np.linalg.norm(value_abs, axis=-1))
 
 
 def test_certified_output_is_within_bound_and_better_than_naive():

@@ -119,7 +119,7 @@ def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatc
     ulp = 2.0 ** -7 if q.dtype == jnp.bfloat16 else 1e-5  # the cast may round the other way
     np.testing.assert_allclose(out_g, out_r, rtol=ulp, atol=1e-6)
     # compiled, E_num also counts the kernel's output division (Triton: div.full.f32), which the jnp path lacks
-    extra = np.asarray(step.kernel_division_term(ctx.value_abs))[..., None]
+    extra = np.asarray(step.kernel_division_term(ctx.value_stats, cache.head_dim))[..., None]
     for name in ("e_key", "e_val") + (("e_num", "bound") if layout != "split" else ()):
         np.testing.assert_allclose(np.asarray(getattr(got, name)) - (extra if name in ("e_num", "bound") else 0),
                                    np.asarray(getattr(ref, name)), rtol=2e-5, err_msg=name)
@@ -220,5 +220,6 @@ def test_the_kernels_divide_only_where_the_bound_counts_triton_s_approximate_div
     from pallas_kernels import backend
 
     v_abs = jnp.ones((1, 2, 64))
-    assert float(jnp.max(step.kernel_division_term(v_abs))) == (0.0 if backend.interpret() else
-                                                               float(bounds.approx_division_error(v_abs)[0, 0]))
+    stats = jnp.zeros((1, 2, bounds.N_VALUE_STATS)).at[..., bounds.STAT_ABS_NORM].set(bounds.l2(v_abs))
+    assert float(jnp.max(step.kernel_division_term(stats, 64))) == (0.0 if backend.interpret() else
+                                                                    float(bounds.approx_division_error(v_abs)[0, 0]))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from certattn_jax import bounds
 from pallas_kernels.write_token import write_token, write_token_reference
 
 
@@ -19,7 +20,9 @@ def _stack(rng, L, B, H, Bk, d, dtype, poison: bool):
     v_min = jnp.asarray(rng.normal(size=(L, B, H, d)) - 1.5, jnp.float32)
     v_max = v_min + jnp.asarray(rng.random((L, B, H, d)) * 3, jnp.float32)
     v_norm_max = jnp.asarray(rng.random((L, B, H)) * 8, jnp.float32)
-    return res_k, res_v, v_min, v_max, v_norm_max
+    value_stats = jnp.asarray(rng.random((L, B, H, bounds.N_VALUE_STATS)), jnp.float32)
+    v_err_max = jnp.asarray(rng.random((L, B, H)) * 0.2, jnp.float32)
+    return res_k, res_v, v_min, v_max, v_norm_max, value_stats, v_err_max
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "f32"])
@@ -41,8 +44,18 @@ def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, 
         # NaN where nothing was written, in both: the other rows, layers and heads are left alone
         np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)),
                                       err_msg=name)
-    # the norm bound: compiled, its sums run in another order and its square root counts Triton's error
+    # the norm bounds: compiled, their sums run in another order and their square roots count Triton's error
     np.testing.assert_allclose(np.asarray(got[4]), np.asarray(want[4]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[5]), np.asarray(want[5]), rtol=1e-5)
+    # the statistics a step reads: what `bounds.value_statistics` gives for the new range (STAT_INT kept)
+    cols = bounds.value_statistics(got[2][layer], got[3][layer], stack[6][layer], jnp.zeros((B, H, 1)),
+                                   jnp.zeros((B, H, 1)), Bk, 4)
+    for i in (bounds.STAT_RANGE, bounds.STAT_ABS_NORM, bounds.STAT_ABS_MAX):
+        np.testing.assert_allclose(np.asarray(got[5])[layer, ..., i], np.asarray(cols[i]), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got[5])[layer, ..., bounds.STAT_INT],
+                                  np.asarray(stack[5])[layer, ..., bounds.STAT_INT])
+    others = [i for i in range(L) if i != layer]
+    np.testing.assert_array_equal(np.asarray(got[5])[others], np.asarray(stack[5])[others])
     # against float64: the row holds the token, the range covers it, the norm bound covers its norm, tightly
     k64, v64 = np.asarray(k.astype(jnp.float32), np.float64), np.asarray(v.astype(jnp.float32), np.float64)
     rows_k, rows_v = np.asarray(got[0].astype(jnp.float32)), np.asarray(got[1].astype(jnp.float32))
@@ -60,7 +73,7 @@ def test_a_non_finite_value_makes_the_norm_infinite():
     rng = np.random.default_rng(7)
     L, B, H, Bk, d = 2, 1, 2, 16, 32
     stack = _stack(rng, L, B, H, Bk, d, jnp.bfloat16, poison=False)
-    v = jnp.asarray(rng.normal(size=(B, H, d)), jnp.bfloat16).at[0, 1, 3].set(jnp.inf)
+    v = jnp.asarray(rng.normal(size=(B, H, d)), jnp.bfloat16).at[0, 1, 3].set(jnp.inf)  # (k = v here)
     got = jax.jit(write_token)(*stack, v, v, jnp.zeros((B,), jnp.int32), jnp.int32(1))
     assert np.isinf(np.asarray(got[4])[1, 0, 1]) and np.isfinite(np.asarray(got[4])[1, 0, 0])
 
@@ -72,7 +85,9 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="cache dtype"):
         write_token(*stack, k.astype(jnp.float32), k, jnp.zeros((1,), jnp.int32), jnp.int32(0))
     with pytest.raises(ValueError, match="v_norm_max"):
-        write_token(*stack[:4], stack[4][0], k, k, jnp.zeros((1,), jnp.int32), jnp.int32(0))
+        write_token(*stack[:4], stack[4][0], *stack[5:], k, k, jnp.zeros((1,), jnp.int32), jnp.int32(0))
+    with pytest.raises(ValueError, match="value_stats"):
+        write_token(*stack[:5], stack[5][..., :3], stack[6], k, k, jnp.zeros((1,), jnp.int32), jnp.int32(0))
     with pytest.raises(ValueError, match="r must be"):
         write_token(*stack, k, k, jnp.zeros((2,), jnp.int32), jnp.int32(0))
 
