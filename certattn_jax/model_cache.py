@@ -301,25 +301,34 @@ class TieredModelCache:
         new = model.with_layer(layer, c, base)
         return out, new.replace(cert_packed=cert)
 
-    def with_lengths(self, new_lengths: jax.Array) -> TieredModelCache:
+    def with_lengths(self, new_lengths: jax.Array, maintain: bool = True) -> TieredModelCache:
         """After the last layer: make resident the blocks rung 1 asked for in any layer (`hot_pending`), then
         flush every layer's full residual block at once (one batched quantization) and record the new lengths.
 
         Both are rare (a flush every block_size steps, pending blocks only after a rung 1), so they sit under
         one outer lax.cond: on a GPU each conditional is a host round trip, and the common step pays one here
-        instead of two (each inner conditional runs only inside the taken branch)."""
-        # every layer holds the same tokens: their lengths in one write (a decode step's `attend` leaves them)
-        store = self.store.replace(lengths=jnp.broadcast_to(new_lengths.astype(jnp.int32), self.store.lengths.shape))
-        pending = jnp.any(store.hot_pending >= 0)
-        full = jnp.any(store.needs_flush(), axis=0)  # [B]; every layer holds the same tokens (pending does not
-        # change lengths or flushed, so `full` is the same before and after the hot sets are applied)
+        instead of two (each inner conditional runs only inside the taken branch). maintain=False records the
+        lengths only: for a caller that knows `maintenance_due` is False (the decode step's common branch, whose
+        own conditional already asked it)."""
+        store = self._recorded(new_lengths)
+        if maintain:
+            pending, full = _maintenance(store)
 
-        def maintain(s: TieredKVCache) -> TieredKVCache:
-            s = jax.lax.cond(pending, lambda s: s.apply_pending_hot_sets(), lambda s: s, s)
-            return jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, s)
+            def maintained(s: TieredKVCache) -> TieredKVCache:
+                s = jax.lax.cond(pending, lambda s: s.apply_pending_hot_sets(), lambda s: s, s)
+                return jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, s)
 
-        store = jax.lax.cond(pending | jnp.any(full), maintain, lambda s: s, store)
+            store = jax.lax.cond(pending | jnp.any(full), maintained, lambda s: s, store)
         return self.replace(store=store, lengths=new_lengths.astype(jnp.int32))
+
+    def maintenance_due(self, new_lengths: jax.Array) -> jax.Array:
+        """Scalar bool: `with_lengths(new_lengths)` has work to do (hot-set blocks pending, or a full residual)."""
+        pending, full = _maintenance(self._recorded(new_lengths))
+        return pending | jnp.any(full)
+
+    def _recorded(self, new_lengths: jax.Array) -> TieredKVCache:
+        # every layer holds the same tokens: their lengths in one write (a decode step's `attend` leaves them)
+        return self.store.replace(lengths=jnp.broadcast_to(new_lengths.astype(jnp.int32), self.store.lengths.shape))
 
     @property
     def last_certificate(self) -> Certificate:
@@ -386,6 +395,13 @@ class TieredModelCache:
 
 
 _STREAK_CAP = 1 << 30
+
+
+def _maintenance(store: TieredKVCache) -> tuple[jax.Array, jax.Array]:
+    """(pending: scalar bool, some layer's rung 1 asked for hot-set blocks; full [B]: the residual block is full,
+    in every layer alike) of a stacked store whose lengths are recorded. Pending does not change lengths or flushed,
+    so `full` is the same before and after the hot sets are applied."""
+    return jnp.any(store.hot_pending >= 0), jnp.any(store.needs_flush(), axis=0)
 
 
 def _layer_of(stacked: jax.Array, layer: int | jax.Array) -> jax.Array:

@@ -154,12 +154,21 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
         # "two-pass" schedule; at rung 0 alone for the "straight" ones; "adaptive" picks per step); only if some
         # head of some layer needs a higher rung, the step again from its start with the whole ladder, in a loop
         # over layers, so the ladder is compiled once rather than once per layer.
+        # One conditional for all a common step skips (each is a host round trip on a GPU): the second pass and
+        # the end of the step's maintenance (`with_lengths`: pending hot-set blocks, a full residual block).
         def second_pass_if_needed(x_fast, c_fast):
-            return jax.lax.cond(
-                c_fast.needs_slow_path(),
-                lambda: _slow_path_done(*_layers_looped(params, config, x, cache, cos, sin, new_lengths,
-                                                        rare=True)),
-                lambda: (x_fast, c_fast.fast_path_done()))
+            def rare():
+                x_done, c_done = jax.lax.cond(
+                    c_fast.needs_slow_path(),
+                    lambda: _slow_path_done(*_layers_looped(params, config, x, cache, cos, sin, new_lengths,
+                                                            rare=True)),
+                    lambda: (x_fast, c_fast.fast_path_done()))
+                return x_done, c_done.with_lengths(new_lengths)
+
+            def common():  # nothing due: the lengths recorded, nothing else
+                return x_fast, c_fast.fast_path_done().with_lengths(new_lengths, maintain=False)
+
+            return jax.lax.cond(c_fast.needs_slow_path() | c_fast.maintenance_due(new_lengths), rare, common)
 
         schedule = getattr(fast, "schedule", "")
         if schedule == "adaptive":  # rung 1 in the first pass unless the last steps stayed at rung 0
@@ -182,7 +191,7 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     # Never return a silent wrong answer: a sequence that overflowed the cache gets NaN outputs.
     bad = overflow_mask(new_lengths, cache.capacity)
     x = jnp.where(bad[:, None, None], jnp.nan, x)
-    return x, cache.with_lengths(new_lengths)
+    return x, (cache if fast is not None else cache.with_lengths(new_lengths))  # (the fast path's: recorded)
 
 
 def _slow_path_done(x: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:

@@ -831,3 +831,16 @@ def test_the_token_write_kernel_leaves_what_xla_writes_leave(params, mode, monke
     for (path, a), (_, b) in zip(with_kernel, with_xla, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
     assert np.asarray(runs[True][1].store.flushed[0]).tolist() == [32, 16]  # the first row crossed a block boundary
+
+
+@pytest.mark.parametrize("schedule,want", [("looped", 1), ("two-pass", CFG.num_layers + 1), ("straight-looped", 1),
+                                           ("adaptive", 2)])
+def test_a_common_decode_step_asks_one_conditional_after_its_first_pass(params, schedule, want):
+    """A certified decode step's conditionals at its top level (each a host round trip on a GPU): the second pass
+    and the end-of-step maintenance (pending hot-set blocks, a full residual) share one, whose taken branch asks
+    each of them again; "adaptive" also picks its first pass, "two-pass" unrolls its first pass's rung-1
+    conditionals, one per layer. (One more each before.)"""
+    cache = cache_spec("certified", CFG, jnp.float32, POLICY, schedule=schedule)(1, 64)
+    tok = jnp.zeros((1, 1), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda c: llama.forward(params, CFG, tok, c))(cache).jaxpr
+    assert sum(e.primitive.name == "cond" for e in jaxpr.eqns) == want
