@@ -129,8 +129,11 @@ class EvalCache:
     def slow_path_done(self) -> EvalCache:
         return self.replace(inner=self.inner.slow_path_done())
 
-    def with_lengths(self, new_lengths: jax.Array) -> EvalCache:
-        return self.replace(inner=self.inner.with_lengths(new_lengths))
+    def with_lengths(self, new_lengths: jax.Array, maintain: bool = True) -> EvalCache:
+        return self.replace(inner=self.inner.with_lengths(new_lengths, maintain))
+
+    def maintenance_due(self, new_lengths: jax.Array) -> jax.Array:
+        return self.inner.maintenance_due(new_lengths)
 
     def step_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {}
