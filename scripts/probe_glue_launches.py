@@ -41,7 +41,8 @@ TAGGED = ((step, "query_terms fused_items residual_tokens value_terms block_vali
           (bounds, "block_value_errors cast_error finite_or_inf"),
           (ladder, "mark_used run_fast"),
           (certify_rung0, "certify_rung0"), (tier1_pass, "tier1_pass"), (model_cache, "pack"))
-TAGGED_METHODS = ((TieredKVCache, "write_token"), (TieredModelCache, "layer_view"), (TieredModelCache, "with_layer"))
+TAGGED_METHODS = ((TieredKVCache, "write_token"), (TieredKVCache, "write_layer_token"),
+                  (TieredModelCache, "layer_view"), (TieredModelCache, "with_layer"))
 
 
 def _scoped(name: str, fn):
