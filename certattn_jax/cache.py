@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import jax
@@ -63,6 +62,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from certattn_jax import bounds, quant, select, tiers
+from certattn_jax.env import switch_from_env
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 
@@ -77,12 +77,7 @@ TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 # compiled kernels run (a GPU) and the kernel passed its known-answer check (`pallas_kernels.selftest.write_trusted`);
 # in interpret mode (the CPU) XLA's updates, which cost nothing extra there. CERTATTN_WRITE_KERNEL=1 / 0 forces it on
 # (also interpreted: the CPU tests) / off.
-_WRITE_KERNEL_SETTINGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False, "auto": None,
-                          "": None}
-_write_kernel_env = os.environ.get("CERTATTN_WRITE_KERNEL", "auto").strip().lower()
-if _write_kernel_env not in _WRITE_KERNEL_SETTINGS:
-    raise ValueError(f"CERTATTN_WRITE_KERNEL={_write_kernel_env!r}: expected 1, 0 or auto")
-WRITE_KERNEL: bool | None = _WRITE_KERNEL_SETTINGS[_write_kernel_env]
+WRITE_KERNEL: bool | None = switch_from_env("CERTATTN_WRITE_KERNEL")
 
 BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max", "v_scale_max",
                                "v_zero_max", "value_stats", "hot_k", "hot_v", "hot_ids", "res_k", "res_v")

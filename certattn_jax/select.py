@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax import tiers
+from certattn_jax.env import switch_from_env
 
 # Below this many bytes of one layer's tier 2 (keys and values), `fetch_blocks` copies the layer's whole tier 2 to
 # the device in one transfer and gathers the wanted blocks there, instead of one transfer per block in a loop whose
@@ -30,12 +31,7 @@ FETCH_UNROLL_UP_TO = int(os.environ.get("CERTATTN_FETCH_UNROLL", "0") or 0)
 # default): wherever compiled kernels run (a GPU) and the kernel passed its known-answer check for the
 # configuration (`pallas_kernels.selftest.gather_trusted`); in interpret mode (the CPU) the block loop, since the
 # interpreter needs a device copy of the layer's tier 2. CERTATTN_FETCH_KERNEL=1 / 0 forces it on / off.
-_FETCH_KERNEL_SETTINGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False, "auto": None,
-                          "": None}
-_fetch_kernel_env = os.environ.get("CERTATTN_FETCH_KERNEL", "auto").strip().lower()
-if _fetch_kernel_env not in _FETCH_KERNEL_SETTINGS:
-    raise ValueError(f"CERTATTN_FETCH_KERNEL={_fetch_kernel_env!r}: expected 1, 0 or auto")
-FETCH_KERNEL: bool | None = _FETCH_KERNEL_SETTINGS[_fetch_kernel_env]
+FETCH_KERNEL: bool | None = switch_from_env("CERTATTN_FETCH_KERNEL")
 
 
 def fetch_by_kernel(host: jax.Array, dst: jax.Array) -> bool:

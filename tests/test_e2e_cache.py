@@ -849,3 +849,15 @@ def test_a_common_decode_step_asks_one_conditional_after_its_first_pass(params, 
     tok = jnp.zeros((1, 1), jnp.int32)
     jaxpr = jax.make_jaxpr(lambda c: llama.forward(params, CFG, tok, c))(cache).jaxpr
     assert sum(e.primitive.name == "cond" for e in jaxpr.eqns) == want
+
+
+@pytest.mark.parametrize("raw,want", [("1", True), ("on", True), ("0", False), ("off", False), ("auto", None),
+                                      ("", None)])
+def test_a_kernel_switch_from_the_environment_is_checked_by_name(monkeypatch, raw, want):
+    from certattn_jax.env import switch_from_env
+
+    monkeypatch.setenv("CERTATTN_SOME_KERNEL", raw)
+    assert switch_from_env("CERTATTN_SOME_KERNEL") is want
+    monkeypatch.setenv("CERTATTN_SOME_KERNEL", "maybe")
+    with pytest.raises(ValueError, match="CERTATTN_SOME_KERNEL='maybe'"):
+        switch_from_env("CERTATTN_SOME_KERNEL")

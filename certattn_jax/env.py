@@ -1,0 +1,15 @@
+"""Settings read from the environment, checked by name (a typo fails at import, naming the variable)."""
+
+from __future__ import annotations
+
+import os
+
+_SWITCH = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False, "auto": None, "": None}
+
+
+def switch_from_env(name: str) -> bool | None:
+    """A three-way switch: 1/true/on -> True, 0/false/off -> False, auto or unset -> None (the code decides)."""
+    raw = os.environ.get(name, "auto").strip().lower()
+    if raw not in _SWITCH:
+        raise ValueError(f"{name}={raw!r}: expected 1, 0 or auto")
+    return _SWITCH[raw]
