@@ -467,9 +467,8 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
     e_num, bound = total_bound(r.e_key, r.e_val, vt.stats, d, n_items, cache.block_size, cast, r.broken,
                                int_value_term(cache, policy, it.chain) + kernel_division_term(vt.stats, d),
                                it.chain)
-    k_star = jnp.broadcast_to(jnp.sum(r.active, axis=-1)[:, :, None], (B, H, G)).astype(jnp.int32)
     stage = StageResult(out=out, bound=bound, e_key=r.e_key, e_val=r.e_val, e_num=e_num,
-                        ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=k_star,
+                        ranking_ok=jnp.broadcast_to(r.ranking_ok[:, :, None], (B, H, G)), k_star=r.k_star,
                         masses=jnp.zeros((B, H, G, nb), jnp.float32))
     return FusedRung0(stage=stage, active=r.active, apx=None if it.chain else it.apx,
                       tolerance=jnp.broadcast_to(vt.tolerance[..., None], (B, H, G)), bad=qt.bad)

@@ -35,7 +35,7 @@ that code, run by the tests):
   5. TV (bounds.tv_bound) -> E_key, E_val (bounds.weighted_sum), `broken`; the ranking-consistency check.
 E_num depends on the value statistics only and is added by the caller with the output cast (XLA), and, compiled,
 the output division's extra rounding (Triton divides with PTX div.full.f32: `bounds.approx_division_error`).
-Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots).
+Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots), K* [G].
 
 Compile time: the candidate loop (k_max steps) and the per-slot work (K steps) are rolled loops and the hot slots
 vectors over the slot axis, so the kernel's code does not grow with k_max. (Unrolled in Python, k_max = 8 cost
@@ -109,7 +109,8 @@ def _i32(x: int) -> jax.Array:
 
 class Rung0(NamedTuple):
     """out [B, H, G, d] float32 (before the output cast); e_key, e_val [B, H, G]; broken [B, H, G] bool (some
-    valid item could not be bounded: the bound is +inf); ranking_ok [B, H] bool; active [B, H, K] bool."""
+    valid item could not be bounded: the bound is +inf); ranking_ok [B, H] bool; active [B, H, K] bool; k_star
+    [B, H, G] int32 (the promoted slots, counted in the kernel: no reduction after it)."""
 
     out: jax.Array
     e_key: jax.Array
@@ -117,6 +118,7 @@ class Rung0(NamedTuple):
     broken: jax.Array
     ranking_ok: jax.Array
     active: jax.Array
+    k_star: jax.Array
 
 
 def _any_row(x: jax.Array) -> jax.Array:
@@ -162,7 +164,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     if split:
         am_ref, xa_ref, *refs = refs
     (hid_ref, hm_ref, hl_ref, hacc_ref, hdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref,
-     active_ref) = refs
+     active_ref, kstar_ref) = refs
     Gp, NBp = m_ref.shape
     n_valid = jnp.clip(nv_ref[()], 0, nb)
     r_count = rc_ref[()]
@@ -416,6 +418,7 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     rank_ref[...] = jnp.broadcast_to(ranking_ok.astype(jnp.int32), (Gp,))
     act = jnp.max(jnp.where(slot_of & active[:, None], _i32(1), _i32(0)), axis=0)  # [K]
     active_ref[...] = act
+    kstar_ref[...] = jnp.broadcast_to(jnp.sum(act), (Gp,))
 
 
 def supports(head_dim: int, hot_slots: int) -> bool:
@@ -518,9 +521,9 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
                 apx_delta, eta, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l, slot_acc, slot_delta,
                 G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps,
                 cw=min(chunk_blocks, NBp))
-    o, ek, ev, br, rk, act = out
+    o, ek, ev, br, rk, act, ks = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
-                 ranking_ok=rk[:, :, 0] != 0, active=act != 0)
+                 ranking_ok=rk[:, :, 0] != 0, active=act != 0, k_star=ks[:, :, :G])
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw"))
@@ -547,10 +550,11 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, 
                   whole(Gp, NBp), whole(Gp, NBp), whole(Gp, *acc.shape[3:])]
         + ([whole(Gp, split_args[0].shape[-1]), whole(Gp, K, d)] if split else [])
         + [whole(K), whole(Gp, P), whole(Gp, P), whole(Gp, P, d), whole(Gp, P)],
-        out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K)],
+        out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K), whole(Gp)],
         out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]
         + [jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)] * 2
-        + [jax.ShapeDtypeStruct((B, H, Gp), jnp.int32)] * 2 + [jax.ShapeDtypeStruct((B, H, K), jnp.int32)],
+        + [jax.ShapeDtypeStruct((B, H, Gp), jnp.int32)] * 2 + [jax.ShapeDtypeStruct((B, H, K), jnp.int32),
+                                                                jax.ShapeDtypeStruct((B, H, Gp), jnp.int32)],
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
