@@ -153,8 +153,8 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
     return _Item(lm=lm, err=err, ok=ok, valid=valid, delta=delta)
 
 
-def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, *refs, G: int, nb: int, K: int,
-            kp: int, ch: int, cw: int, block_size: int, split: bool = False):
+def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, *refs, G: int, nb: int,
+            K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False):
     # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
     # split: acc_ref [Gp, Sp, d] holds the tier-1 pass's split accumulators (hot blocks left out) with their maxima
     # am_ref [Gp, Sp], and xa_ref [Gp, K, d] the hot blocks' INT value sums; else acc_ref [Gp, NBp, d] per block.
@@ -169,8 +169,8 @@ def _kernel(par_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_
     n_valid = jnp.clip(nv_ref[()], 0, nb)
     r_count = rc_ref[()]
     key_scale = ks_ref[()]
-    tau = par_ref[0]  # the policy's tolerances are traced values (a new tau_cov must not recompile)
-    margin = par_ref[1]
+    tau = tau_ref[0]  # the policy's tolerances are traced values (a new tau_cov must not recompile)
+    margin = mg_ref[0]
     g_real = jax.lax.broadcasted_iota(jnp.int32, (Gp,), 0) < G  # padded query-head rows never count
     g_real2 = g_real[:, None]
     cidx = jax.lax.broadcasted_iota(jnp.int32, (1, cw), 1)
@@ -515,9 +515,10 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     apx_acc = pad(apx_acc, 0.0, pn, 1)
     slot_m, slot_l, slot_delta = pad(slot_m, -jnp.inf, ps), pad(slot_l, 0.0, ps), pad(slot_delta, 0.0, ps)
     slot_acc = pad(slot_acc, 0.0, ps, 1)
-    params = jnp.stack([jnp.asarray(tau_cov, f32), jnp.asarray(rank_margin, f32)])
+    # two [1] inputs, not one stacked [2]: a reshape of a scalar is free, a stack is a launch per layer-step
+    tau, margin = (jnp.asarray(x, f32).reshape(1) for x in (tau_cov, rank_margin))
     split_args = (split_max.astype(f32), hot_acc.astype(f32)) if split else ()
-    out = _call(params, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
+    out = _call(tau, margin, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
                 apx_delta, eta, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l, slot_acc, slot_delta,
                 G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps,
                 cw=min(chunk_blocks, NBp))
@@ -527,7 +528,7 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw"))
-def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, nb, kp, block_size, interpret,
+def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, nb, kp, block_size, interpret,
           num_warps, cw):
     split = len(rest) == 7
     split_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:2], rest[2:]) if split else ((), rest)
@@ -542,11 +543,12 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, 
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))
 
     per_seq = pl.BlockSpec((None,), lambda b, h: (b,))
+    one = pl.BlockSpec((1,), lambda b, h: (0,))
     per_head = pl.BlockSpec((None, None), lambda b, h: (b, h))
     return pl.pallas_call(
         kernel,
         grid=(B, H),
-        in_specs=[pl.BlockSpec((2,), lambda b, h: (0,)), per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp),
+        in_specs=[one, one, per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp),
                   whole(Gp, NBp), whole(Gp, NBp), whole(Gp, *acc.shape[3:])]
         + ([whole(Gp, split_args[0].shape[-1]), whole(Gp, K, d)] if split else [])
         + [whole(K), whole(Gp, P), whole(Gp, P), whole(Gp, P, d), whole(Gp, P)],
@@ -558,5 +560,5 @@ def _call(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, 
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
-    )(params, n_valid, r_count, key_scale, m, l, delta, eta, acc, *split_args, hot_ids, slot_m, slot_l, slot_acc,
+    )(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, acc, *split_args, hot_ids, slot_m, slot_l, slot_acc,
       slot_delta)
