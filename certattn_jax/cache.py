@@ -418,7 +418,7 @@ class TieredKVCache:
         """Flush the residual of the sequences where full [B] is set (no control flow of its own). In the stacked
         form every layer flushes at once (one batched quantization, one tier-2 write per block of all layers)."""
         c = self._store_blocks(jnp.expand_dims(self.res_k, -3), jnp.expand_dims(self.res_v, -3), full[:, None])
-        c = c._keep_resident(full)
+        c = c.with_value_stats()._keep_resident(full)  # (append's blocks: its _note_values recomputes them)
         return c.replace(flushed=c.flushed + jnp.where(full, c.block_size, 0))
 
     def _keep_resident(self, full: jax.Array) -> TieredKVCache:
@@ -470,7 +470,7 @@ class TieredKVCache:
 
         put_all = jax.vmap(put) if self.stacked else put
         c = self.replace(**{name: put_all(getattr(self, name), x) for name, x in t1.items()})
-        c = c.replace(**_running_maxima(c, t1, ids < nb)).with_value_stats()
+        c = c.replace(**_running_maxima(c, t1, ids < nb))  # (value_stats: by the caller, once per write)
         host_k, host_v = _write_host_blocks(c.host_k, c.host_v, blocks_k, blocks_v, ids, nb, self.layer)
         # a layer view's stack no longer holds this view's tier 1: drop it (`tier1_arrays`, `resliced`)
         return c.replace(host_k=host_k, host_v=host_v, stack=None)

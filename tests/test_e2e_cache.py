@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from certattn_jax import cli, model_cache, runner, tiers
+from certattn_jax import bounds, cli, model_cache, runner, tiers
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.model_cache import CACHE_MODES, CacheSpec, TieredModelCache, cache_spec
@@ -569,6 +569,12 @@ def test_the_end_of_a_step_holds_one_conditional_and_still_flushes():
     for layer in range(CFG.num_layers):  # host_k [L, B, H, nb, Bk, d]: block 0 of every layer holds the tokens
         np.testing.assert_array_equal(host_k[layer, 0, :, 0], want[0])
     assert int(cache.store.flushed[0, 0]) == 0  # the cache before the step ended is unchanged (functional)
+    # the flush leaves the value statistics a step reads as its new running maxima give them
+    st = done.store
+    cols = bounds.value_statistics(st.v_min, st.v_max, st.v_err_max, st.v_scale_max, st.v_zero_max, st.block_size,
+                                   st.value_bits)
+    np.testing.assert_array_equal(np.asarray(st.value_stats), np.asarray(jnp.stack(cols, axis=-1)))
+    assert float(jnp.max(st.v_err_max)) > 0  # (the flushed block's error reached them)
 
 
 def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params, monkeypatch):
