@@ -13,3 +13,18 @@ def switch_from_env(name: str) -> bool | None:
     if raw not in _SWITCH:
         raise ValueError(f"{name}={raw!r}: expected 1, 0 or auto")
     return _SWITCH[raw]
+
+
+def positive_int_from_env(name: str, default: int) -> int:
+    """The environment variable `name` as a positive integer (`default` when unset or empty); anything else is an
+    error naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={raw!r}: must be a positive integer")
+    return value

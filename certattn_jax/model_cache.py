@@ -28,7 +28,6 @@ under one outer lax.cond.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +46,7 @@ from certattn_jax.attention import (
 from certattn_jax.cache import DEVICE_FIELDS, TieredKVCache
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
+from certattn_jax.env import positive_int_from_env
 from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
 from certattn_jax.policy import CertPolicy
 
@@ -421,21 +421,6 @@ def _set_layer(stacked: jax.Array, layer: int | jax.Array, value: jax.Array) -> 
     if isinstance(layer, (int, np.integer)):
         layer = range(stacked.shape[0])[layer]
     return jax.lax.dynamic_update_index_in_dim(stacked, value.astype(stacked.dtype), layer, axis=0)
-
-
-def positive_int_from_env(name: str, default: int) -> int:
-    """The environment variable `name` as a positive integer (`default` when unset or empty); anything else is an
-    error naming the variable."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{name}={raw!r}: must be a positive integer")
-    return value
 
 
 # The "adaptive" schedule's threshold: the fast pass stops at rung 0 only after this many decode steps in a row
