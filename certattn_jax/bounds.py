@@ -393,10 +393,16 @@ def value_statistics(v_min: jax.Array, v_max: jax.Array, v_err_max: jax.Array, s
     """The columns of `value_stats` (STAT_RANGE, STAT_ABS_NORM, STAT_ABS_MAX, STAT_INT), each [...], from a cache's
     running statistics v_min, v_max [..., d], v_err_max [...], scale_max, zero_max [..., ng]. Only operations a
     Pallas kernel can lower (the token-write kernel evaluates the first three; sqrt_rel_error: `quant.norm_upper`)."""
+    return (*range_statistics(v_min, v_max, v_err_max, sqrt_rel_error),
+            quant.norm_upper(int_sum_vector(scale_max, zero_max, block_size, value_bits), sqrt_rel_error))
+
+
+def range_statistics(v_min: jax.Array, v_max: jax.Array, v_err_max: jax.Array, sqrt_rel_error: float = 0.0,
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The columns STAT_RANGE, STAT_ABS_NORM, STAT_ABS_MAX of `value_statistics` (those a token write changes)."""
     value_abs = value_abs_bound(v_min, v_max, v_err_max)
     return (quant.norm_upper(value_range_vector(v_min, v_max), sqrt_rel_error),
-            quant.norm_upper(value_abs, sqrt_rel_error), jnp.max(value_abs, axis=-1),
-            quant.norm_upper(int_sum_vector(scale_max, zero_max, block_size, value_bits), sqrt_rel_error))
+            quant.norm_upper(value_abs, sqrt_rel_error), jnp.max(value_abs, axis=-1))
 
 
 def cast_error(out_f32: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:

@@ -75,13 +75,11 @@ def _range_stats(v_min: jax.Array, v_max: jax.Array, v_err_max: jax.Array, old: 
                  ) -> jax.Array:
     """old [..., 4] value_stats with the columns that depend on v_min, v_max [..., d] (and v_err_max [...])
     recomputed (`bounds.value_statistics`; STAT_INT kept). Built with selects on an iota, which Triton lowers."""
-    value_abs = bounds.value_abs_bound(v_min, v_max, v_err_max)
-    cols = {bounds.STAT_RANGE: quant.norm_upper(bounds.value_range_vector(v_min, v_max), sqrt_rel_error),
-            bounds.STAT_ABS_NORM: quant.norm_upper(value_abs, sqrt_rel_error),
-            bounds.STAT_ABS_MAX: jnp.max(value_abs, axis=-1)}
+    cols = zip((bounds.STAT_RANGE, bounds.STAT_ABS_NORM, bounds.STAT_ABS_MAX),
+               bounds.range_statistics(v_min, v_max, v_err_max, sqrt_rel_error), strict=True)
     col = jax.lax.broadcasted_iota(jnp.int32, old.shape, old.ndim - 1)
     out = old
-    for i, x in cols.items():
+    for i, x in cols:
         out = jnp.where(col == i, x[..., None], out)
     return out
 
