@@ -291,7 +291,9 @@ def run_fast(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: i
     needs a rung above top_rung and its out / certificate are *not* valid: the caller must answer that step with
     `run`. Such a head, and only such a head, has rung 3 in the certificate (a model cache reads escalation from
     the certificates it keeps: `TieredModelCache.needs_slow_path`). Where it is clear, (out, certificate, cache)
-    equal what `run` returns (`run` stops at rung top_rung or below for every head, with the same computation)."""
+    equal what `run` returns (`run` stops at rung top_rung or below for every head, with the same computation).
+    With top_rung 0, out is rung 0's output for every head, whatever its certificate says (it does not wait for
+    the bound)."""
     if top_rung not in (0, 1):
         raise ValueError(f"the fast pass stops at rung 0 or 1, not {top_rung}")
     return _ladder(q, cache, policy, top_rung=top_rung)
@@ -416,7 +418,13 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
 
     out_exact3, cast3 = bounds.cast_error(out3, q.dtype)
     out_exact4, cast4 = bounds.cast_error(out4, q.dtype)
-    out = pick(st0.out, st1.out, st2.out, out_exact3, out_exact4)
+    if top_rung == 0:
+        # a fast pass of rung 0 alone answers every head with rung 0's output (where a head fails, its sequence
+        # escalates and the caller discards the output): no select on the bound, so on a GPU the bound's launches
+        # are off the chain from the attention kernels to the layer's output projection
+        out = st0.out
+    else:
+        out = pick(st0.out, st1.out, st2.out, out_exact3, out_exact4)
     zero = jnp.zeros_like(st0.bound)
     e_key = pick(st0.e_key, st1.e_key, st2.e_key, ek3, ek4)
     e_val = pick(st0.e_val, st1.e_val, st2.e_val, zero, zero)

@@ -514,6 +514,29 @@ def test_the_straight_fast_pass_holds_no_conditional():
     assert bool(np.all(np.asarray(escalate)))
 
 
+def test_the_straight_fast_pass_answers_with_rung_0_whatever_the_certificate():
+    """A fast pass of rung 0 alone returns rung 0's output for every head: with a tolerance no head meets (every
+    sequence escalates, the output is discarded by the caller) the output is the same as with one every head
+    meets, so the output never waits for the bound (on a GPU the bound's launches stay off the chain to the next
+    layer); the certificates still tell the two apart."""
+    from certattn_jax.attention import certified_attention, certified_attention_fast
+
+    rng = np.random.default_rng(7)
+    k = jnp.asarray(rng.normal(size=(2, 150, 2, 32)), jnp.float32)
+    cache = TieredKVCache.from_dense(k, k[..., ::-1] * 2, POLICY)
+    q = jnp.asarray(rng.normal(size=(2, 4, 32)) * 2, jnp.bfloat16)
+    lax_policy = dataclasses.replace(POLICY, eps=1e9)
+    strict = dataclasses.replace(POLICY, eps=0.0, abs_tol=0.0)
+    out_ok, cert_ok, _, esc_ok = certified_attention_fast(q, cache, lax_policy, 0)
+    out_strict, cert_strict, _, esc_strict = certified_attention_fast(q, cache, strict, 0)
+    assert not np.any(np.asarray(esc_ok)) and np.all(np.asarray(esc_strict))
+    assert np.all(np.asarray(cert_ok.rung) == 0) and np.all(np.asarray(cert_strict.rung) == 3)
+    np.testing.assert_array_equal(np.asarray(out_strict, np.float32), np.asarray(out_ok, np.float32))
+    # and where it is clear, that output is the full ladder's
+    out_run, _ = certified_attention(q, cache, lax_policy)
+    np.testing.assert_array_equal(np.asarray(out_ok, np.float32), np.asarray(out_run, np.float32))
+
+
 @pytest.mark.parametrize("top_rung", [0, 1])
 def test_a_fast_pass_marks_exactly_its_escalated_heads_rung_3(top_rung):
     """`TieredModelCache.needs_slow_path` reads escalation from the certificates: a sequence escalates out of the fast
