@@ -279,7 +279,7 @@ def weighted_sum(log_mass_up: jax.Array, errors: jax.Array, valid: jax.Array, br
 
 
 def block_value_errors(eta: jax.Array, eta_mean: jax.Array, eta_op: jax.Array, l: jax.Array, block_size: int,
-                       ) -> jax.Array:
+                       div_error: float = 0.0, sqrt_rel_error: float = 0.0) -> jax.Array:
     """What each INT block contributes to E_val per unit of its mass, per query head (docs/bounds.md section 4):
 
         min(eta_n, ||e_bar_n|| + sqrt((1/l_n - 1/B)^+) ||E_n||_2)
@@ -288,12 +288,58 @@ def block_value_errors(eta: jax.Array, eta_mean: jax.Array, eta_op: jax.Array, l
     eta_op [..., nb] the spectral norm of its error matrix E_n [B, d] (all from the writer, upper bounds); l
     [..., G, nb] the block's computed sum of exp(s_i - max s) (B when the block's scores are equal, 1 when one
     token holds all its weight). Why: with the block's softmax weights q (sum 1, max 1/l), sum_i q_i e_i = e_bar +
-    E^T (q - 1/B) and ||q - 1/B||_2^2 = sum q_i^2 - 1/B <= 1/l - 1/B. Broadcasts eta* against l."""
+    E^T (q - 1/B) and ||q - 1/B||_2^2 = sum q_i^2 - 1/B <= 1/l - 1/B. Broadcasts eta* against l.
+
+    div_error, sqrt_rel_error: how far the reciprocal 1/L and the square root may be off beyond a correctly
+    rounded result (relative), 0 for XLA; the certify kernel compiled by Triton passes `APPROX_DIV_ERROR`
+    (div.full.f32) and `quant.KERNEL_SQRT_REL_ERROR` (libdevice's sqrt). Both 0: the formula below, whose
+    constants (the sqrt(4u/B) slack for the cancellation in 1/L - 1/B, the final 1 + 8u) assume correctly rounded
+    operations (bit for bit as before these parameters). Either one set: the margined form (docs/bounds.md
+    section 4, "Compiled by Triton"). With a = u + div_error and sigma = u + sqrt_rel_error the two operations'
+    whole relative errors (each <= 2^-14), L = max(l_low, TINY) <= the exact sum-exp (as in the first form), X =
+    1/L - 1/B (L > B: X < 0 and there is nothing to show; else 1/L >= 1/B is normal):
+      * the reciprocal is multiplied by f = fl_up(1 + a + u) (its rounding: 1 - u), so r' >= (1/L)(1 - a)(1 + a +
+        u)(1 - u) >= (1/L)(1 - k), k = a^2 + a u + u^2 <= 3 a^2 < u/4: a lower bound of 1/L but for a second-order
+        term (an FMA of this product with the subtraction only rounds less);
+      * b = fl(1/B) <= (1/B)(1 + u), so r' - b >= X - k/L - u/B = (1 - k) X - (u + k)/B. If r' - b <= 0, then X <=
+        (u + k) / ((1 - k) B) <= 2u/B, the square root is of 0 and dev = c = fl(sqrt(4u/B)) >= sqrt(2u/B) >=
+        sqrt(X). Else t = fl(r' - b) >= (r' - b)(1 - u), s = sqrt~(t) >= sqrt(t)(1 - sigma), and with sqrt(x + y)
+        <= sqrt(x) + sqrt(y): sqrt(X) <= (s / (1 - sigma) + sqrt(2u/B)) / ((1 - u)(1 - k))^(1/2) <= (s + c) /
+        ((1 - sigma)(1 - u)); dev = fl(s + c) >= (s + c)(1 - u);
+      * so sqrt(X^+) <= dev / ((1 - sigma)(1 - u)^2) in both cases. The product dev eta_op, the sum with eta_mean
+        (terms >= 0: each rounding, or one FMA, loses at most a factor 1 - u) and the product by F (1 - u) give
+        eta_mean + sqrt(X^+) eta_op <= tight / (F (1 - u)^5 (1 - sigma)) <= tight, as F = fl_up((1 + 16u)(1 + 2
+        sqrt_rel_error)) >= 1 + 12u + 2 sqrt_rel_error >= 1 / (1 - 5u - sigma) (1/(1 - x) <= 1 + 2x for x <= 1/2).
+    Underflow is the same in either form (a product flushed to zero loses less than TINY per block; E_val's
+    (n + 1) TINY). NaN l: the plain eta."""
+    return _block_value_errors(eta, eta_mean, eta_op, l, block_size, div_error, sqrt_rel_error)
+
+
+def _block_value_errors(eta, eta_mean, eta_op, l, block_size: int, div_error: float, sqrt_rel_error: float,
+                        reciprocal=lambda x: 1.0 / x, sqrt=jnp.sqrt) -> jax.Array:
+    """`block_value_errors` with its two operations that a compiler may not round correctly as arguments (the
+    tests put the worst results their error bounds allow in their place)."""
     B = block_size
     l_low = l * (1.0 - EPS_WEIGHT - gamma(B + 1))  # the exact sum-exp is at least this
-    dev = jnp.sqrt(jnp.maximum(1.0 / jnp.maximum(l_low, TINY) - 1.0 / B, 0.0)) + math.sqrt(4 * U / B)
-    tight = (eta_mean + dev * eta_op) * (1.0 + 8 * U)  # sqrt(4u/B): the cancellation in 1/l - 1/B
+    if not (div_error or sqrt_rel_error):  # correctly rounded operations (XLA)
+        dev = sqrt(jnp.maximum(reciprocal(jnp.maximum(l_low, TINY)) - 1.0 / B, 0.0)) + math.sqrt(4 * U / B)
+        tight = (eta_mean + dev * eta_op) * (1.0 + 8 * U)  # sqrt(4u/B): the cancellation in 1/l - 1/B
+        return jnp.where(tight < eta, tight, jnp.broadcast_to(eta, tight.shape))  # NaN l: the plain eta
+    a = U + div_error
+    if not (0.0 <= div_error and 0.0 <= sqrt_rel_error and a <= 2.0 ** -14 and U + sqrt_rel_error <= 2.0 ** -14):
+        raise ValueError(f"block_value_errors: margins div_error {div_error}, sqrt_rel_error {sqrt_rel_error}")
+    recip = reciprocal(jnp.maximum(l_low, TINY)) * _f32_up(1.0 + a + U)  # >= (1/L)(1 - 3a^2)
+    dev = sqrt(jnp.maximum(recip - 1.0 / B, 0.0)) + math.sqrt(4 * U / B)
+    tight = (eta_mean + dev * eta_op) * _f32_up((1.0 + 16 * U) * (1.0 + 2 * sqrt_rel_error))
     return jnp.where(tight < eta, tight, jnp.broadcast_to(eta, tight.shape))  # NaN l: the plain eta
+
+
+def _f32_up(x: float) -> float:
+    """The smallest float32 >= x (a constant factor of a bound, so that its conversion never rounds it down)."""
+    c = np.float32(x)
+    if float(c) < x:
+        c = np.nextafter(c, np.float32(np.inf))
+    return float(c)
 
 
 def int_value_rounding(scale_max: jax.Array, zero_max: jax.Array, block_size: int, value_bits: int, group: int,

@@ -450,12 +450,12 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
     vt = value_terms(cache, policy, block_validity(cache))
     extra = it.apx.m.shape[-1] - nb
 
-    def blocks(x):  # [B, H, nb] -> [B, H, 1, block columns of apx]
-        return jnp.pad(x, ((0, 0), (0, 0), (0, extra)))[:, :, None, :]
+    def blocks(x):  # [B, H, nb] -> [B, H, block columns of apx]: from the cache alone, off the kernels' chain
+        return jnp.pad(x, ((0, 0), (0, 0), (0, extra))) if extra else x
 
-    errors = bounds.block_value_errors(blocks(vt.eta), blocks(vt.eta_mean), blocks(vt.eta_op), it.apx.l,
-                                       cache.block_size)
-    r = ck.certify_rung0(it.apx.m, it.apx.l, it.apx.acc, it.apx_delta, errors, cache.flushed // cache.block_size,
+    # the blocks' value errors (bounds.block_value_errors) are evaluated by the certify kernel, from these and l
+    r = ck.certify_rung0(it.apx.m, it.apx.l, it.apx.acc, it.apx_delta, blocks(vt.eta), blocks(vt.eta_mean),
+                         blocks(vt.eta_op), cache.flushed // cache.block_size,
                          cache.hot_ids, it.slots.m, it.slots.l, it.slots.acc, it.slot_delta,
                          cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
                          k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin,

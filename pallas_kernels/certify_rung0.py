@@ -15,7 +15,10 @@ Inputs (b, h omitted; G query heads, nb full blocks, K hot slots):
                                    `split_max` given), [G, S, d] split accumulators without the hot set's blocks,
                                    split_max [G, S] their maxima and hot_acc [G, K, d] the hot blocks' INT sums
     apx_delta         [G, nb]      Delta_n, the score error bound of each INT block (bounds.key_delta_quantized)
-    eta               [G, nb]      each block's value error per unit mass (bounds.block_value_errors; 0 invalid)
+    eta, eta_mean,    [nb]         each block's value error annotations, the same for the G query heads (step.
+      eta_op                       value_terms: largest token error, mean error, spectral norm; 0 invalid): the
+                                   kernel turns them into the per-head error per unit mass with the block's l
+                                   (bounds.block_value_errors, compiled with the Triton division and sqrt margins)
     n_valid           []           full blocks holding tokens;  r_count []: tokens in the residual block
     hot_ids           [K]          block id held by each hot slot (-1: empty)
     slot_m, slot_l    [G, P]       exact partials of each hot slot (empty: -inf, 0) and, in slot K, of the
@@ -32,7 +35,8 @@ that code, run by the tests):
   3. the hot slots holding one of the top-K* blocks are promoted: their exact partials replace the block's;
   4. the merge of the non-promoted INT blocks, the promoted slots and the residual (out, per-item log-masses
      and their rounding, the arithmetic checks of `step.combine`);
-  5. TV (bounds.tv_bound) -> E_key, E_val (bounds.weighted_sum), `broken`; the ranking-consistency check.
+  5. TV (bounds.tv_bound) -> E_key, E_val (bounds.block_value_errors, bounds.weighted_sum), `broken`; the
+     ranking-consistency check.
 E_num depends on the value statistics only and is added by the caller with the output cast (XLA), and, compiled,
 the output division's extra rounding (Triton divides with PTX div.full.f32: `bounds.approx_division_error`).
 Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots), K* [G].
@@ -58,7 +62,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from certattn_jax import bounds
+from certattn_jax import bounds, quant
 from pallas_kernels import backend
 
 _F32 = jnp.float32
@@ -153,8 +157,11 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
     return _Item(lm=lm, err=err, ok=ok, valid=valid, delta=delta)
 
 
-def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, acc_ref, *refs, G: int, nb: int,
-            K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False):
+def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, etam_ref, etaop_ref, acc_ref,
+            *refs, G: int, nb: int, K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False,
+            margins: bool = False):
+    # eta_ref, etam_ref, etaop_ref [NBp]: the blocks' value error annotations (per KV head). margins (compiled):
+    # Triton's division and square root in bounds.block_value_errors are not correctly rounded.
     # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
     # split: acc_ref [Gp, Sp, d] holds the tier-1 pass's split accumulators (hot blocks left out) with their maxima
     # am_ref [Gp, Sp], and xa_ref [Gp, K, d] the hot blocks' INT value sums; else acc_ref [Gp, NBp, d] per block.
@@ -358,10 +365,14 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
         am, al, keep, sl = chunk_kept(c)
         it = _item(am, al, big[:, None], log_denom[:, None], denom_ok[:, None], keep, dl_ref[:, sl])
         bad, xs, ys, dlv, lm_up = item_terms(it)
-        eta = eta_ref[:, sl]
+        # the blocks' value errors per unit mass [Gp, cw], from the annotations [1, cw] and the chunk's sum-exps
+        eta = bounds.block_value_errors(
+            eta_ref[sl][None, :], etam_ref[sl][None, :], etaop_ref[sl][None, :], l_ref[:, sl], block_size,
+            div_error=bounds.APPROX_DIV_ERROR if margins else 0.0,
+            sqrt_rel_error=quant.KERNEL_SQRT_REL_ERROR if margins else 0.0)
         use_b = keep & (eta > 0)
         terms = bounds._exp_up(jnp.where(use_b, lm_up, 0.0) + jnp.log(jnp.where(use_b, eta, 1.0)))
-        vbad = keep & ~jnp.isfinite(eta)
+        vbad = keep & ~jnp.isfinite(eta)  # never from columns not kept (invalid: padding or garbage)
         apx_lm = _log_mass(m_ref[:, sl], l_ref[:, sl])
         tail = jnp.where(g_real2 & keep, apx_lm + dl_ref[:, sl] - log_norm[:, None], _NEG_INF)
         return (jnp.maximum(bad_a, bad.astype(jnp.int32)), x_a + xs, y_a + ys, jnp.maximum(d_a, dlv),
@@ -441,12 +452,16 @@ def padded_slots(k_slots: int) -> int:
     return _pow2(k_slots + 1)
 
 
-def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_m, slot_l, slot_acc, slot_delta,
-                  r_count, key_scale, *, block_size: int, k_max: int, tau_cov: float, rank_margin: float,
-                  heads: int | None = None, num_blocks: int | None = None, split_max: jax.Array | None = None,
-                  hot_acc: jax.Array | None = None, interpret: bool | None = None,
-                  num_warps: int | None = None, chunk_blocks: int | None = None) -> Rung0:
+def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_valid, hot_ids, slot_m, slot_l,
+                  slot_acc, slot_delta, r_count, key_scale, *, block_size: int, k_max: int, tau_cov: float,
+                  rank_margin: float, heads: int | None = None, num_blocks: int | None = None,
+                  split_max: jax.Array | None = None, hot_acc: jax.Array | None = None, interpret: bool | None = None,
+                  num_warps: int | None = None, chunk_blocks: int | None = None,
+                  triton_margins: bool | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
+    eta, eta_mean, eta_op [B, H, nb] (padded inputs: [B, H, padded_blocks(nb)], 0 past nb) per KV head: the kernel
+    evaluates `bounds.block_value_errors` per query head from them and apx_l (no XLA launch between the tier-1
+    pass and this one).
 
     The exact items come as slots: slot_m, slot_l, slot_delta [B, H, G, P], slot_acc [B, H, G, P, d] with P >=
     K + 1: slots [0, K) are the hot set's (hot_ids [B, H, K]), slot K the residual block, any others ignored.
@@ -462,7 +477,8 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     sums. The kernel then reads Sp + K value vectors per query head instead of nb (docs/kernels.md).
 
     num_warps, chunk_blocks: the compiled program's warps and pass width (default: `tuning` of the padded block
-    count)."""
+    count). triton_margins: evaluate the block value errors with the margins of Triton's division and square root
+    (default: when compiled; True in interpret mode runs the compiled kernel's arithmetic on the CPU, for tests)."""
     B, H, Gx, nbx = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
@@ -475,13 +491,17 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
             raise ValueError(f"certify_rung0: split layout needs padded inputs: acc {apx_acc.shape}, split_max "
                              f"{split_max.shape}, hot_acc {None if hot_acc is None else hot_acc.shape}")
     if ((not split and apx_acc.shape != (B, H, Gx, nbx, d)) or slot_acc.shape != (B, H, Gx, P, d)
-            or eta.shape != (B, H, Gx, nbx) or slot_m.shape != (B, H, Gx, P) or apx_delta.shape != apx_m.shape
-            or P < K + 1):
+            or any(x.shape != (B, H, nbx) for x in (eta, eta_mean, eta_op)) or slot_m.shape != (B, H, Gx, P)
+            or apx_delta.shape != apx_m.shape or P < K + 1):
         raise ValueError(f"certify_rung0: inconsistent shapes m {apx_m.shape}, acc {apx_acc.shape}, slot_acc "
-                         f"{slot_acc.shape}, slot_m {slot_m.shape}, eta {eta.shape}, hot_ids {hot_ids.shape}")
+                         f"{slot_acc.shape}, slot_m {slot_m.shape}, eta / eta_mean / eta_op {eta.shape} / "
+                         f"{eta_mean.shape} / {eta_op.shape} (per KV head: {(B, H, nbx)}), hot_ids {hot_ids.shape}")
     if not 0 < k_max <= K:
         raise ValueError(f"k_max {k_max} must be in [1, {K}] (the hot slots)")
     interpret = backend.interpret() if interpret is None else interpret
+    triton_margins = not interpret if triton_margins is None else bool(triton_margins)
+    if not (interpret or triton_margins):
+        raise ValueError("certify_rung0: a compiled kernel needs the Triton rounding margins")
     if not interpret:
         for name, n in (("head_dim", d), ("hot slots", K)):
             if n & (n - 1):
@@ -510,8 +530,10 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
             return x
         return jnp.pad(x, ((0, 0), (0, 0), (0, pg), (0, axis3)) + ((0, 0),) * trailing, constant_values=value)
 
-    apx_m, apx_l, apx_delta, eta = (pad(apx_m, -jnp.inf, pn), pad(apx_l, 0.0, pn), pad(apx_delta, 0.0, pn),
-                                    pad(eta, 0.0, pn))
+    apx_m, apx_l, apx_delta = pad(apx_m, -jnp.inf, pn), pad(apx_l, 0.0, pn), pad(apx_delta, 0.0, pn)
+    # the annotations per KV head (no query-head axis): blocks past nb count 0
+    eta, eta_mean, eta_op = (jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, pn))) if pn else x.astype(f32)
+                             for x in (eta, eta_mean, eta_op))
     apx_acc = pad(apx_acc, 0.0, pn, 1)
     slot_m, slot_l, slot_delta = pad(slot_m, -jnp.inf, ps), pad(slot_l, 0.0, ps), pad(slot_delta, 0.0, ps)
     slot_acc = pad(slot_acc, 0.0, ps, 1)
@@ -519,17 +541,18 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, n_valid, hot_ids, slot_
     tau, margin = (jnp.asarray(x, f32).reshape(1) for x in (tau_cov, rank_margin))
     split_args = (split_max.astype(f32), hot_acc.astype(f32)) if split else ()
     out = _call(tau, margin, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
-                apx_delta, eta, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l, slot_acc, slot_delta,
-                G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret, num_warps=num_warps,
-                cw=min(chunk_blocks, NBp))
+                apx_delta, eta, eta_mean, eta_op, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l,
+                slot_acc, slot_delta, G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret,
+                num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins)
     o, ek, ev, br, rk, act, ks = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0, k_star=ks[:, :, :G])
 
 
-@functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw"))
-def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest, G, nb, kp, block_size, interpret,
-          num_warps, cw):
+@functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw",
+                                             "margins"))
+def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *rest, G, nb, kp,
+          block_size, interpret, num_warps, cw, margins):
     split = len(rest) == 7
     split_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:2], rest[2:]) if split else ((), rest)
     B, H, Gp, NBp = m.shape
@@ -537,7 +560,7 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest
     K = hot_ids.shape[-1]
     P = slot_m.shape[-1]
     kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), cw=cw, block_size=block_size,
-                               split=split)
+                               split=split, margins=margins)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))
@@ -548,8 +571,8 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest
     return pl.pallas_call(
         kernel,
         grid=(B, H),
-        in_specs=[one, one, per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp),
-                  whole(Gp, NBp), whole(Gp, NBp), whole(Gp, *acc.shape[3:])]
+        in_specs=[one, one, per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp),
+                  whole(NBp), whole(NBp), whole(NBp), whole(Gp, *acc.shape[3:])]
         + ([whole(Gp, split_args[0].shape[-1]), whole(Gp, K, d)] if split else [])
         + [whole(K), whole(Gp, P), whole(Gp, P), whole(Gp, P, d), whole(Gp, P)],
         out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K), whole(Gp)],
@@ -560,5 +583,5 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, acc, *rest
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
-    )(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, acc, *split_args, hot_ids, slot_m, slot_l, slot_acc,
-      slot_delta)
+    )(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *split_args, hot_ids, slot_m,
+      slot_l, slot_acc, slot_delta)

@@ -13,8 +13,9 @@ pure-jnp reference. A disagreement warns, names the output, and the caller takes
 
 The fused rung 0 (`certify_rung0`, fed by the tier-1 kernel) gets the same treatment (`rung0_trusted`): on a
 small random cache with a hot set, its promoted slots, K* and ranking check must equal the jnp rung 0's, its
-output and bound terms agree to float32 rounding, and its bound may not be smaller; else the ladder takes the
-jnp rung 0 for that configuration.
+output and bound terms agree to float32 rounding (TOLERANCE: the compiled kernel's rounding margins are far
+inside it), and its E_val and bound may not be smaller; else the ladder takes the jnp rung 0 for that
+configuration.
 
 Rung 1's tier-2 read (`gather_blocks`, a kernel that dereferences pinned host memory) is checked the same way
 (`gather_trusted`): a few blocks copied out of a small tier 2 in pinned host memory, bit for bit against jnp;
@@ -482,8 +483,11 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
             tol = 2.0 ** -7 if name == "out" else 4.0 if name in ("e_num", "bound") else TOLERANCE
             if not err <= tol:
                 return f"{name} off by {err:.3g} of its magnitude"
-        if np.any(np.asarray(got.bound) < np.asarray(ref.bound) * (1 - 1e-4)):
-            return "bound smaller than the jnp rung 0's"
+        # never smaller beyond the float32 reordering of sums (compiled, E_val may be larger: the Triton division
+        # and sqrt margins of bounds.block_value_errors, ~3e-6 of it, and the bound also by the output division's)
+        for name in ("e_val", "bound"):
+            if np.any(np.asarray(getattr(got, name)) < np.asarray(getattr(ref, name)) * (1 - 1e-4)):
+                return f"{name} smaller than the jnp rung 0's"
         return None
 
     return _eagerly(check)

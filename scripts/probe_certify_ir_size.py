@@ -36,9 +36,10 @@ def ir_chars(G: int, nb: int, d: int, hot_slots: int, k_max: int) -> int:
     def z(*shape):
         return jnp.zeros(shape, jnp.float32)
 
-    args = (z(B, H, Gp, NBp), z(B, H, Gp, NBp), z(B, H, Gp, Sp, d), z(B, H, Gp, NBp), z(B, H, Gp, NBp),
-            jnp.zeros((B,), jnp.int32), jnp.zeros((B, H, hot_slots), jnp.int32), z(B, H, Gp, P), z(B, H, Gp, P),
-            z(B, H, Gp, P, d), z(B, H, Gp, P), jnp.zeros((B,), jnp.int32), z(B, H))
+    # m, l, acc, delta, then eta / eta_mean / eta_op per KV head
+    args = (z(B, H, Gp, NBp), z(B, H, Gp, NBp), z(B, H, Gp, Sp, d), z(B, H, Gp, NBp), z(B, H, NBp), z(B, H, NBp),
+            z(B, H, NBp), jnp.zeros((B,), jnp.int32), jnp.zeros((B, H, hot_slots), jnp.int32), z(B, H, Gp, P),
+            z(B, H, Gp, P), z(B, H, Gp, P, d), z(B, H, Gp, P), jnp.zeros((B,), jnp.int32), z(B, H))
     split = dict(split_max=z(B, H, Gp, Sp), hot_acc=z(B, H, Gp, hot_slots, d))
     f = jax.jit(lambda *a: ck.certify_rung0(*a, block_size=64, k_max=k_max, tau_cov=0.995, rank_margin=0.1,
                                             heads=G, num_blocks=nb, interpret=False, **split))

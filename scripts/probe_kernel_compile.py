@@ -52,15 +52,12 @@ def certify_only(policy: CertPolicy):
         vt = step.value_terms(c, policy, step.block_validity(c))
         extra = it.apx.m.shape[-1] - c.num_blocks
 
-        def blocks(x):
-            return jnp.pad(x, ((0, 0), (0, 0), (0, extra)))[:, :, None, :]
+        def blocks(x):  # the value error annotations per KV head, padded to the kernel's block columns
+            return jnp.pad(x, ((0, 0), (0, 0), (0, extra)))
 
-        from certattn_jax import bounds
-        errors = bounds.block_value_errors(blocks(vt.eta), blocks(vt.eta_mean), blocks(vt.eta_op), it.apx.l,
-                                           c.block_size)
-        return (it.apx.m, it.apx.l, it.apx.acc, it.apx_delta, errors, c.flushed // c.block_size, c.hot_ids,
-                it.slots.m, it.slots.l, it.slots.acc, it.slot_delta, c.lengths - c.flushed, vt.key_scale,
-                it.split_args, it.padded_rows)
+        return (it.apx.m, it.apx.l, it.apx.acc, it.apx_delta, blocks(vt.eta), blocks(vt.eta_mean),
+                blocks(vt.eta_op), c.flushed // c.block_size, c.hot_ids, it.slots.m, it.slots.l, it.slots.acc,
+                it.slot_delta, c.lengths - c.flushed, vt.key_scale, it.split_args, it.padded_rows)
 
     def certify(args, G, nb):
         *pos, split_args, _ = args

@@ -142,6 +142,33 @@ def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatc
     assert H * G == q.shape[1]
 
 
+@pytest.mark.parametrize("case,seed,chunk", [(0, 0, None), (5, 6, 16)])
+def test_the_compiled_kernels_block_value_error_margins(case, seed, chunk, monkeypatch):
+    """The certify kernel evaluates the blocks' value errors itself (`bounds.block_value_errors` on each chunk of
+    its bound pass); compiled, with the margins of Triton's division and sqrt. Run here with those margins
+    (`triton_margins=True`, interpreted): E_val never below the unmargined kernel's and within ~2^-18 of it (the
+    margins are tiny), everything else unchanged, and the bound still holds against float64 attention."""
+    from pallas_kernels import certify_rung0
+
+    if chunk:
+        monkeypatch.setattr(certify_rung0, "DEFAULT_CHUNK", chunk)
+    q, cache, policy, k, v = _cache(seed, **CASES[case])
+    plain = jax.jit(step.rung0_fused)(q, cache, policy).stage
+    monkeypatch.setattr(certify_rung0, "certify_rung0",
+                        functools.partial(certify_rung0.certify_rung0, triton_margins=True))
+    got = jax.jit(functools.partial(step.rung0_fused))(q, cache, policy).stage  # a new function: traced again
+    e_g, e_p = np.asarray(got.e_val, np.float64), np.asarray(plain.e_val, np.float64)
+    assert np.all(e_g >= e_p) and np.all(e_g <= e_p * (1 + 2.0 ** -18)), (e_g, e_p)
+    assert np.any(e_g > e_p)  # the margins reached the kernel
+    for name in ("out", "e_key", "k_star", "ranking_ok"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(plain, name), err_msg=name)
+    T = np.asarray(cache.lengths)
+    want = attention_f64(np.asarray(q, np.float32), np.asarray(jnp.asarray(k, q.dtype), np.float32),
+                         np.asarray(jnp.asarray(v, q.dtype), np.float32), list(T))
+    err = np.linalg.norm(np.asarray(got.out, np.float64).reshape(want.shape) - want, axis=-1)
+    assert np.all(err <= np.asarray(got.bound).reshape(err.shape))
+
+
 def test_fused_rung0_tolerances_do_not_recompile():
     """tau_cov and rank_margin are traced policy leaves: a new value reuses the compiled kernel."""
     q, cache, policy, _, _ = _cache(3, **CASES[1])
@@ -204,12 +231,14 @@ def _float_divisions_in_kernels(jaxpr) -> list[str]:
 def test_the_kernels_divide_only_where_the_bound_counts_triton_s_approximate_division():
     """Triton compiles a float32 `/` to PTX div.full.f32 (<= 2 ulp, not IEEE): the tier-1 pass divides nowhere
     (its Delta multiplies by a rounded-up 1/sqrt(d): `bounds._inv_sqrt_up`), and the certify kernel only in its
-    output (E_num adds `bounds.approx_division_error` when compiled) and in the TV bound's x / (1 - y) (its
-    margin widened by `bounds.APPROX_DIV_ERROR`). A new division in a kernel fails here until it is counted."""
+    output (E_num adds `bounds.approx_division_error` when compiled), in the TV bound's x / (1 - y) (its
+    margin widened by `bounds.APPROX_DIV_ERROR`) and in the blocks' value errors' 1 / l (compiled:
+    `bounds.block_value_errors(div_error=APPROX_DIV_ERROR)`). A new division in a kernel fails here until it is
+    counted."""
     q, cache, policy, _, _ = _cache(0, **CASES[0])
     jaxpr = jax.make_jaxpr(lambda q, c: step.rung0_fused(q, c, policy).stage)(q, cache)
     found = _float_divisions_in_kernels(jaxpr)
-    assert len(found) == 2, found  # out = num / denom, and TV's weighted sum
+    assert len(found) == 3, found  # out = num / denom, TV's weighted sum, and 1 / l of the block value errors
     # the Delta constants: never below 1 / sqrt(d)
     from certattn_jax import bounds
 

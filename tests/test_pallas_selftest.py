@@ -119,10 +119,28 @@ def _shifted_out(q, cache, policy):
     return fused._replace(stage=fused.stage._replace(out=fused.stage.out * 2))
 
 
-@pytest.mark.parametrize("bad,what", [(_halved_bound, "bound"), (_shifted_out, "out off by")])
+def _scaled_e_val(factor):
+    def run(q, cache, policy):
+        fused = step.rung0_fused(q, cache, policy)
+        return fused._replace(stage=fused.stage._replace(e_val=fused.stage.e_val * factor))
+
+    return run
+
+
+@pytest.mark.parametrize("bad,what", [(_halved_bound, "bound"), (_shifted_out, "out off by"),
+                                      (_scaled_e_val(1 - 3e-4), "e_val smaller"),
+                                      (_scaled_e_val(1.01), "e_val off by")])
 def test_a_wrong_fused_rung0_is_caught(bad, what):
+    """Caught: a bound or E_val below the jnp rung 0's beyond float32 reordering (even within TOLERANCE), an output
+    or a bound term off by more than TOLERANCE (too large as well)."""
     problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad)
-    assert problem is not None and what in problem
+    assert problem is not None and what in problem, problem
+
+
+def test_the_compiled_margins_of_the_block_value_errors_pass_the_check():
+    """Compiled, the certify kernel's E_val carries the Triton division and sqrt margins of
+    `bounds.block_value_errors` (relatively ~3e-6 larger than the jnp rung 0's): accepted."""
+    assert selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=_scaled_e_val(1 + 2.0 ** -16)) is None
 
 
 def test_an_untrusted_fused_rung0_sends_the_ladder_to_the_jnp_rung0(monkeypatch):

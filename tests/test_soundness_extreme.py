@@ -408,21 +408,18 @@ def test_a_block_whose_weights_all_underflow_escalates(monkeypatch):
     assert np.all(err <= c.error_bound), (err, c.error_bound)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.3, 3.0, 30.0])
-def test_block_value_errors_bound_the_weighted_error_of_a_block(alpha):
-    """docs/bounds.md section 4 (the spread-block form): for one INT4 block and any softmax weights q over its
-    tokens, ||sum_i q_i (v_i - v_hat_i)|| <= bounds.block_value_errors(eta, eta_mean, eta_op, l) with l = sum_i
-    exp(s_i - max s) computed in float32. Adversarial weights: q_i ~ exp(alpha <e_i, u>) favour the tokens whose
-    error points along u, from flat (alpha 0: the mean error alone) to one token (alpha 30: eta). The spectral
-    and mean-error annotations are checked against float64 SVD / mean on the way."""
-    from certattn_jax import bounds, quant
+def _spread_block_trials(alpha, trials=25):
+    """One INT4 block per trial (Bk = d = 64, group 32; magnitudes 1 and 1e-25, 1e25, 1e-30: the audit's
+    tiny_values family, whose squares underflow) and adversarial softmax weights q_i ~ exp(alpha <e_i, u>) that
+    favour the tokens whose error points along u, from flat (alpha 0: the mean error alone) to one token (alpha 30:
+    eta). Yields (writer annotations t1, the block's float32 sum-exp l32 as the tier-1 pass computes it, q, the
+    float64 errors e [Bk, d]), after checking the spectral and mean-error annotations against float64 SVD / mean."""
     from certattn_jax.cache import _quantize_blocks
 
     rng = np.random.default_rng(17)
     Bk, d, gs = 64, 64, 32
-    worst = 0.0
-    for trial in range(25):
-        magnitude = [1.0, 1e-25, 1e25, 1e-30][trial % 4]  # the audit's tiny_values family: squares underflow
+    for trial in range(trials):
+        magnitude = [1.0, 1e-25, 1e25, 1e-30][trial % 4]
         v = (rng.normal(size=(1, 1, 1, Bk, d)) * rng.uniform(0.1, 10.0) + rng.normal() * 3.0) * magnitude
         v32 = jnp.asarray(v, jnp.float32)
         t1 = _quantize_blocks(jnp.zeros_like(v32), v32, 8, gs, 4)
@@ -436,13 +433,139 @@ def test_block_value_errors_bound_the_weighted_error_of_a_block(alpha):
         l32 = jnp.sum(jnp.exp(jnp.asarray(s) - jnp.max(jnp.asarray(s))))  # as the tier-1 pass computes it
         assert np.linalg.norm(e, 2) <= float(t1["v_err_op"][0, 0, 0])
         assert np.linalg.norm(e.mean(axis=0)) <= float(t1["v_mean_err"][0, 0, 0])
+        yield t1, l32, q, e
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 3.0, 30.0])
+def test_block_value_errors_bound_the_weighted_error_of_a_block(alpha):
+    """docs/bounds.md section 4 (the spread-block form): for one INT4 block and any softmax weights q over its
+    tokens, ||sum_i q_i (v_i - v_hat_i)|| <= bounds.block_value_errors(eta, eta_mean, eta_op, l) with l = sum_i
+    exp(s_i - max s) computed in float32 (`_spread_block_trials`: adversarial weights, extreme magnitudes)."""
+    worst = 0.0
+    for trial, (t1, l32, q, e) in enumerate(_spread_block_trials(alpha)):
         bound = float(bounds.block_value_errors(t1["v_err"][0, 0, 0], t1["v_mean_err"][0, 0, 0],
-                                                t1["v_err_op"][0, 0, 0], l32, Bk))
+                                                t1["v_err_op"][0, 0, 0], l32, 64))
         true = float(np.linalg.norm(q @ e))
         assert true <= bound, (trial, true, bound)
         assert bound <= float(t1["v_err"][0, 0, 0])  # never looser than the per-token maximum
         worst = max(worst, true / bound)
     assert worst > 0.05, worst  # not vacuous
+
+
+def _round_up_f32(y: np.ndarray) -> np.ndarray:
+    """The smallest float32 >= y (float64), elementwise."""
+    r = y.astype(np.float32)
+    return np.where(r.astype(np.float64) < y, np.nextafter(r, np.float32(np.inf)), r)
+
+
+def _worst_reciprocal(rel: float):
+    """A reciprocal as low as a relative error `rel` allows: the smallest float32 >= (1/x)(1 - rel)."""
+    return lambda x: jnp.asarray(_round_up_f32((1.0 / np.asarray(x, np.float64)) * (1.0 - rel)))
+
+
+def _worst_sqrt(rel: float):
+    """A square root as low as a relative error `rel` allows: the smallest float32 >= sqrt(t)(1 - rel)."""
+    return lambda t: jnp.asarray(_round_up_f32(np.sqrt(np.asarray(t, np.float64)) * (1.0 - rel)))
+
+
+# what the compiled certify kernel passes (Triton: div.full.f32, libdevice sqrt), and the whole relative error of
+# each operation it allows: the margin beyond a correctly rounded result plus that rounding's u
+KERNEL_MARGINS = dict(div_error=bounds.APPROX_DIV_ERROR, sqrt_rel_error=quant.KERNEL_SQRT_REL_ERROR)
+WORST_OPS = dict(reciprocal=_worst_reciprocal(bounds.U + bounds.APPROX_DIV_ERROR),
+                 sqrt=_worst_sqrt(bounds.U + quant.KERNEL_SQRT_REL_ERROR))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 3.0, 30.0])
+def test_block_value_errors_with_kernel_margins_bound_a_block_under_the_worst_rounding(alpha):
+    """As `test_block_value_errors_bound_the_weighted_error_of_a_block`, for the compiled certify kernel's form
+    (`div_error` = APPROX_DIV_ERROR, `sqrt_rel_error` = KERNEL_SQRT_REL_ERROR) with its reciprocal and square root
+    replaced by the lowest results those errors allow: still a bound, and the margins cost almost nothing."""
+    worst = 0.0
+    for trial, (t1, l32, q, e) in enumerate(_spread_block_trials(alpha)):
+        args = (t1["v_err"][0, 0, 0], t1["v_mean_err"][0, 0, 0], t1["v_err_op"][0, 0, 0], l32, 64)
+        bound = float(bounds._block_value_errors(*args, **KERNEL_MARGINS, **WORST_OPS))
+        plain = float(bounds.block_value_errors(*args))
+        true = float(np.linalg.norm(q @ e))
+        assert true <= bound, (trial, true, bound)
+        assert bound <= float(t1["v_err"][0, 0, 0])
+        assert plain * (1 - 1e-5) <= bound <= plain * (1 + 1e-5), (trial, plain, bound)
+        worst = max(worst, true / bound)
+    assert worst > 0.05, worst
+
+
+def _sum_exp_cases(B: int, rng) -> np.ndarray:
+    """Computed sum-exps l of a B-token block, dense where 1/l - 1/B cancels (l near B, both sides), near one
+    token (l ~ 1), spread over [1, B] and beyond, and degenerate (0, below the smallest normal, NaN, inf)."""
+    ks = np.arange(-3000, 3000)
+    return np.concatenate([
+        B * (1.0 + ks * 2.0 ** -24), B * (1.0 + ks * 2.0 ** -16), 1.0 + np.abs(ks) * 2.0 ** -20,
+        rng.uniform(1.0, B, 20000), np.exp(rng.uniform(np.log(1e-3), np.log(4.0 * B), 20000)),
+        [0.0, 1e-39, 1e-30, B / 2, B - 1, B + 1, 1e30, np.nan, np.inf]]).astype(np.float32)
+
+
+@pytest.mark.parametrize("B", [16, 32, 48, 64, 128])
+@pytest.mark.parametrize("form", ["xla", "kernel margins, XLA rounding", "kernel margins, worst rounding"])
+def test_block_value_errors_bound_their_formula_in_exact_arithmetic(B, form):
+    """The computed spread-block error is never below min(eta, eta_mean + sqrt((1/L - 1/B)^+) eta_op) evaluated in
+    float64, L = max(l_low, TINY) the float32 lower bound of the block's sum-exp the function forms (its proof:
+    docs/bounds.md section 4): correctly rounded (the jnp path), and in the compiled kernel's form with correctly
+    rounded or the worst allowed division and square root. Dense where 1/L - 1/B cancels; eta_op and eta_mean
+    from 1e-30 to 1e30."""
+    rng = np.random.default_rng(B)
+    l = _sum_exp_cases(B, rng)
+    n = l.size
+    eta_op = (10.0 ** rng.uniform(-30, 30, n) * rng.uniform(0.5, 1.0, n)).astype(np.float32)
+    eta_mean = np.where(rng.uniform(size=n) < 0.3, 0.0, eta_op * rng.uniform(0, 0.3, n)).astype(np.float32)
+    eta = np.where(rng.uniform(size=n) < 0.8, np.inf, eta_op * rng.uniform(0.2, 3.0, n)).astype(np.float32)
+    kw = {} if form == "xla" else dict(KERNEL_MARGINS, **(WORST_OPS if "worst" in form else {}))
+    got = np.asarray(bounds._block_value_errors(jnp.asarray(eta), jnp.asarray(eta_mean), jnp.asarray(eta_op),
+                                                jnp.asarray(l), B, **{"div_error": 0.0, "sqrt_rel_error": 0.0, **kw}),
+                     np.float64)
+    c1 = np.float32(1.0 - bounds.EPS_WEIGHT - bounds.gamma(B + 1))
+    L = np.maximum(l * c1, np.float32(bounds.TINY)).astype(np.float64)  # as the function forms it (float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = eta_mean + np.sqrt(np.maximum(1.0 / L - 1.0 / B, 0.0)) * eta_op.astype(np.float64)
+        want = np.minimum(eta.astype(np.float64), want)
+    num = ~np.isnan(l)
+    assert np.all(got[num] >= want[num]), [(l[i], got[i], want[i]) for i in np.flatnonzero(got[num] < want[num])[:5]]
+    assert np.array_equal(got[~num], eta[~num])  # NaN l: the plain eta
+    # and tight (where float32 did not overflow): the sqrt(4u/B) slack, as much again from the rounding of 1/L -
+    # 1/B where it cancels (|sqrt(x) - sqrt(y)| <= sqrt(|x - y|)), and a few dozen u
+    slack = (3 * math.sqrt(4 * bounds.U / B) * eta_op + want * 64 * bounds.U) * 1.01
+    fin = num & np.isfinite(got)
+    bad = np.flatnonzero(fin & (got > want + slack))
+    assert bad.size == 0, [(l[i], eta_op[i], got[i], want[i]) for i in bad[:5]]
+    assert fin.sum() > 0.9 * n
+    if "worst" in form:  # not vacuous: the same worst rounding breaks the form without the margins
+        plain = np.asarray(bounds._block_value_errors(jnp.asarray(eta), jnp.asarray(eta_mean), jnp.asarray(eta_op),
+                                                      jnp.asarray(l), B, 0.0, 0.0, **WORST_OPS), np.float64)
+        assert np.any(plain[num] < want[num])
+
+
+def test_block_value_errors_default_is_the_formula_before_the_margins():
+    """Without margins (the jnp path, the interpreted kernel) the result is bit for bit the formula as it was
+    before `div_error` / `sqrt_rel_error` existed (a copy of it here), jitted and not, at every magnitude."""
+    def before(eta, eta_mean, eta_op, l, block_size):
+        B = block_size
+        l_low = l * (1.0 - bounds.EPS_WEIGHT - bounds.gamma(B + 1))
+        dev = jnp.sqrt(jnp.maximum(1.0 / jnp.maximum(l_low, bounds.TINY) - 1.0 / B, 0.0)) + math.sqrt(4 * bounds.U / B)
+        tight = (eta_mean + dev * eta_op) * (1.0 + 8 * bounds.U)
+        return jnp.where(tight < eta, tight, jnp.broadcast_to(eta, tight.shape))
+
+    rng = np.random.default_rng(5)
+    for B in (16, 48, 64):
+        l = _sum_exp_cases(B, rng)[None, :]
+        n = l.shape[-1]
+        vals = np.concatenate([[0.0, np.inf, np.nan, 1e-45, 1e-39, 3e38],
+                               10.0 ** rng.uniform(-40, 38, n - 6)]).astype(np.float32)
+        eta, eta_mean, eta_op = (jnp.asarray(rng.permutation(vals)[None, :]) for _ in range(3))
+        l2 = jnp.asarray(np.concatenate([l, rng.permutation(l[0])[None, :]]))  # [G = 2, n] against [1, n]
+        for wrap in (lambda f: f, jax.jit):
+            args = (eta, eta_mean, eta_op, l2)
+            want = np.asarray(wrap(functools.partial(before, block_size=B))(*args))
+            got = np.asarray(wrap(functools.partial(bounds.block_value_errors, block_size=B))(*args))
+            np.testing.assert_array_equal(got, want)
+            assert got.shape == (2, n)
 
 
 def test_bf16_annotations_round_up():
