@@ -452,21 +452,34 @@ def range_statistics(v_min: jax.Array, v_max: jax.Array, v_err_max: jax.Array, s
 
 
 def cast_error(out_f32: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """(out cast to dtype, an upper bound of ||out_f32 - cast||_2).
+    """(out cast to dtype, an upper bound of ||out_f32 - cast||_2, +inf where the cast is not finite):
+    `cast_error_bound`."""
+    return out_f32.astype(dtype), cast_error_bound(out_f32, dtype)
+
+
+def cast_error_bound(out_f32: jax.Array, dtype, sqrt_rel_error: float = 0.0) -> jax.Array:
+    """An upper bound of ||out_f32 - cast(out_f32, dtype)||_2 over the last axis, +inf where the cast holds a
+    non-finite entry (out_f32 not finite, or an entry beyond the dtype's largest finite value: it may round to
+    inf), so that a bound built on it is +inf wherever the output is: the ladder reads no separate finiteness.
 
     The bound is analytic, u_dtype ||out_f32||_2 plus half the dtype's smallest subnormal per channel, not the
     difference out_f32 - f32(cast): XLA may evaluate that round trip at excess precision (it does on GPU) and
-    report 0 for a cast that did round. An output that overflows the dtype is caught by the caller (non-finite
-    output -> infinite bound)."""
-    out = out_f32.astype(dtype)
+    report 0 for a cast that did round. Only operations a Pallas kernel can lower (no boolean reductions; the
+    certify kernel evaluates it on its output rows; sqrt_rel_error: `quant.norm_upper`)."""
     dt = jnp.dtype(dtype)
-    if dt.itemsize >= 4:
-        return out, jnp.zeros(out_f32.shape[:-1], jnp.float32)
+    x = out_f32.astype(jnp.float32)
+    if dt.itemsize >= 4:  # no rounding; only finiteness
+        finite = jnp.min(jnp.isfinite(x).astype(jnp.int32), axis=-1) > 0
+        return jnp.where(finite, 0.0, jnp.inf).astype(jnp.float32)
     fi = jnp.finfo(dt)
-    d = out_f32.shape[-1]
+    d = x.shape[-1]
     half_subnormal = float(fi.smallest_subnormal) / 2 if hasattr(fi, "smallest_subnormal") else float(fi.tiny) / 2
-    err = float(fi.eps) / 2 * l2(out_f32) + (max(half_subnormal, TINY) * d + TINY) * (1.0 + 4 * U)
-    return out, err * (1.0 + 4 * U)
+    floor = (max(half_subnormal, TINY) * d + TINY) * (1.0 + 4 * U)
+    err = float(fi.eps) / 2 * quant.norm_upper(x, sqrt_rel_error) + floor
+    # beyond the largest finite value a cast may round to inf (from max + ulp / 2 up: counting from max is
+    # conservative); NaN fails the comparison, and norm_upper is +inf for any non-finite entry
+    fits = jnp.max(jnp.abs(x), axis=-1) <= float(fi.max)
+    return jnp.where(fits, err * (1.0 + 4 * U), jnp.inf)
 
 
 def finite_or_inf(bound: jax.Array) -> jax.Array:

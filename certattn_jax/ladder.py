@@ -429,10 +429,10 @@ def _ladder(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, top_rung: in
     e_key = pick(st0.e_key, st1.e_key, st2.e_key, ek3, ek4)
     e_val = pick(st0.e_val, st1.e_val, st2.e_val, zero, zero)
     e_num = pick(st0.e_num, st1.e_num, st2.e_num, en3 + cast3, en4 + cast4)
-    # Nothing is proven for NaN/Inf data or queries, nor for an output that is not finite (e.g. scores that
-    # overflow float32): +inf, never NaN.
-    unprovable = bad | ~jnp.all(jnp.isfinite(out.astype(jnp.float32)), axis=-1)
-    bound = jnp.where(unprovable, jnp.inf, bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U)))
+    # Nothing is proven for NaN/Inf data or queries (bad), nor for an output that is not finite (e.g. scores that
+    # overflow float32, or a cast that overflows the output dtype): +inf, never NaN. The latter needs no check here:
+    # every rung's e_num holds its output's cast error, which is +inf exactly there (`bounds.cast_error_bound`).
+    bound = jnp.where(bad, jnp.inf, bounds.finite_or_inf((e_key + e_val + e_num) * (1.0 + 2 * bounds.U)))
     # every full block (rungs 3-4 attend all of them exactly): as `block_validity` counts them, without a reduction
     n_full = jnp.clip(cache.flushed // cache.block_size, 0, cache.num_blocks).astype(jnp.int32)
     all_blocks = jnp.broadcast_to(n_full[:, None, None], rung.shape)

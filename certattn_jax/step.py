@@ -460,8 +460,9 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
                          cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
                          k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin,
                          heads=None if it.padded_rows is None else G, num_blocks=nb, **it.split_args,
+                         out_dtype=q.dtype,
                          **({} if tuning is None else dict(chunk_blocks=tuning[0], num_warps=tuning[1])))
-    out, cast = bounds.cast_error(r.out, q.dtype)
+    out, cast = r.out.astype(q.dtype), r.cast  # the cast's error comes from the kernel (+inf where not finite)
     # items merged: the blocks (split layout: the splits and the hot set's INT sums), the hot slots, the residual
     n_items = nb + K + 1 if not it.chain else max(nb, it.apx.acc.shape[3] + K) + K + 1
     e_num, bound = total_bound(r.e_key, r.e_val, vt.stats, d, n_items, cache.block_size, cast, r.broken,

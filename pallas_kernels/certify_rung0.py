@@ -37,9 +37,12 @@ that code, run by the tests):
      and their rounding, the arithmetic checks of `step.combine`);
   5. TV (bounds.tv_bound) -> E_key, E_val (bounds.block_value_errors, bounds.weighted_sum), `broken`; the
      ranking-consistency check.
-E_num depends on the value statistics only and is added by the caller with the output cast (XLA), and, compiled,
-the output division's extra rounding (Triton divides with PTX div.full.f32: `bounds.approx_division_error`).
-Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots), K* [G].
+E_num depends on the value statistics only and is added by the caller with the output cast's error (computed
+here), and, compiled, the output division's extra rounding (Triton divides with PTX div.full.f32:
+`bounds.approx_division_error`).
+Outputs: out [G, d] float32, e_key, e_val [G], broken [G], ranking_ok, active [K] (promoted slots), K* [G], and
+the error bound of casting out to the caller's dtype [G] (`bounds.cast_error_bound`; +inf where that cast is not
+finite).
 
 Compile time: the candidate loop (k_max steps) and the per-slot work (K steps) are rolled loops and the hot slots
 vectors over the slot axis, so the kernel's code does not grow with k_max. (Unrolled in Python, k_max = 8 cost
@@ -114,7 +117,8 @@ def _i32(x: int) -> jax.Array:
 class Rung0(NamedTuple):
     """out [B, H, G, d] float32 (before the output cast); e_key, e_val [B, H, G]; broken [B, H, G] bool (some
     valid item could not be bounded: the bound is +inf); ranking_ok [B, H] bool; active [B, H, K] bool; k_star
-    [B, H, G] int32 (the promoted slots, counted in the kernel: no reduction after it)."""
+    [B, H, G] int32 (the promoted slots, counted in the kernel: no reduction after it); cast [B, H, G] the error of
+    casting out to the output dtype (`bounds.cast_error_bound`, evaluated in the kernel)."""
 
     out: jax.Array
     e_key: jax.Array
@@ -123,6 +127,7 @@ class Rung0(NamedTuple):
     ranking_ok: jax.Array
     active: jax.Array
     k_star: jax.Array
+    cast: jax.Array
 
 
 def _any_row(x: jax.Array) -> jax.Array:
@@ -159,7 +164,7 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
 
 def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, etam_ref, etaop_ref, acc_ref,
             *refs, G: int, nb: int, K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False,
-            margins: bool = False):
+            margins: bool = False, out_dtype: str = "float32"):
     # eta_ref, etam_ref, etaop_ref [NBp]: the blocks' value error annotations (per KV head). margins (compiled):
     # Triton's division and square root in bounds.block_value_errors are not correctly rounded.
     # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
@@ -171,7 +176,7 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
     if split:
         am_ref, xa_ref, *refs = refs
     (hid_ref, hm_ref, hl_ref, hacc_ref, hdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref,
-     active_ref, kstar_ref) = refs
+     active_ref, kstar_ref, cast_ref) = refs
     Gp, NBp = m_ref.shape
     n_valid = jnp.clip(nv_ref[()], 0, nb)
     r_count = rc_ref[()]
@@ -430,6 +435,10 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
     act = jnp.max(jnp.where(slot_of & active[:, None], _i32(1), _i32(0)), axis=0)  # [K]
     active_ref[...] = act
     kstar_ref[...] = jnp.broadcast_to(jnp.sum(act), (Gp,))
+    # the output cast's error (+inf where the cast is not finite), from the rows in registers: no reduction of the
+    # output after the launch
+    cast_ref[...] = bounds.cast_error_bound(out, jnp.dtype(out_dtype),
+                                            quant.KERNEL_SQRT_REL_ERROR if margins else 0.0)
 
 
 def supports(head_dim: int, hot_slots: int) -> bool:
@@ -457,7 +466,7 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
                   rank_margin: float, heads: int | None = None, num_blocks: int | None = None,
                   split_max: jax.Array | None = None, hot_acc: jax.Array | None = None, interpret: bool | None = None,
                   num_warps: int | None = None, chunk_blocks: int | None = None,
-                  triton_margins: bool | None = None) -> Rung0:
+                  triton_margins: bool | None = None, out_dtype=jnp.float32) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
     eta, eta_mean, eta_op [B, H, nb] (padded inputs: [B, H, padded_blocks(nb)], 0 past nb) per KV head: the kernel
     evaluates `bounds.block_value_errors` per query head from them and apx_l (no XLA launch between the tier-1
@@ -478,7 +487,8 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
 
     num_warps, chunk_blocks: the compiled program's warps and pass width (default: `tuning` of the padded block
     count). triton_margins: evaluate the block value errors with the margins of Triton's division and square root
-    (default: when compiled; True in interpret mode runs the compiled kernel's arithmetic on the CPU, for tests)."""
+    (default: when compiled; True in interpret mode runs the compiled kernel's arithmetic on the CPU, for tests).
+    out_dtype: the dtype the caller casts out to (the query's); the kernel returns that cast's error bound."""
     B, H, Gx, nbx = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
@@ -543,16 +553,17 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
     out = _call(tau, margin, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
                 apx_delta, eta, eta_mean, eta_op, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l,
                 slot_acc, slot_delta, G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret,
-                num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins)
-    o, ek, ev, br, rk, act, ks = out
+                num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins,
+                out_dtype=jnp.dtype(out_dtype).name)
+    o, ek, ev, br, rk, act, ks, cast = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
-                 ranking_ok=rk[:, :, 0] != 0, active=act != 0, k_star=ks[:, :, :G])
+                 ranking_ok=rk[:, :, 0] != 0, active=act != 0, k_star=ks[:, :, :G], cast=cast[:, :, :G])
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw",
-                                             "margins"))
+                                             "margins", "out_dtype"))
 def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *rest, G, nb, kp,
-          block_size, interpret, num_warps, cw, margins):
+          block_size, interpret, num_warps, cw, margins, out_dtype):
     split = len(rest) == 7
     split_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:2], rest[2:]) if split else ((), rest)
     B, H, Gp, NBp = m.shape
@@ -560,7 +571,7 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, 
     K = hot_ids.shape[-1]
     P = slot_m.shape[-1]
     kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), cw=cw, block_size=block_size,
-                               split=split, margins=margins)
+                               split=split, margins=margins, out_dtype=out_dtype)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))
@@ -575,11 +586,12 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, 
                   whole(NBp), whole(NBp), whole(NBp), whole(Gp, *acc.shape[3:])]
         + ([whole(Gp, split_args[0].shape[-1]), whole(Gp, K, d)] if split else [])
         + [whole(K), whole(Gp, P), whole(Gp, P), whole(Gp, P, d), whole(Gp, P)],
-        out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K), whole(Gp)],
+        out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K), whole(Gp), whole(Gp)],
         out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]
         + [jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)] * 2
         + [jax.ShapeDtypeStruct((B, H, Gp), jnp.int32)] * 2 + [jax.ShapeDtypeStruct((B, H, K), jnp.int32),
-                                                                jax.ShapeDtypeStruct((B, H, Gp), jnp.int32)],
+                                                                jax.ShapeDtypeStruct((B, H, Gp), jnp.int32),
+                                                                jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)],
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",

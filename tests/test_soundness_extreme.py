@@ -606,3 +606,49 @@ def test_the_audit_s_hostile_families_hold_and_do_what_they_say():
         assert np.allclose(pos[inner], np.round(pos[inner]), atol=1e-6)
         assert np.array_equal(blk[~inner], orig[~inner])  # the extremes (which set the levels) stay
     assert soundness_audit.main(["--cases", "1", "--seed", "3", "--families", "midpoint,value_outlier"]) == 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "f32"])
+def test_the_cast_error_bounds_the_cast_and_is_inf_exactly_where_the_cast_is_not_finite(dtype):
+    """`bounds.cast_error_bound` (which the ladder and the certify kernel rely on for the output's finiteness: no
+    separate check follows) against float64: finite rows bounded, rows whose cast holds inf / NaN +inf; rows that
+    sit just above the dtype's largest value may be +inf (conservative), and nothing else is."""
+    rng = np.random.default_rng(11)
+    fmax = float(jnp.finfo(dtype).max)
+    d = 64
+    rows = [rng.normal(size=d) * s for s in (1e-45, 1e-30, 1e-8, 1.0, 1e4, fmax / 64)]
+    near = np.full(d, fmax, np.float64) * 0.999
+    rows += [near, near * -1.0]
+    over = rng.normal(size=d)
+    over[3] = min(fmax * 1.01, float(np.finfo(np.float32).max)) if dtype != jnp.float32 else np.inf
+    rows += [over]
+    for bad in (np.nan, np.inf, -np.inf):
+        r = rng.normal(size=d)
+        r[5] = bad
+        rows.append(r)
+    x = jnp.asarray(np.stack(rows), jnp.float32)
+    err = np.asarray(bounds.cast_error_bound(x, dtype), np.float64)
+    cast = np.asarray(x.astype(dtype).astype(jnp.float32), np.float64)
+    x64 = np.asarray(x, np.float64)
+    cast_finite = np.all(np.isfinite(cast), axis=-1) & np.all(np.isfinite(x64), axis=-1)
+    assert np.all(np.isinf(err[~cast_finite]))
+    assert np.all(np.isfinite(err[cast_finite][:6]))  # the ordinary rows
+    ok = cast_finite & np.isfinite(err)
+    true_err = np.linalg.norm(np.where(ok[:, None], x64 - cast, 0.0), axis=-1)
+    assert np.all(true_err[ok] <= err[ok])
+    np.testing.assert_array_equal(np.asarray(bounds.cast_error(x, dtype)[1]), err)
+
+
+def test_an_output_whose_cast_overflows_gets_an_infinite_bound():
+    """Values of a float32 cache beyond float16's range, a float16 query: the output's cast to the query's dtype
+    overflows, so nothing is proven (+inf) at whatever rung (the cast's error bound says so; the ladder has no
+    separate finiteness check)."""
+    policy = CertPolicy(block_size=16, k_max=2, eps=1e9)
+    rng = np.random.default_rng(5)
+    k = jnp.asarray(rng.normal(size=(1, 40, 1, 32)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(1, 40, 1, 32)) * 1e3 + 1e5, jnp.float32)  # averages ~1e5 > 65504
+    cache = TieredKVCache.from_dense(k, v, policy)
+    q = jnp.asarray(rng.normal(size=(1, 2, 32)), jnp.float16)
+    out, cert = certified_attention(q, cache, policy)
+    assert not np.all(np.isfinite(np.asarray(out, np.float32)))
+    assert np.all(np.isinf(np.asarray(cert.error_bound))) and not np.any(np.asarray(cert.certified))
