@@ -20,6 +20,7 @@ import pytest
 from certattn_jax import ladder, step
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.policy import CertPolicy
+from pallas_kernels import backend
 from tests.float64_reference import attention_f64
 
 CASES = [
@@ -120,9 +121,17 @@ def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatc
     np.testing.assert_allclose(out_g, out_r, rtol=ulp, atol=1e-6)
     # compiled, E_num also counts the kernel's output division (Triton: div.full.f32), which the jnp path lacks
     extra = np.asarray(step.kernel_division_term(ctx.value_stats, cache.head_dim))[..., None]
+    compiled = not backend.interpret()
     for name in ("e_key", "e_val") + (("e_num", "bound") if layout != "split" else ()):
-        np.testing.assert_allclose(np.asarray(getattr(got, name)) - (extra if name in ("e_num", "bound") else 0),
-                                   np.asarray(getattr(ref, name)), rtol=2e-5, err_msg=name)
+        g = np.asarray(getattr(got, name)) - (extra if name in ("e_num", "bound") else 0)
+        r = np.asarray(getattr(ref, name))
+        if compiled and name in ("e_val", "bound"):
+            # compiled, the kernel's block value errors carry the Triton division and sqrt margins
+            # (bounds.block_value_errors): never smaller, a little larger where 1/l - 1/B cancels (H100: 1.7e-4
+            # on case 6's flat blocks)
+            assert np.all(g >= r * (1 - 2e-5)) and np.all(g <= r * (1 + 1e-3) + 1e-30), (name, g, r)
+        else:
+            np.testing.assert_allclose(g, r, rtol=2e-5, err_msg=name)
     if layout == "split":  # more roundings in the split merge: E_num can only grow, and not by much
         e_g, e_r = np.asarray(got.e_num), np.asarray(ref.e_num)
         assert np.all(e_g >= e_r * (1 - 2e-5)) and np.all(e_g <= 4 * e_r)
@@ -150,6 +159,8 @@ def test_the_compiled_kernels_block_value_error_margins(case, seed, chunk, monke
     margins are tiny), everything else unchanged, and the bound still holds against float64 attention."""
     from pallas_kernels import certify_rung0
 
+    if not backend.interpret():
+        pytest.skip("a compiled kernel always carries the margins (no unmargined run to compare with)")
     if chunk:
         monkeypatch.setattr(certify_rung0, "DEFAULT_CHUNK", chunk)
     q, cache, policy, k, v = _cache(seed, **CASES[case])
