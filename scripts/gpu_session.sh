@@ -352,6 +352,12 @@ for s in "$@"; do
       # may overlap); dense in the call
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
       step ab22 260 "$G --caches dense certified --out $W/ab22_now_1.json; (cd .carry_k1 && PYTHONPATH=. $G --caches certified --out $W/ab22_k1_1.json); XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT $G --caches dense certified --out $W/ab22_now_concurrent.json; $G --caches certified --out $W/ab22_now_2.json" ;;
+    ab22_split)  # ab22's rows as steps of their own (each packed when it ends: a call cut short keeps the rows done)
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step ab22_now1 70 "$G --caches dense certified --out $W/ab22_now_1.json"
+      step ab22_k1 50 "cd .carry_k1 && PYTHONPATH=. $G --caches certified --out $W/ab22_k1_1.json"
+      step ab22_conc 70 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT $G --caches dense certified --out $W/ab22_now_concurrent.json"
+      step ab22_now2 50 "$G --caches certified --out $W/ab22_now_2.json" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
