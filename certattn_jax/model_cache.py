@@ -384,6 +384,23 @@ class TieredModelCache:
         done = self.replace(fast=False, fast_top_rung=1)
         return done._count_step(slow=False)
 
+    def undo_step(self, undo: jax.Array, before: TieredModelCache) -> TieredModelCache:
+        """This cache after a decode step's rung-0 first pass, or where undo (scalar bool) is set, `before` again
+        in everything the step's redo reads (`models.llama.decode_first_pass`): the lengths and step counters,
+        and the running statistics and hot-set usage marks the pass updated (a layer after one whose head failed
+        rung 0 wrote values from an uncertified output: its running range may hold them). What stays is
+        rewritten by the redo before anything reads it: the token's residual row (the same position in every
+        layer) and the certificates. A rung-0 pass flushes, fetches and refreshes nothing. Selects of small
+        arrays only ([L, B, H, d] at most: no copy of the cache's blocks)."""
+        def pick(new, old):
+            return jnp.where(undo, old, new)
+
+        store = self.store.replace(**{f: pick(getattr(self.store, f), getattr(before.store, f))
+                                      for f in UNDONE_STORE_FIELDS})
+        return self.replace(store=store, lengths=pick(self.lengths, before.lengths),
+                            rung0_streak=pick(self.rung0_streak, before.rung0_streak),
+                            slow_steps=pick(self.slow_steps, before.slow_steps))
+
     def slow_path_done(self) -> TieredModelCache:
         """After a step's second pass (the whole ladder): the step counted (`rung0_streak`, `slow_steps`)."""
         return self._count_step(slow=True)
@@ -395,6 +412,8 @@ class TieredModelCache:
 
 
 _STREAK_CAP = 1 << 30
+# what a decode step's rung-0 first pass changes in the store besides the token's residual row (`undo_step`)
+UNDONE_STORE_FIELDS = ("lengths", "v_min", "v_max", "v_norm_max", "value_stats", "nonfinite", "hot_used")
 
 
 def _maintenance(store: TieredKVCache) -> tuple[jax.Array, jax.Array]:

@@ -23,10 +23,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax import kernel_checks
+from certattn_jax.env import switch_from_env
 from certattn_jax.kv_cache import KVCache, commit_arrays
 from certattn_jax.model_cache import CacheSpec, cache_spec
 from models.config import LlamaConfig
-from models.llama import Params, forward_hidden, logits_from_hidden, params_for_decoding
+from models.llama import (
+    Params,
+    decode_first_pass,
+    forward_hidden,
+    has_decode_first_pass,
+    logits_from_hidden,
+    params_for_decoding,
+)
 from models.sampling import select_next
 
 CAPACITY_BUCKET = 256
@@ -34,6 +42,19 @@ CAPACITY_BUCKET = 256
 TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0}
 
 CacheFactory = Callable[[int, int], KVCache]
+
+# The certified decode loop's shape (`_decode_loop`): "plain" (one while loop; each step asks its own rare-path
+# conditionals, each a host round trip on a GPU) or "nested" (an inner loop of first passes whose own predicate
+# also asks "is this step rare": no conditional on a common step, the rare ones leave the inner loop and are taken
+# by the plain step). CERTATTN_DECODE_LOOP_NESTED=1 / 0 / auto (unset: auto = plain: nested is not yet measured
+# on a GPU).
+DECODE_LOOPS = ("plain", "nested")
+
+
+def decode_loop_kind(cache: Any) -> str:
+    """The decode loop `generate` compiles for this cache (`DECODE_LOOPS`)."""
+    nested = switch_from_env("CERTATTN_DECODE_LOOP_NESTED")
+    return "nested" if nested and has_decode_first_pass(cache) else "plain"
 
 
 @dataclasses.dataclass
@@ -79,8 +100,15 @@ def _prefill_chunk(params: Params, config: LlamaConfig, cache: KVCache, chunk: j
 
 def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
                  max_new: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
-                 top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool):
+                 top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain"):
     """Sample up to max_new tokens per sequence; stops early when every sequence has hit EOS.
+
+    loop "nested" (a certified model cache, `decode_loop_kind`): while steps remain, an inner while loop runs
+    steps' first passes (`models.llama.decode_first_pass`) as long as none needs its rare path (its predicate
+    asks; the "adaptive" schedule also leaves it while it `wants_rung1_pass`); a step that does is undone there and
+    taken by the plain step (`forward_hidden`, with its conditionals) after the inner loop. The same tokens, cache
+    and records as "plain", with one host round trip per common step (the inner loop's predicate) instead of the
+    plain step's conditionals plus the loop's.
 
     Returns (generated [B, capacity] int32 (-1 after EOS / past the end), finished [B], steps, cache,
     records) where records stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
@@ -114,8 +142,47 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
         return step + 1, cache, nxt, done | newly_done, out, key, records
 
     state = (jnp.int32(0), cache, tok, done, out, key, records)
-    step, cache, _, done, out, _, records = jax.lax.while_loop(cond, body, state)
+    if loop == "nested":
+        state = _nested(cond, body, state, params, config, pick, eos_ids, record)
+    else:
+        state = jax.lax.while_loop(cond, body, state)
+    step, cache, _, done, out, _, records = state
     return out, done, step + 1, cache, records
+
+
+def _nested(cond, body, state, params, config, pick, eos_ids, record):
+    """`_decode_loop`'s "nested" loop over the plain loop's (cond, body, state)."""
+    adaptive = state[1].schedule == "adaptive"
+
+    def first_passes_cond(st):
+        state, redo = st
+        go = cond(state) & ~redo
+        return go & ~state[1].wants_rung1_pass() if adaptive else go
+
+    def first_pass(st):
+        (step, cache, tok, done, out, key, records), _ = st
+        hidden, new_cache, redo = decode_first_pass(params, config, tok[:, None], cache)
+        logits = logits_from_hidden(params, config, hidden[:, 0])
+        new_key, sub = jax.random.split(key)
+        nxt = pick(logits, sub)
+        # a redo leaves step, token, done and key as they were; what it wrote at step + 1 (the token, the
+        # records) the plain step writes again
+        if record:
+            records = jax.tree.map(lambda buf, r: buf.at[step].set(r), records, new_cache.step_record())
+        newly_done = jnp.isin(nxt, eos_ids)
+        out = out.at[:, step + 1].set(jnp.where(done | newly_done, -1, nxt))
+
+        def keep(new, old):
+            return jax.lax.select(redo, old, new)
+
+        return ((keep(step + 1, step), new_cache, keep(nxt, tok), keep(done | newly_done, done), out,
+                 keep(new_key, key), records), redo)
+
+    def outer(state):
+        state, _ = jax.lax.while_loop(first_passes_cond, first_pass, (state, jnp.bool_(False)))
+        return jax.lax.cond(cond(state), body, lambda s: s, state)  # the step the inner loop left to the plain one
+
+    return jax.lax.while_loop(cond, outer, state)
 
 
 _COMPILED: dict[Any, Any] = {}
@@ -125,19 +192,20 @@ _COMPILED: dict[Any, Any] = {}
 LAST_BUILD_SECONDS: dict[str, float] = {}
 
 
-def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: tuple) -> Callable:
+def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: tuple,
+                         loop: str = "plain") -> Callable:
     """The compiled decode loop for these argument shapes (compiled once per shape signature).
 
     args = (params, cache, first_logits [B, V], max_new, eos_ids, key, temperature, top_p); only the
     shapes matter, so a different max_new reuses the same executable.
     """
     leaves, treedef = jax.tree.flatten(args)
-    sig = (config, greedy, record, treedef, tuple(
+    sig = (config, greedy, record, loop, treedef, tuple(
         (np.shape(x), str(jnp.result_type(x)), getattr(getattr(x, "sharding", None), "memory_kind", None))
         for x in leaves))
     if sig not in _COMPILED:
         def build():
-            fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record),
+            fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record, loop=loop),
                          donate_argnums=(1,))
             t0 = time.perf_counter()
             lowered = fn.lower(*args)
@@ -212,7 +280,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     args = (params, cache, last_logits, jnp.int32(max_new_tokens), eos_arr, jax.random.key(seed),
             jnp.float32(temperature), jnp.float32(top_p))
     t0 = time.perf_counter()
-    decode = compiled_decode_loop(config, temperature == 0.0, record_steps, args)
+    decode = compiled_decode_loop(config, temperature == 0.0, record_steps, args, decode_loop_kind(cache))
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out, done, steps, cache, records = decode(*args)

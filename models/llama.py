@@ -194,6 +194,48 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     return x, (cache if fast is not None else cache.with_lengths(new_lengths))  # (the fast path's: recorded)
 
 
+FIRST_PASS_SCHEDULES = ("adaptive", "straight", "straight-looped")  # a rung-0 first pass: `decode_first_pass`
+
+
+def has_decode_first_pass(cache: Any) -> bool:
+    """Whether `decode_first_pass` serves this cache: a certified model cache whose decode step has a rung-0
+    first pass (`FIRST_PASS_SCHEDULES`; a rung-1 pass may change the hot set, which a redo could not undo
+    without copying it)."""
+    return (getattr(cache, "schedule", None) in FIRST_PASS_SCHEDULES and hasattr(cache, "undo_step")
+            and hasattr(cache, "decode_fast_path") and cache.decode_fast_path() is not None)
+
+
+def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,
+                      ) -> tuple[jax.Array, KVCache, jax.Array]:
+    """A decode step's first pass alone, without the step's top-level conditionals (each one a host round trip on
+    a GPU): (hidden [B, 1, D] final-normed, cache, redo scalar bool). Where redo is clear, (hidden, cache) equal
+    `forward_hidden`'s for this step. Where it is set (some head needs a rung above the pass's, or the end of the
+    step has maintenance to do: a full residual block, pending hot-set blocks) the step is not done: hidden is
+    not valid and the cache is `cache.undo_step(...)`'s, i.e. the step must be answered by `forward_hidden` from
+    it (the pass's other writes -- the token's row and running statistics, the certificates, the hot set's usage
+    marks -- are those the step writes again, value for value). A decode loop can thus ask "is a step rare"
+    with its own loop predicate (`models.generate`'s "nested" loop). The "adaptive" schedule's pass is its
+    rung-0 pass (the caller asks `wants_rung1_pass` first)."""
+    _check_tokens(tokens, config)
+    if tokens.shape[1] != 1 or not has_decode_first_pass(cache):
+        raise ValueError("decode_first_pass: one token per sequence, with a certified model cache whose schedule "
+                         f"has a rung-0 first pass {FIRST_PASS_SCHEDULES}")
+    start = cache.lengths
+    new_lengths = start + 1
+    cos, sin = rope_cos_sin(config, start[:, None])
+    x = params["embed"][tokens]
+    schedule = cache.schedule
+    fast = cache.decode_fast_path(0 if schedule == "adaptive" else None)
+    layers = _layers_unrolled if schedule == "straight" else _layers_looped_stacked
+    x, c_fast = layers(params, config, x, fast, cos, sin, new_lengths)
+    redo = c_fast.needs_slow_path() | c_fast.maintenance_due(new_lengths)
+    done = c_fast.fast_pass_result().fast_path_done().with_lengths(new_lengths, maintain=False)
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    bad = overflow_mask(new_lengths, cache.capacity)
+    x = jnp.where(bad[:, None, None], jnp.nan, x)
+    return x, done.undo_step(redo, cache), redo
+
+
 def _slow_path_done(x: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
     return x, cache.slow_path_done()
 

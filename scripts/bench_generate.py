@@ -37,7 +37,9 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          on the host) and while loops of unknown trip count, plus the decode loop's own predicate
                          (dense pays that one too); `host_round_trips_in_branches` those inside cond branches
                          (they happen only when the branch runs). Meaningful on a GPU only (CPU interpret-mode
-                         kernels are loops and conditionals themselves)
+                         kernels are loops and conditionals themselves). With the "nested" decode loop
+                         (`decode_loop`, CERTATTN_DECODE_LOOP_NESTED=1) a common step is the inner loop's
+                         iteration: launches and round trips are counted there
   peak_device_bytes      the device's peak_bytes_in_use over the whole row (None where the backend has no
                          memory stats, e.g. CPU)
 """
@@ -93,10 +95,11 @@ def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_c
     return times
 
 
-def count_launches(hlo: str) -> dict[str, int]:
-    """Kernel launches per iteration of the outermost while loop of a compiled module (see module docstring)."""
+def count_launches(hlo: str, inner_step: bool = False) -> dict[str, int]:
+    """Kernel launches per iteration of the outermost while loop of a compiled module (see module docstring);
+    inner_step: of the first while loop inside it (the "nested" decode loop's common step)."""
     counts = {"launches": 0, "cond_branch_launches": 0, "host": 0}
-    for instr, op, mult, where in launching_instructions(hlo):
+    for instr, op, mult, where in launching_instructions(hlo, inner_step=inner_step):
         if where == "step":
             counts["launches"] += mult
             # a conditional whose operands include the tier-2 buffers only passes them to its branches (the
@@ -166,8 +169,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     (decode,) = gen._COMPILED.values()
     prefill_s = min([warm.prefill_seconds] + _prefill_times(gen, params, cfg, ids, prompt + new_tokens, factory,
                                                               policy, prefill_chunk, repeats=2))
-    launches = count_launches(decode.as_text())
-    trips = host_round_trips(decode.as_text())
+    loop = gen.decode_loop_kind(warm.cache)  # "nested": a common step is the inner loop's iteration
+    launches = count_launches(decode.as_text(), inner_step=loop == "nested")
+    trips = host_round_trips(decode.as_text(), inner_step=loop == "nested")
     if dump_hlo:
         Path(dump_hlo).mkdir(parents=True, exist_ok=True)
         Path(dump_hlo, f"{model}_{cache}_{prompt}_{policy.tier1}_{policy.rung0}.hlo").write_text(decode.as_text())
@@ -189,7 +193,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # prefill started in the background; 0 when every verdict was kept or had come in by then
             "selftest_s": round(checking, 3),
             "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
-            "launches_per_step": launches["launches"], "cond_branch_launches": launches["cond_branch_launches"],
+            "decode_loop": loop, "launches_per_step": launches["launches"],
+            "cond_branch_launches": launches["cond_branch_launches"],
             "host_transfers_per_step": launches["host"], "host_round_trips_per_step": trips["total"],
             "host_round_trips_in_branches": trips["in_branches"], "peak_device_bytes": stats.get("peak_bytes_in_use"),
             "backend": jax.default_backend(), "dtype": str(jnp.dtype(dtype)), "prefill_chunk": prefill_chunk,

@@ -43,17 +43,24 @@ def opcode(instr: str) -> str:
     return m.group(1) if m else ""
 
 
-def launching_instructions(hlo: str, descend_loops: bool = True, with_loops: bool = False,
+def launching_instructions(hlo: str, descend_loops: bool = True, with_loops: bool = False, inner_step: bool = False,
                            ) -> Iterator[tuple[str, str, int, str]]:
     """(instruction, opcode, times per step, "step" | "branch") for every launching instruction of one step.
     descend_loops=False: a while loop inside the step is one launch and is not walked (a CPU proxy for a GPU
     step whose Pallas kernels run in interpret mode, where each kernel is a loop). with_loops: also yield each
-    nested while loop that is walked (times per step of the loop itself, not of its body)."""
+    nested while loop that is walked (times per step of the loop itself, not of its body). inner_step: the step
+    is the body of the first while loop directly inside that body (the "nested" decode loop's inner loop of
+    common steps, `models.generate`)."""
     comps, entry = computations(hlo)
     whiles = [i for i in comps.get(entry, []) if opcode(i) == "while"]
     if not whiles:
         raise ValueError("no while loop in the entry computation")
     body = re.search(r"body=%?([\w.\-]+)", whiles[0]).group(1)
+    if inner_step:
+        inner = [i for i in comps.get(body, []) if opcode(i) == "while"]
+        if not inner:
+            raise ValueError("no while loop inside the decode loop's body")
+        body = re.search(r"body=%?([\w.\-]+)", inner[0]).group(1)
     seen: set[str] = set()
 
     def walk(comp: str, mult: int, where: str) -> Iterator[tuple[str, str, int, str]]:
@@ -98,7 +105,7 @@ def _known_trips(instr: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def host_round_trips(hlo: str) -> dict[str, int]:
+def host_round_trips(hlo: str, inner_step: bool = False) -> dict[str, int]:
     """Per step of the entry computation's first while loop (a decode step): "conditionals" (conditional
     instructions on the step's own path, times their loops' trip counts), "unknown_trip_loops" (nested while
     loops whose trip count XLA does not know: each iteration is one more round trip, counted here once), "total"
@@ -107,7 +114,7 @@ def host_round_trips(hlo: str) -> dict[str, int]:
     rung; but also a schedule choice that takes one of its branches every step). Meaningful for GPU HLO:
     interpret-mode Pallas kernels (the CPU) are loops and conditionals themselves."""
     counts = {"conditionals": 0, "unknown_trip_loops": 0, "in_branches": 0}
-    for instr, op, mult, where in launching_instructions(hlo, with_loops=True):
+    for instr, op, mult, where in launching_instructions(hlo, with_loops=True, inner_step=inner_step):
         if op == "conditional" or (op == "while" and _known_trips(instr) is None):
             key = "in_branches" if where == "branch" else ("conditionals" if op == "conditional"
                                                            else "unknown_trip_loops")

@@ -3,6 +3,7 @@ around `models.llama.forward` compiles once and keeps tier 2 in host memory."""
 
 import ast
 import dataclasses
+import functools
 import inspect
 import os
 from pathlib import Path
@@ -890,3 +891,74 @@ def test_a_kernel_switch_from_the_environment_is_checked_by_name(monkeypatch, ra
     monkeypatch.setenv("CERTATTN_SOME_KERNEL", "maybe")
     with pytest.raises(ValueError, match="CERTATTN_SOME_KERNEL='maybe'"):
         switch_from_env("CERTATTN_SOME_KERNEL")
+
+
+@pytest.mark.xdist_group("layer-schedules")
+@pytest.mark.parametrize("schedule", ["adaptive", "straight-looped"])
+def test_the_nested_decode_loop_decodes_like_the_plain_one(params, schedule, monkeypatch):
+    """`models.generate`'s "nested" loop (an inner loop of first passes that leaves rare steps -- an escalating
+    head, a flush, pending hot-set blocks -- to the plain step, undoing their first pass) decodes exactly what the
+    plain loop decodes: the same tokens, certificates and cache, over steps that escalate (the hot set starts
+    empty) and cross block boundaries (flushes)."""
+    policy = dataclasses.replace(POLICY, eps=0.05, abs_tol=0.0)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]
+    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, record_steps=True, temperature=0.7, seed=3)
+    if schedule == "adaptive":  # both first passes of "adaptive" within a few steps
+        monkeypatch.setattr(model_cache, "_ADAPTIVE_RUNG0_STREAK", 2)
+
+    def run(nested):
+        monkeypatch.setenv("CERTATTN_DECODE_LOOP_NESTED", "1" if nested else "0")
+        return gen.generate(params, CFG, prompts, 20, cache_factory=cache_spec(
+            "certified", CFG, jnp.float32, policy, schedule=schedule), **kw)
+
+    plain, nested = run(False), run(True)
+    assert gen.decode_loop_kind(nested.cache) == "nested" and gen.decode_loop_kind(
+        nested.cache.replace(schedule="looped")) == "plain"  # a rung-1 first pass may refresh the hot set
+    rungs = np.asarray(plain.step_records.rung)
+    assert np.any(rungs >= 1) and np.any(rungs.reshape(rungs.shape[0], -1).max(axis=1) == 0)  # rare and common
+    assert nested.tokens == plain.tokens and nested.num_steps == plain.num_steps
+    for field in ("rung", "k_star", "certified", "ranking_ok"):
+        np.testing.assert_array_equal(getattr(nested.step_records, field), getattr(plain.step_records, field),
+                                      err_msg=field)
+    np.testing.assert_allclose(nested.step_records.error_bound, plain.step_records.error_bound, rtol=1e-6)
+    for name in ("lengths", "rung0_streak", "slow_steps"):
+        np.testing.assert_array_equal(getattr(nested.cache, name), getattr(plain.cache, name), err_msg=name)
+    for name in ("lengths", "flushed", "res_k", "res_v", "k_codes", "v_codes", "hot_ids", "hot_used", "value_stats"):
+        np.testing.assert_array_equal(np.asarray(getattr(nested.cache.store, name)),
+                                      np.asarray(getattr(plain.cache.store, name)), err_msg=name)
+
+
+def test_the_nested_decode_loop_asks_no_conditional_on_a_common_step(params, monkeypatch):
+    """The nested loop's inner loop (one common step per iteration) holds no conditional for the straight
+    schedule with small layers (their weights read stacked, as on a GPU; the step's rare paths are asked by the
+    inner loop's own predicate); the plain loop's step holds them."""
+    from models import generate as g
+
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)  # small layers here
+
+    cache = gen.prefill(params, CFG, [[1, 2, 3]], 256, cache_factory=cache_spec(
+        "certified", CFG, jnp.float32, POLICY, schedule="straight-looped"), progress=False)[0]
+    args = (llama.params_for_decoding(params, cache), cache, jnp.zeros((1, CFG.vocab_size)), jnp.int32(4),
+            jnp.asarray((-2,), jnp.int32), jax.random.key(0), jnp.float32(0), jnp.float32(1))
+
+    def loop_bodies(loop):
+        fn = functools.partial(g._decode_loop, config=CFG, greedy=True, record=False, loop=loop)
+        return [e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "while"]
+
+    def conds(jaxpr):
+        found = 0
+        for eqn in jaxpr.eqns:
+            found += eqn.primitive.name == "cond"
+            if eqn.primitive.name != "pallas_call":
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    found += conds(sub)
+        return found
+
+    (plain,) = loop_bodies("plain")
+    assert conds(plain.params["body_jaxpr"].jaxpr) >= 1
+    (outer,) = loop_bodies("nested")
+    inner = [e for e in outer.params["body_jaxpr"].jaxpr.eqns if e.primitive.name == "while"]
+    assert len(inner) == 1
+    assert conds(inner[0].params["body_jaxpr"].jaxpr) == 0
+    assert conds(outer.params["body_jaxpr"].jaxpr) >= 1  # the plain step, after the inner loop
