@@ -106,9 +106,10 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
     loop "nested" (a certified model cache, `decode_loop_kind`): while steps remain, an inner while loop runs
     steps' first passes (`models.llama.decode_first_pass`) as long as none needs its rare path (its predicate
     asks; the "adaptive" schedule also leaves it while it `wants_rung1_pass`); a step that does is undone there and
-    taken by the plain step (`forward_hidden`, with its conditionals) after the inner loop. The same tokens, cache
-    and records as "plain", with one host round trip per common step (the inner loop's predicate) instead of the
-    plain step's conditionals plus the loop's.
+    taken by the plain step (`forward_hidden`, with its conditionals) in a second inner loop, which for "adaptive"
+    goes on while the schedule wants rung 1. The same tokens, cache and records as "plain", with one host round
+    trip per common step (the first inner loop's predicate) instead of the plain step's conditionals plus the
+    loop's, and as many as the plain loop on the steps "adaptive" answers with rung 1 in its first pass.
 
     Returns (generated [B, capacity] int32 (-1 after EOS / past the end), finished [B], steps, cache,
     records) where records stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
@@ -178,9 +179,18 @@ def _nested(cond, body, state, params, config, pick, eos_ids, record):
         return ((keep(step + 1, step), new_cache, keep(nxt, tok), keep(done | newly_done, done), out,
                  keep(new_key, key), records), redo)
 
+    def plain_steps_cond(st):  # the step the first passes left, and for "adaptive" those that want rung 1
+        state, first = st
+        go = cond(state) & first
+        return go | (cond(state) & state[1].wants_rung1_pass()) if adaptive else go
+
+    def plain_step(st):
+        return body(st[0]), jnp.bool_(False)
+
     def outer(state):
         state, _ = jax.lax.while_loop(first_passes_cond, first_pass, (state, jnp.bool_(False)))
-        return jax.lax.cond(cond(state), body, lambda s: s, state)  # the step the inner loop left to the plain one
+        state, _ = jax.lax.while_loop(plain_steps_cond, plain_step, (state, jnp.bool_(True)))
+        return state
 
     return jax.lax.while_loop(cond, outer, state)
 

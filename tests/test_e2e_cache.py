@@ -958,7 +958,6 @@ def test_the_nested_decode_loop_asks_no_conditional_on_a_common_step(params, mon
     (plain,) = loop_bodies("plain")
     assert conds(plain.params["body_jaxpr"].jaxpr) >= 1
     (outer,) = loop_bodies("nested")
-    inner = [e for e in outer.params["body_jaxpr"].jaxpr.eqns if e.primitive.name == "while"]
-    assert len(inner) == 1
-    assert conds(inner[0].params["body_jaxpr"].jaxpr) == 0
-    assert conds(outer.params["body_jaxpr"].jaxpr) >= 1  # the plain step, after the inner loop
+    first_passes, plain_steps = [e for e in outer.params["body_jaxpr"].jaxpr.eqns if e.primitive.name == "while"]
+    assert conds(first_passes.params["body_jaxpr"].jaxpr) == 0
+    assert conds(plain_steps.params["body_jaxpr"].jaxpr) >= 1  # the plain step, for the steps the first left
