@@ -358,6 +358,13 @@ for s in "$@"; do
       step ab22_k1 50 "cd .carry_k1 && PYTHONPATH=. $G --caches certified --out $W/ab22_k1_1.json"
       step ab22_conc 70 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT $G --caches dense certified --out $W/ab22_now_concurrent.json"
       step ab22_now2 50 "$G --caches certified --out $W/ab22_now_2.json" ;;
+    ab_nested)  # twenty-second session: SmolLM2 1K certified, plain vs nested decode loop (one host round trip per
+      # common step instead of three), dense in the same call; each row its own step
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step abn_plain 70 "$G --caches dense certified --out $W/abn_plain_1.json"
+      step abn_nested 50 "CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified --out $W/abn_nested_1.json"
+      step abn_plain2 50 "$G --caches certified --out $W/abn_plain_2.json"
+      step abn_nested2 50 "CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified --out $W/abn_nested_2.json" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
