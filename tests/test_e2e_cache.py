@@ -270,6 +270,11 @@ ENTRY %main (x: f32[4]) -> f32[4] {
     looping = hlo.replace("%h = f32[4]{0:S(5)} copy(%f)", "%h = f32[4]{0:S(5)} copy(%f)\n  %inner = (s32[], f32[4]{0}) "
                           "while(%s), condition=%cond, body=%branch_skip")
     assert host_round_trips(looping)["unknown_trip_loops"] == 1 and host_round_trips(looping)["total"] == 3
+    # the "nested" decode loop's common step is the first loop inside the step's body: here a body without any
+    assert host_round_trips(looping, inner_step=True) == {"conditionals": 0, "unknown_trip_loops": 0,
+                                                          "in_branches": 0, "total": 1}
+    with pytest.raises(ValueError, match="no while loop inside"):
+        host_round_trips(hlo, inner_step=True)
     known = looping.replace("body=%branch_skip", 'body=%branch_skip, backend_config={"known_trip_count":{"n":"30"}}')
     assert host_round_trips(known)["total"] == 2
 
