@@ -932,6 +932,11 @@ def test_the_nested_decode_loop_decodes_like_the_plain_one(params, schedule, mon
     for name in ("lengths", "flushed", "res_k", "res_v", "k_codes", "v_codes", "hot_ids", "hot_used", "value_stats"):
         np.testing.assert_array_equal(np.asarray(getattr(nested.cache.store, name)),
                                       np.asarray(getattr(plain.cache.store, name)), err_msg=name)
+    if schedule == "adaptive":  # an EOS that ends one sequence early (the other goes on): the same again
+        kw["eos_token_ids"] = (plain.tokens[0][6],)
+        plain, nested = run(False), run(True)
+        assert nested.tokens == plain.tokens and nested.finished == plain.finished
+        assert len(plain.tokens[0]) <= 6 and nested.num_steps == plain.num_steps
 
 
 def test_the_nested_decode_loop_asks_no_conditional_on_a_common_step(params, monkeypatch):
