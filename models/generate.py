@@ -130,9 +130,8 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
         step, _, _, done, _, _, _ = state
         return (step + 1 < max_new) & ~jnp.all(done)
 
-    def body(state):
-        step, cache, tok, done, out, key, records = state
-        hidden, cache = forward_hidden(params, config, tok[:, None], cache)
+    def advance(state, hidden, cache):  # the step's token from its hidden state, written out; the loop's state
+        step, _, _, done, out, key, records = state
         logits = logits_from_hidden(params, config, hidden[:, 0])
         key, sub = jax.random.split(key)
         nxt = pick(logits, sub)
@@ -142,17 +141,21 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
         out = out.at[:, step + 1].set(jnp.where(done | newly_done, -1, nxt))
         return step + 1, cache, nxt, done | newly_done, out, key, records
 
+    def body(state):
+        return advance(state, *forward_hidden(params, config, state[2][:, None], state[1]))
+
     state = (jnp.int32(0), cache, tok, done, out, key, records)
     if loop == "nested":
-        state = _nested(cond, body, state, params, config, pick, eos_ids, record)
+        state = _nested(cond, body, advance, state, params, config)
     else:
         state = jax.lax.while_loop(cond, body, state)
     step, cache, _, done, out, _, records = state
     return out, done, step + 1, cache, records
 
 
-def _nested(cond, body, state, params, config, pick, eos_ids, record):
-    """`_decode_loop`'s "nested" loop over the plain loop's (cond, body, state)."""
+def _nested(cond, body, advance, state, params, config):
+    """`_decode_loop`'s "nested" loop over the plain loop's (cond, body, state); advance(state, hidden, cache): the
+    plain step after its forward pass."""
     adaptive = state[1].schedule == "adaptive"
 
     def first_passes_cond(st):
@@ -161,23 +164,13 @@ def _nested(cond, body, state, params, config, pick, eos_ids, record):
         return go & ~state[1].wants_rung1_pass() if adaptive else go
 
     def first_pass(st):
-        (step, cache, tok, done, out, key, records), _ = st
-        hidden, new_cache, redo = decode_first_pass(params, config, tok[:, None], cache)
-        logits = logits_from_hidden(params, config, hidden[:, 0])
-        new_key, sub = jax.random.split(key)
-        nxt = pick(logits, sub)
-        # a redo leaves step, token, done and key as they were; what it wrote at step + 1 (the token, the
-        # records) the plain step writes again
-        if record:
-            records = jax.tree.map(lambda buf, r: buf.at[step].set(r), records, new_cache.step_record())
-        newly_done = jnp.isin(nxt, eos_ids)
-        out = out.at[:, step + 1].set(jnp.where(done | newly_done, -1, nxt))
-
-        def keep(new, old):
-            return jax.lax.select(redo, old, new)
-
-        return ((keep(step + 1, step), new_cache, keep(nxt, tok), keep(done | newly_done, done), out,
-                 keep(new_key, key), records), redo)
+        state, _ = st
+        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1])
+        new = advance(state, hidden, new_cache)
+        # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
+        # it wrote at step + 1 (the token, the records) the plain step writes again
+        step, tok, done, key = (jax.lax.select(redo, state[i], new[i]) for i in (0, 2, 3, 5))
+        return (step, new[1], tok, done, new[4], key, new[6]), redo
 
     def plain_steps_cond(st):  # the step the first passes left, and for "adaptive" those that want rung 1
         state, first = st
