@@ -365,6 +365,12 @@ for s in "$@"; do
       step abn_nested 50 "CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified --out $W/abn_nested_1.json"
       step abn_plain2 50 "$G --caches certified --out $W/abn_plain_2.json"
       step abn_nested2 50 "CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified --out $W/abn_nested_2.json" ;;
+    nested8b)  # twenty-second session: 8B 8K, adaptive with the stacked-weight kernel (no per-layer conditional),
+      # plain vs nested decode loop (1 host round trip per common step), dense in the call; each row its own step
+      G="python3 scripts/bench_generate.py --timeout 130 --new-tokens 64 --models llama3.1-8b --prompts 8192"
+      step n8_dense 150 "$G --caches dense --out $W/n8_dense.json"
+      step n8_plain 150 "CERTATTN_LOOPED_WEIGHTS=kernel $G --caches certified_adaptive --out $W/n8_plain.json"
+      step n8_nested 150 "CERTATTN_LOOPED_WEIGHTS=kernel CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified_adaptive --out $W/n8_nested.json" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;
