@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @runtime_checkable
@@ -77,12 +78,15 @@ def is_concrete(x: Any) -> bool:
 def check_capacity(lengths: jax.Array, new_lengths: jax.Array, capacity: int) -> None:
     """Raise a clear error when a write would run past the cache capacity (only checkable eagerly)."""
     if is_concrete(new_lengths):
-        worst = int(jnp.max(new_lengths))
+        # numpy, not jnp: inside a traced loop body (a looped schedule called eagerly) a jnp op on a concrete
+        # closure value is staged, and its result cannot be read
+        new = np.asarray(new_lengths)
+        worst = int(np.max(new))
         if worst > capacity:
             raise ValueError(
                 f"KV cache overflow: a sequence would reach {worst} tokens but the cache capacity is "
                 f"{capacity}; allocate a larger cache")
-        if is_concrete(lengths) and bool(jnp.any(new_lengths < lengths)):
+        if is_concrete(lengths) and bool(np.any(new < np.asarray(lengths))):
             raise ValueError("new_lengths must be >= the cache's current lengths")
 
 

@@ -971,3 +971,36 @@ def test_the_nested_decode_loop_asks_no_conditional_on_a_common_step(params, mon
     first_passes, plain_steps = [e for e in outer.params["body_jaxpr"].jaxpr.eqns if e.primitive.name == "while"]
     assert conds(first_passes.params["body_jaxpr"].jaxpr) == 0
     assert conds(plain_steps.params["body_jaxpr"].jaxpr) >= 1  # the plain step, for the steps the first left
+
+
+def test_decode_first_pass_refuses_what_it_cannot_undo(params):
+    """`llama.decode_first_pass` serves one token per sequence with a certified cache whose first pass is rung 0
+    alone; anything else is a clear error, not a step that could not be undone."""
+    def cache(schedule, mode="certified"):
+        return gen.prefill(params, CFG, [[1, 2, 3]], 256, cache_factory=cache_spec(
+            mode, CFG, jnp.float32, POLICY, schedule=schedule), progress=False)[0]
+
+    tok = jnp.asarray([[4]], jnp.int32)
+    for c in (cache("looped"), cache("unrolled"), cache("adaptive", "naive")):
+        with pytest.raises(ValueError, match="rung-0 first pass"):
+            llama.decode_first_pass(params, CFG, tok, c)
+    with pytest.raises(ValueError, match="one token per sequence"):
+        llama.decode_first_pass(params, CFG, jnp.asarray([[4, 5]], jnp.int32), cache("straight-looped"))
+    hidden, c, redo = llama.decode_first_pass(params, CFG, tok, cache("straight-looped"))  # eagerly, too
+    assert hidden.shape == (1, 1, CFG.hidden_size) and redo.shape == () and int(c.lengths[0]) in (3, 4)
+
+
+@pytest.mark.parametrize("schedule", ["looped", "adaptive"])
+def test_a_looped_certified_step_runs_eagerly_like_jitted(params, schedule):
+    """A decode step through a looped schedule called outside jit (a user trying the model eagerly) runs, and
+    gives what the jitted step gives. (The capacity check read a value computed inside the traced loop body and
+    failed with a ConcretizationTypeError.)"""
+    c = gen.prefill(params, CFG, [[1, 2, 3]], 256, cache_factory=cache_spec(
+        "certified", CFG, jnp.float32, POLICY, schedule=schedule), progress=False)[0]
+    tok = jnp.asarray([[4]], jnp.int32)
+    h, c_eager = llama.forward_hidden(params, CFG, tok, c)
+    h_jit, c_jit = jax.jit(lambda p, t, c: llama.forward_hidden(p, CFG, t, c))(params, tok, c)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(h_jit), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(c_eager.lengths), np.asarray(c_jit.lengths))
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        llama.forward_hidden(params, CFG, jnp.ones((1, 254), jnp.int32), c)
