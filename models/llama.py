@@ -166,9 +166,9 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
                 return x_done, c_done.with_lengths(new_lengths)
 
             def common():  # nothing due: the lengths recorded, nothing else
-                return x_fast, c_fast.fast_path_done().with_lengths(new_lengths, maintain=False)
+                return x_fast, _common_step_done(c_fast, new_lengths)
 
-            return jax.lax.cond(c_fast.needs_slow_path() | c_fast.maintenance_due(new_lengths), rare, common)
+            return jax.lax.cond(_step_is_rare(c_fast, new_lengths), rare, common)
 
         schedule = getattr(fast, "schedule", "")
         if schedule == "adaptive":  # rung 1 in the first pass unless the last steps stayed at rung 0
@@ -187,11 +187,26 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
             first_pass = {"looped": _layers_looped, "straight-looped": _layers_looped_stacked}.get(
                 schedule, _layers_unrolled)
             x, cache = second_pass_if_needed(*first_pass(params, config, x, fast, cos, sin, new_lengths))
-    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    # Never return a silent wrong answer: a sequence that overflowed the cache gets NaN outputs.
-    bad = overflow_mask(new_lengths, cache.capacity)
-    x = jnp.where(bad[:, None, None], jnp.nan, x)
+    x = _final_hidden(params, config, x, new_lengths, cache.capacity)
     return x, (cache if fast is not None else cache.with_lengths(new_lengths))  # (the fast path's: recorded)
+
+
+def _final_hidden(params: Params, config: LlamaConfig, x: jax.Array, new_lengths: jax.Array,
+                  capacity: int) -> jax.Array:
+    """The final norm of x [B, T, D]; never a silent wrong answer: a sequence that overflowed the cache gets NaN."""
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    bad = overflow_mask(new_lengths, capacity)
+    return jnp.where(bad[:, None, None], jnp.nan, x)
+
+
+def _step_is_rare(c_fast: KVCache, new_lengths: jax.Array) -> jax.Array:
+    """After a decode step's first pass: some head needs the second pass, or the end of the step has maintenance."""
+    return c_fast.needs_slow_path() | c_fast.maintenance_due(new_lengths)
+
+
+def _common_step_done(c_fast: KVCache, new_lengths: jax.Array) -> KVCache:
+    """A first pass's cache as the step's result when nothing is rare: the step counted, the lengths recorded."""
+    return c_fast.fast_path_done().with_lengths(new_lengths, maintain=False)
 
 
 FIRST_PASS_SCHEDULES = ("adaptive", "straight", "straight-looped")  # a rung-0 first pass: `decode_first_pass`
@@ -228,12 +243,9 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     fast = cache.decode_fast_path(0 if schedule == "adaptive" else None)
     layers = _layers_unrolled if schedule == "straight" else _layers_looped_stacked
     x, c_fast = layers(params, config, x, fast, cos, sin, new_lengths)
-    redo = c_fast.needs_slow_path() | c_fast.maintenance_due(new_lengths)
-    done = c_fast.fast_pass_result().fast_path_done().with_lengths(new_lengths, maintain=False)
-    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    bad = overflow_mask(new_lengths, cache.capacity)
-    x = jnp.where(bad[:, None, None], jnp.nan, x)
-    return x, done.undo_step(redo, cache), redo
+    redo = _step_is_rare(c_fast, new_lengths)
+    done = _common_step_done(c_fast, new_lengths).undo_step(redo, cache)
+    return _final_hidden(params, config, x, new_lengths, cache.capacity), done, redo
 
 
 def _slow_path_done(x: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
