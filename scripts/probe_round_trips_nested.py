@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
 from bench_generate import count_launches  # noqa: E402
-from hlo_walk import host_round_trips  # noqa: E402
+from hlo_walk import host_round_trips, launching_instructions  # noqa: E402
 
 from certattn_jax.model_cache import cache_spec  # noqa: E402
 from certattn_jax.policy import CertPolicy  # noqa: E402
@@ -43,9 +43,14 @@ def row(params, schedule: str, nested: bool) -> dict:
     loop = gen.decode_loop_kind(out.cache)
     hlo = decode.as_text()
     trips = host_round_trips(hlo, inner_step=loop == "nested")
+    copies = [(instr, mult) for instr, op, mult, where in launching_instructions(hlo, inner_step=loop == "nested")
+              if where == "step" and op == "copy"]
     return {"schedule": schedule, "decode_loop": loop, "host_round_trips_per_common_step": trips["total"],
             "host_round_trips_in_branches": trips["in_branches"],
-            "launches_per_step": count_launches(hlo, inner_step=loop == "nested")["launches"]}
+            "launches_per_step": count_launches(hlo, inner_step=loop == "nested")["launches"],
+            # copies per step, and those of uint32 values (on the CPU: the sampling key's threefry, a loop)
+            "copies_per_step": sum(m for _, m in copies),
+            "uint32_copies_per_step": sum(m for i, m in copies if i.split(" = ", 1)[1].startswith("u32"))}
 
 
 def main() -> None:
