@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,9 +47,38 @@ CacheFactory = Callable[[int, int], KVCache]
 # The certified decode loop's shape (`_decode_loop`): "plain" (one while loop; each step asks its own rare-path
 # conditionals, each a host round trip on a GPU) or "nested" (an inner loop of first passes whose own predicate
 # also asks "is this step rare": no conditional on a common step, the rare ones leave the inner loop and are taken
-# by the plain step). CERTATTN_DECODE_LOOP_NESTED=1 / 0 / auto (unset: auto = plain: nested is not yet measured
-# on a GPU).
+# by the plain step). CERTATTN_DECODE_LOOP_NESTED=1 / 0 / auto (unset: auto = plain: on an H100, SmolLM2 1K, the
+# nested loop decoded 5 % slower than the plain one although it waits for the device once per step instead of
+# three times; docs/performance.md, twenty-third session).
 DECODE_LOOPS = ("plain", "nested")
+
+
+# How XLA records a GPU program's command buffers (CUDA graphs: where a decode step's launches run): "CONCURRENT"
+# records each as a graph of its launches' data dependencies (independent launches may overlap), "SERIALIZE" as one
+# chain (XLA's default). Measured on an H100 (SmolLM2 1K, docs/performance.md, twenty-third session): CONCURRENT
+# decodes faster (dense +3 %, certified +6 %), so the decode loop asks for it. CERTATTN_COMMAND_BUFFER_SCHEDULING
+# = CONCURRENT / SERIALIZE / xla (leave XLA's setting); an XLA_FLAGS that names the mode always wins.
+COMMAND_BUFFER_SCHEDULING_MODES = ("CONCURRENT", "SERIALIZE", "xla")
+_SCHEDULING_OPTION = "xla_gpu_command_buffer_scheduling_mode"
+
+
+def command_buffer_scheduling(backend: str | None = None) -> str:
+    """The command-buffer scheduling mode the decode loop compiles with on `backend` (default: JAX's default
+    backend): one of COMMAND_BUFFER_SCHEDULING_MODES; "xla" off a GPU, or where XLA_FLAGS names the mode."""
+    raw = os.environ.get("CERTATTN_COMMAND_BUFFER_SCHEDULING", "").strip() or "CONCURRENT"
+    mode = raw if raw == "xla" else raw.upper()
+    if mode not in COMMAND_BUFFER_SCHEDULING_MODES:
+        raise ValueError(f"CERTATTN_COMMAND_BUFFER_SCHEDULING={raw!r}: expected one of "
+                         f"{', '.join(COMMAND_BUFFER_SCHEDULING_MODES)}")
+    if (backend or jax.default_backend()) != "gpu" or _SCHEDULING_OPTION in os.environ.get("XLA_FLAGS", ""):
+        return "xla"
+    return mode
+
+
+def decode_compiler_options(backend: str | None = None) -> dict[str, str]:
+    """XLA options the decode loop is compiled with (`jax.stages.Lowered.compile(compiler_options=...)`)."""
+    mode = command_buffer_scheduling(backend)
+    return {} if mode == "xla" else {_SCHEDULING_OPTION: mode}
 
 
 def decode_loop_kind(cache: Any) -> str:
@@ -203,7 +233,8 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
     shapes matter, so a different max_new reuses the same executable.
     """
     leaves, treedef = jax.tree.flatten(args)
-    sig = (config, greedy, record, loop, treedef, tuple(
+    options = decode_compiler_options()
+    sig = (config, greedy, record, loop, tuple(sorted(options.items())), treedef, tuple(
         (np.shape(x), str(jnp.result_type(x)), getattr(getattr(x, "sharding", None), "memory_kind", None))
         for x in leaves))
     if sig not in _COMPILED:
@@ -213,7 +244,7 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
             t0 = time.perf_counter()
             lowered = fn.lower(*args)
             t1 = time.perf_counter()
-            compiled = lowered.compile()
+            compiled = lowered.compile(compiler_options=options or None)
             LAST_BUILD_SECONDS.update(lower_s=t1 - t0, xla_compile_s=time.perf_counter() - t1)
             return compiled
 

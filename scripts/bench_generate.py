@@ -217,7 +217,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # the fast pass's split rule (pallas_kernels.tier1_pass.FAST_PASS_BPS, CERTATTN_TIER1_BPS)
             "tier1_bps_rule": _bps_rule() if mode == "certified" else None,
             "device": jax.devices()[0].device_kind,
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            # the decode loop's command-buffer scheduling ("xla": XLA's own setting, XLA_FLAGS included)
+            "command_buffer_scheduling": gen.command_buffer_scheduling()}
 
 
 def main(argv=None) -> int:

@@ -371,6 +371,15 @@ for s in "$@"; do
       step n8_dense 150 "$G --caches dense --out $W/n8_dense.json"
       step n8_plain 150 "CERTATTN_LOOPED_WEIGHTS=kernel $G --caches certified_adaptive --out $W/n8_plain.json"
       step n8_nested 150 "CERTATTN_LOOPED_WEIGHTS=kernel CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified_adaptive --out $W/n8_nested.json" ;;
+    ab_conc)  # twenty-third session: SmolLM2 1K, the decode loop's command buffers CONCURRENT (the default now) against
+      # SERIALIZE (XLA's default), alternated, dense and certified; each row its own step
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step abc_conc1 70 "$G --caches dense certified --out $W/abc_conc_1.json"
+      step abc_ser1 70 "CERTATTN_COMMAND_BUFFER_SCHEDULING=SERIALIZE $G --caches dense certified --out $W/abc_ser_1.json"
+      step abc_conc2 50 "$G --caches certified --out $W/abc_conc_2.json"
+      step abc_ser2 50 "CERTATTN_COMMAND_BUFFER_SCHEDULING=SERIALIZE $G --caches certified --out $W/abc_ser_2.json" ;;
+    sound_conc)  # the compiled soundness suites with every program's command buffers CONCURRENT
+      step sound_conc 350 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
     hlo) hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     *) echo "unknown step $s" | tee -a "$OUT/summary.log" ;;

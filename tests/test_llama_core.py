@@ -143,3 +143,25 @@ def test_overflow_inside_jit_poisons_instead_of_wrapping():
     assert np.isfinite(np.asarray(logits)).all()
     logits, _ = fwd(params, cfg, jnp.asarray([[5]]), cache)
     assert np.isnan(np.asarray(logits)).all()
+
+
+def test_decode_loop_command_buffer_scheduling(monkeypatch):
+    """The decode loop asks a GPU for concurrent command buffers, nothing elsewhere; the environment can choose the
+    mode or leave XLA's; XLA_FLAGS naming the mode wins; a bad value is an error naming the variable."""
+    monkeypatch.delenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    option = "xla_gpu_command_buffer_scheduling_mode"
+    assert gen.decode_compiler_options("gpu") == {option: "CONCURRENT"}
+    assert gen.decode_compiler_options("cpu") == {}
+    monkeypatch.setenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", "serialize")
+    assert gen.decode_compiler_options("gpu") == {option: "SERIALIZE"}
+    monkeypatch.setenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", "xla")
+    assert gen.decode_compiler_options("gpu") == {}
+    monkeypatch.setenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", "CONCURRENT")
+    monkeypatch.setenv("XLA_FLAGS", f"--{option}=SERIALIZE")
+    assert gen.command_buffer_scheduling("gpu") == "xla"
+    monkeypatch.setenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", "sometimes")
+    with pytest.raises(ValueError, match="CERTATTN_COMMAND_BUFFER_SCHEDULING"):
+        gen.decode_compiler_options("gpu")
+    # XLA accepts the option by name (a renamed option would fail here, not silently on the GPU)
+    jax.jit(lambda x: x + 1).lower(jnp.ones(2)).compile(compiler_options={option: "CONCURRENT"})
