@@ -83,16 +83,19 @@ def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:
 
 
 # How the certified fast pass splits the blocks (`fast_pass_blocks_per_split`), CERTATTN_TIER1_BPS:
-#   unset / "fewer" (the default): at least min(4, B * H * nb // _MIN_PROGRAMS) blocks per split, else as
-#     "programs". Measured on the H200 (8B layer, 8K): the full fast-pass launch 35.1 us at 1 block per split
-#     (1,024 programs) against 28.3 us at 4 (256 programs), 56.6 us at 8 (128; fifteenth session); end to end at
-#     8B 8K certified 97.2 and 97.5 tokens/s against 93.5 with "programs" in the same call, alternated, compile
-#     unchanged (results/bench_generate_h200_fewer_pair_*_2026-12-04e.json, docs/performance.md). SmolLM2's
-#     small caches and every size from 32K keep what "programs" gives;
+#   unset / "fewer" (the default): at least min(4, max(1, nb // _BLOCKS_PER_STEP)) blocks per split (nb: blocks
+#     per KV head), else as "programs". A split's blocks are a serial chain in its tier-1 program, and the certify
+#     kernel merges one accumulator per split: more blocks per split lengthen the first, shorten the second, so
+#     the best count grows with the blocks per head. Measured: on the H200 (8B layer, 8K, 128 blocks) the full
+#     fast-pass launch 35.1 us at 1 block per split (1,024 programs) against 28.3 us at 4, 56.6 us at 8 (fifteenth
+#     session); end to end 8B 8K certified 97.2 and 97.5 tokens/s at 4 against 93.5 at 1, alternated
+#     (results/bench_generate_h200_fewer_pair_*_2026-12-04e.json); on the H100 (SmolLM2, twenty-third session,
+#     results/gpu_2026-12-06c/abb_*.json) 1K (16 blocks): 1 block 514.6, 2 510.1, 4 450.4 tokens/s; 4K (64
+#     blocks): 1 block 415.8 / 415.1, 2 444.8, 4 413.5 / 410.3. Every size from 32K keeps what "programs" gives;
 #   "programs": `default_blocks_per_split` (about _TARGET_PROGRAMS programs), the rule before;
 #   an integer N >= 1: N blocks per split at every size (tests and measurements).
 # The bound follows whatever is chosen: E_num's chain term takes the blocks per split (docs/bounds.md section 14).
-_MIN_PROGRAMS = 256
+_BLOCKS_PER_STEP = 32
 
 
 def _valid_split_rule(rule: str) -> bool:
@@ -113,7 +116,7 @@ def fast_pass_blocks_per_split(batch: int, kv_heads: int, num_blocks: int, rule:
         return max(1, min(int(rule), max(num_blocks, 1)))
     bps = default_blocks_per_split(batch, kv_heads, num_blocks)
     if rule == "fewer":
-        bps = max(bps, min(4, batch * kv_heads * num_blocks // _MIN_PROGRAMS))
+        bps = max(bps, min(4, max(1, num_blocks // _BLOCKS_PER_STEP)))
     return bps
 
 

@@ -378,6 +378,28 @@ for s in "$@"; do
       step abc_ser1 70 "CERTATTN_COMMAND_BUFFER_SCHEDULING=SERIALIZE $G --caches dense certified --out $W/abc_ser_1.json"
       step abc_conc2 50 "$G --caches certified --out $W/abc_conc_2.json"
       step abc_ser2 50 "CERTATTN_COMMAND_BUFFER_SCHEDULING=SERIALIZE $G --caches certified --out $W/abc_ser_2.json" ;;
+    ab_warps)  # twenty-third session: the certify kernel's warps at SmolLM2's 16 / 64 block columns (the 2026-12-04b
+      # phase timings had 1-2 warps ~7 us per layer faster than the default 4, within a noisy spread), alternated
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2"
+      step abw_def1 70 "$G --prompts 1024 --caches dense certified --out $W/abw_def_1.json"
+      step abw_w1_1 50 "CERTATTN_RUNG0_WARPS=1 $G --prompts 1024 --caches certified --out $W/abw_w1_1.json"
+      step abw_w2_1 50 "CERTATTN_RUNG0_WARPS=2 $G --prompts 1024 --caches certified --out $W/abw_w2_1.json"
+      step abw_def2 50 "$G --prompts 1024 --caches certified --out $W/abw_def_2.json"
+      step abw_w1_2 50 "CERTATTN_RUNG0_WARPS=1 $G --prompts 1024 --caches certified --out $W/abw_w1_2.json"
+      step abw_w2_2 50 "CERTATTN_RUNG0_WARPS=2 $G --prompts 1024 --caches certified --out $W/abw_w2_2.json"
+      step abw_def4k 80 "$G --prompts 4096 --caches dense certified --out $W/abw_def_4k.json"
+      step abw_w1_4k 60 "CERTATTN_RUNG0_WARPS=1 $G --prompts 4096 --caches certified --out $W/abw_w1_4k.json" ;;
+    ab_bps)  # twenty-third session: SmolLM2's fast pass keeps 1 block per split (48 / 192 programs at 1K / 4K); 2 and 4
+      # blocks per split (fewer split accumulators for the certify kernel to merge), alternated, dense in the call
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2"
+      step abb_4k_def1 70 "$G --prompts 4096 --caches dense certified --out $W/abb_4k_def_1.json"
+      step abb_4k_b4_1 45 "CERTATTN_TIER1_BPS=4 $G --prompts 4096 --caches certified --out $W/abb_4k_b4_1.json"
+      step abb_4k_b2_1 45 "CERTATTN_TIER1_BPS=2 $G --prompts 4096 --caches certified --out $W/abb_4k_b2_1.json"
+      step abb_1k_b4_1 45 "CERTATTN_TIER1_BPS=4 $G --prompts 1024 --caches certified --out $W/abb_1k_b4_1.json"
+      step abb_1k_def1 55 "$G --prompts 1024 --caches dense certified --out $W/abb_1k_def_1.json"
+      step abb_4k_def2 45 "$G --prompts 4096 --caches certified --out $W/abb_4k_def_2.json"
+      step abb_4k_b4_2 45 "CERTATTN_TIER1_BPS=4 $G --prompts 4096 --caches certified --out $W/abb_4k_b4_2.json"
+      step abb_1k_b2_1 45 "CERTATTN_TIER1_BPS=2 $G --prompts 1024 --caches certified --out $W/abb_1k_b2_1.json" ;;
     sound_conc)  # the compiled soundness suites with every program's command buffers CONCURRENT
       step sound_conc 350 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step

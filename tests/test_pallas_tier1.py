@@ -688,8 +688,9 @@ def test_int_kv_at_the_8b_layer_shape_matches_the_reference():
 
 def test_fast_pass_split_rules():
     """The fast pass's blocks per split: "programs" (about 1,024 programs), "fewer" (the default: at least
-    min(4, B*H*nb/256) blocks per split: the 8B layer's 8K goes from 1 to 4, SmolLM2's small caches keep 1), or a
-    fixed count; CERTATTN_TIER1_BPS names a bad choice at import."""
+    min(4, max(1, nb // 32)) blocks per split, nb per KV head: the 8B layer's 8K goes from 1 to 4, SmolLM2's 4K
+    to 2, its 1K keeps 1; batch or large caches with more from "programs" keep those), or a fixed count;
+    CERTATTN_TIER1_BPS names a bad choice at import."""
     import subprocess
     import sys
 
@@ -697,7 +698,9 @@ def test_fast_pass_split_rules():
 
     assert [bps(1, 8, nb, "programs") for nb in (64, 128, 512, 2048)] == [1, 1, 4, 16]
     assert [bps(1, 8, nb, "fewer") for nb in (64, 128, 512, 2048)] == [2, 4, 4, 16]
-    assert bps(1, 3, 16, "fewer") == bps(1, 3, 64, "fewer") == 1  # SmolLM2 1K / 4K: unchanged
+    assert bps(1, 3, 16, "fewer") == bps(1, 3, 20, "fewer") == 1  # SmolLM2 1K
+    assert bps(1, 3, 64, "fewer") == bps(1, 3, 68, "fewer") == bps(4, 3, 68, "fewer") == 2  # SmolLM2 4K
+    assert bps(8, 8, 128, "fewer") == bps(8, 8, 128, "programs") == 8  # batch: "programs" gives more
     assert bps(8, 8, 512, "fewer") == bps(8, 8, 512, "programs") == 32
     assert bps(1, 8, 2, "3") == 2 and bps(1, 8, 100, "3") == 3
     if "CERTATTN_TIER1_BPS" not in os.environ:  # the default rule
