@@ -16,6 +16,7 @@ import functools
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,6 +80,21 @@ def decode_compiler_options(backend: str | None = None) -> dict[str, str]:
     """XLA options the decode loop is compiled with (`jax.stages.Lowered.compile(compiler_options=...)`)."""
     mode = command_buffer_scheduling(backend)
     return {} if mode == "xla" else {_SCHEDULING_OPTION: mode}
+
+
+def _compile_with_options(lowered: Any, options: dict[str, str]) -> Any:
+    """lowered.compile(compiler_options=options); an XLA that does not know one of the options (a renamed debug
+    option in another jax release) compiles without them, with a warning, rather than not at all."""
+    if not options:
+        return lowered.compile()
+    try:
+        return lowered.compile(compiler_options=options)
+    except Exception as e:  # noqa: BLE001 -- XLA's error type differs across jax releases
+        if not any(name in str(e) for name in options):
+            raise
+        warnings.warn(f"XLA refused the decode loop's options {options} ({str(e).splitlines()[0][:200]}); "
+                      "compiling without them", RuntimeWarning, stacklevel=3)
+        return lowered.compile()
 
 
 def decode_loop_kind(cache: Any) -> str:
@@ -244,7 +260,7 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
             t0 = time.perf_counter()
             lowered = fn.lower(*args)
             t1 = time.perf_counter()
-            compiled = lowered.compile(compiler_options=options or None)
+            compiled = _compile_with_options(lowered, options)
             LAST_BUILD_SECONDS.update(lower_s=t1 - t0, xla_compile_s=time.perf_counter() - t1)
             return compiled
 

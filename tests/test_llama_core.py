@@ -164,4 +164,9 @@ def test_decode_loop_command_buffer_scheduling(monkeypatch):
     with pytest.raises(ValueError, match="CERTATTN_COMMAND_BUFFER_SCHEDULING"):
         gen.decode_compiler_options("gpu")
     # XLA accepts the option by name (a renamed option would fail here, not silently on the GPU)
-    jax.jit(lambda x: x + 1).lower(jnp.ones(2)).compile(compiler_options={option: "CONCURRENT"})
+    lowered = jax.jit(lambda x: x + 1).lower(jnp.ones(2))
+    assert float(gen._compile_with_options(lowered, {option: "CONCURRENT"})(jnp.ones(2))[0]) == 2.0
+    # an option this XLA does not know (or a value it refuses): compiled without it, with a warning naming it
+    with pytest.warns(RuntimeWarning, match=option):
+        compiled = gen._compile_with_options(lowered, {option: "NOT_A_MODE"})
+    assert float(compiled(jnp.ones(2))[0]) == 2.0
