@@ -400,6 +400,17 @@ for s in "$@"; do
       step abb_4k_def2 45 "$G --prompts 4096 --caches certified --out $W/abb_4k_def_2.json"
       step abb_4k_b4_2 45 "CERTATTN_TIER1_BPS=4 $G --prompts 4096 --caches certified --out $W/abb_4k_b4_2.json"
       step abb_1k_b2_1 45 "CERTATTN_TIER1_BPS=2 $G --prompts 1024 --caches certified --out $W/abb_1k_b2_1.json" ;;
+    ab_bps_confirm)  # twenty-fourth session: confirm the split rule's SmolLM2 4K choice (2 blocks per split, the
+      # default since the twenty-third session, one sample then) against 1, alternated, dense in the call
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2"
+      step abbc_4k_def1 70 "$G --prompts 4096 --caches dense certified --out $W/abbc_4k_def_1.json"
+      step abbc_4k_b1_1 45 "CERTATTN_TIER1_BPS=1 $G --prompts 4096 --caches certified --out $W/abbc_4k_b1_1.json"
+      step abbc_4k_def2 45 "$G --prompts 4096 --caches certified --out $W/abbc_4k_def_2.json"
+      step abbc_4k_b1_2 45 "CERTATTN_TIER1_BPS=1 $G --prompts 4096 --caches certified --out $W/abbc_4k_b1_2.json"
+      step abbc_1k_def1 55 "$G --prompts 1024 --caches dense certified --out $W/abbc_1k_def_1.json" ;;
+    prof_smol)  # where SmolLM2 4K's extra time goes (certified / dense 0.52-0.56x at 4K, 0.77x at 1K): one layer's
+      # phases at 1K and 4K, device-timed, with the launch counts, dense and naive in the same run
+      step prof_smol 200 "python3 scripts/profile_cert_step.py --shapes smol:1024 smol:4096 --tier1 fused --phases tier1 rung0 fast --steps 30 --reps 3 --out $W/prof_smol.json" ;;
     sound_conc)  # the compiled soundness suites with every program's command buffers CONCURRENT
       step sound_conc 350 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
