@@ -411,6 +411,16 @@ for s in "$@"; do
     prof_smol)  # where SmolLM2 4K's extra time goes (certified / dense 0.52-0.56x at 4K, 0.77x at 1K): one layer's
       # phases at 1K and 4K, device-timed, with the launch counts, dense and naive in the same run
       step prof_smol 200 "python3 scripts/profile_cert_step.py --shapes smol:1024 smol:4096 --tier1 fused --phases tier1 rung0 fast --steps 30 --reps 3 --out $W/prof_smol.json" ;;
+    ab_condcb)  # twenty-fourth session: with concurrent command buffers (the default now), do conditionals and loops
+      # inside CUDA graphs (no host round trip to pick a branch) pay? 2026-12-01 (serial graphs, older step): no gain.
+      # SmolLM2 1K certified: default, +CONDITIONAL,+WHILE, and the nested loop with them; alternated
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      CB="XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE"
+      step abcb_def1 60 "$G --caches dense certified --out $W/abcb_def_1.json"
+      step abcb_cb1 50 "$CB $G --caches dense certified --out $W/abcb_cb_1.json"
+      step abcb_cbn1 50 "$CB CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified --out $W/abcb_cbn_1.json"
+      step abcb_def2 45 "$G --caches certified --out $W/abcb_def_2.json"
+      step abcb_cb2 45 "$CB $G --caches certified --out $W/abcb_cb_2.json" ;;
     sound_conc)  # the compiled soundness suites with every program's command buffers CONCURRENT
       step sound_conc 350 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
