@@ -340,7 +340,8 @@ def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
     return certify_rung0.supports(cache.head_dim, cache.k_max) and selftest.rung0_trusted(
         cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, k_max,
         hot_slots=cache.k_max if cache.k_max != k_max else 0,
-        tuning=certify_rung0.tuning(certify_rung0.padded_blocks(cache.num_blocks)))
+        tuning=certify_rung0.tuning(certify_rung0.padded_blocks(cache.num_blocks)),
+        select=certify_rung0.DEFAULT_SELECT)
 
 
 def uses_fused_rung0(cache: TieredKVCache, policy: CertPolicy) -> bool:

@@ -101,6 +101,36 @@ DEFAULT_WARPS: int | None = _env_choice("CERTATTN_RUNG0_WARPS", WARP_CHOICES)
 DEFAULT_CHUNK: int | None = _env_choice("CERTATTN_RUNG0_CHUNK", CHUNK_CHOICES)
 
 
+# How the kernel picks the top-k_max candidates (step 2 of the module docstring), CERTATTN_RUNG0_SELECT:
+#   "loop" (the default): k_max dependent passes, each finding the best block ranked after the previous pick;
+#   "count" (opt-in, not yet measured on a GPU): where one chunk holds every block column (padded blocks ==
+#     chunk width <= COUNT_SELECT_MAX_COLUMNS), each block's rank is counted in one pairwise pass (the eligible
+#     blocks before it: estimated mass down, id up) and the k_max picks read off the ranks: a few independent
+#     reductions instead of k_max chains of five dependent ones. The same picks, K* and coverage sums (added in
+#     pick order) as "loop", bit for bit (tests); other shapes keep "loop". (At SmolLM2 1K on the H200, k_max 8
+#     against 1 cost the kernel 14.0 against 10.8 us: the loop's share at small sizes; docs/performance.md.)
+SELECT_CHOICES = ("loop", "count")
+COUNT_SELECT_MAX_COLUMNS = 128  # the pairwise pass holds [columns, columns] values
+
+
+def _env_select() -> str:
+    value = os.environ.get("CERTATTN_RUNG0_SELECT", "").strip() or "loop"
+    if value not in SELECT_CHOICES:
+        raise ValueError(f"CERTATTN_RUNG0_SELECT={value!r}: choose one of {SELECT_CHOICES}")
+    return value
+
+
+DEFAULT_SELECT: str = _env_select()
+
+
+def counts_picks(padded_block_count: int, chunk: int, select: str | None = None) -> bool:
+    """Whether the kernel ranks the candidates by counting (`DEFAULT_SELECT` "count") at this padded block count
+    and chunk width: one chunk holds every column, at most COUNT_SELECT_MAX_COLUMNS of them."""
+    select = select or DEFAULT_SELECT
+    return (select == "count" and min(chunk, padded_block_count) == padded_block_count
+            and padded_block_count <= COUNT_SELECT_MAX_COLUMNS)
+
+
 def tuning(padded_block_count: int) -> tuple[int, int]:
     """(chunk width, warps per program) of the kernel for `padded_blocks(nb)` block columns (`SIZE_TUNING`, or
     DEFAULT_CHUNK / DEFAULT_WARPS where set)."""
@@ -164,7 +194,7 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
 
 def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, etam_ref, etaop_ref, acc_ref,
             *refs, G: int, nb: int, K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False,
-            margins: bool = False, out_dtype: str = "float32"):
+            margins: bool = False, out_dtype: str = "float32", count_select: bool = False):
     # eta_ref, etam_ref, etaop_ref [NBp]: the blocks' value error annotations (per KV head). margins (compiled):
     # Triton's division and square root in bounds.block_value_errors are not correctly rounded.
     # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
@@ -252,9 +282,31 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
         ranked = jnp.where(jidx == j, jnp.where(ok, idx, _i32(-1)), ranked)
         return jnp.where(ok, best, last), jnp.where(ok, idx, last_id), covered, k_star, ranked
 
+    def count_picks(covered, k_star):  # the same picks at once, where one chunk holds every column (NBp == cw)
+        lm, _, _ = chunk_lm(0)  # [Gp, cw]
+        ids = jax.lax.broadcasted_iota(jnp.int32, (cw,), 0)
+        mass = est_of(lm)  # the estimated masses [Gp, cw]; a block's score: their max over the query heads
+        score = jnp.max(jnp.where(g_real2, mass, _NEG_INF), axis=0)  # [cw]
+        eligible = (ids < n_valid) & (score >= 0)  # what `pick` can pick (never a NaN score)
+        mine, other = score[:, None], score[None, :]  # [cw, 1] the block ranked, [1, cw] every other
+        before = eligible[None, :] & ((other > mine) | ((other == mine) & (ids[None, :] < ids[:, None])))
+        rank = jnp.where(eligible, jnp.sum(before.astype(jnp.int32), axis=1), _i32(NBp))  # [cw]
+        n_eligible = jnp.sum(eligible.astype(jnp.int32))
+        ranked = jnp.full((KP,), -1, jnp.int32)
+        for j in range(kp):  # unrolled: a few independent reductions each; only `covered` chains them
+            at = rank == j  # the j-th pick's column, or none
+            ok = j < n_eligible
+            covered = covered + jnp.sum(jnp.where(at[None, :], mass, 0.0), axis=1)  # + the pick's mass, exactly
+            k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), j + 1, k_star)
+            ranked = jnp.where(jidx == j, jnp.where(ok, jnp.sum(jnp.where(at, ids, 0)), _i32(-1)), ranked)
+        return k_star, ranked
+
     k_star = jnp.where(min_real(covered) >= tau, _i32(0), _i32(-1))
-    _, _, _, k_star, ranked = jax.lax.fori_loop(
-        0, kp, pick, (jnp.float32(jnp.inf), _i32(-1), covered, k_star, jnp.full((KP,), -1, jnp.int32)))
+    if count_select:
+        k_star, ranked = count_picks(covered, k_star)
+    else:
+        _, _, _, k_star, ranked = jax.lax.fori_loop(
+            0, kp, pick, (jnp.float32(jnp.inf), _i32(-1), covered, k_star, jnp.full((KP,), -1, jnp.int32)))
     n_cands = jnp.minimum(n_valid, _i32(2 * kp))  # the jnp path ranks 2 k_max candidates
     k_star = jnp.minimum(jnp.minimum(jnp.where(k_star >= 0, k_star, n_cands), n_cands), _i32(kp))
 
@@ -466,7 +518,7 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
                   rank_margin: float, heads: int | None = None, num_blocks: int | None = None,
                   split_max: jax.Array | None = None, hot_acc: jax.Array | None = None, interpret: bool | None = None,
                   num_warps: int | None = None, chunk_blocks: int | None = None,
-                  triton_margins: bool | None = None, out_dtype=jnp.float32) -> Rung0:
+                  triton_margins: bool | None = None, out_dtype=jnp.float32, select: str | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
     eta, eta_mean, eta_op [B, H, nb] (padded inputs: [B, H, padded_blocks(nb)], 0 past nb) per KV head: the kernel
     evaluates `bounds.block_value_errors` per query head from them and apx_l (no XLA launch between the tier-1
@@ -488,7 +540,8 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
     num_warps, chunk_blocks: the compiled program's warps and pass width (default: `tuning` of the padded block
     count). triton_margins: evaluate the block value errors with the margins of Triton's division and square root
     (default: when compiled; True in interpret mode runs the compiled kernel's arithmetic on the CPU, for tests).
-    out_dtype: the dtype the caller casts out to (the query's); the kernel returns that cast's error bound."""
+    out_dtype: the dtype the caller casts out to (the query's); the kernel returns that cast's error bound.
+    select: how the candidates are picked, "loop" or "count" (default `DEFAULT_SELECT`; `counts_picks`)."""
     B, H, Gx, nbx = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
@@ -530,6 +583,9 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
     tuned_chunk, tuned_warps = tuning(NBp)
     num_warps = num_warps or tuned_warps
     chunk_blocks = chunk_blocks or tuned_chunk
+    select = select or DEFAULT_SELECT
+    if select not in SELECT_CHOICES:
+        raise ValueError(f"select {select!r}: choose one of {SELECT_CHOICES}")
     if chunk_blocks not in CHUNK_CHOICES or num_warps not in WARP_CHOICES:
         raise ValueError(f"chunk_blocks {chunk_blocks} / num_warps {num_warps}: choose from {CHUNK_CHOICES} / "
                          f"{WARP_CHOICES}")
@@ -554,16 +610,16 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
                 apx_delta, eta, eta_mean, eta_op, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l,
                 slot_acc, slot_delta, G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret,
                 num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins,
-                out_dtype=jnp.dtype(out_dtype).name)
+                out_dtype=jnp.dtype(out_dtype).name, count_select=counts_picks(NBp, chunk_blocks, select))
     o, ek, ev, br, rk, act, ks, cast = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0, k_star=ks[:, :, :G], cast=cast[:, :, :G])
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw",
-                                             "margins", "out_dtype"))
+                                             "margins", "out_dtype", "count_select"))
 def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *rest, G, nb, kp,
-          block_size, interpret, num_warps, cw, margins, out_dtype):
+          block_size, interpret, num_warps, cw, margins, out_dtype, count_select=False):
     split = len(rest) == 7
     split_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:2], rest[2:]) if split else ((), rest)
     B, H, Gp, NBp = m.shape
@@ -571,7 +627,7 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, 
     K = hot_ids.shape[-1]
     P = slot_m.shape[-1]
     kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), cw=cw, block_size=block_size,
-                               split=split, margins=margins, out_dtype=out_dtype)
+                               split=split, margins=margins, out_dtype=out_dtype, count_select=count_select)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))

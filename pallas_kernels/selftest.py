@@ -448,22 +448,33 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
 
 def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
                        k_max: int, run: Callable | None = None, hot_slots: int = 0,
-                       tuning: tuple[int, int] | None = None) -> str | None:
+                       tuning: tuple[int, int] | None = None, select: str | None = None) -> str | None:
     """None when the fused rung 0 (`run`, default `step.rung0_fused`) agrees with the jnp rung 0 on a small random
     cache of this configuration (hot_slots: a hot set larger than k_max), else what disagrees. Evaluated eagerly
     in a thread. tuning: the certify kernel's (chunk width, warps) to check (`certify_rung0.tuning`), on a cache
-    whose passes walk two chunks (the second one ragged) unless the chunk is the small-cache setting's."""
+    whose passes walk two chunks (the second one ragged) unless the chunk is the small-cache setting's; with the
+    counted candidate selection (select "count", default `certify_rung0.DEFAULT_SELECT`, which the run uses), also
+    on a cache whose one chunk takes it."""
     from certattn_jax import ladder, step
     from pallas_kernels import certify_rung0
 
     run = run or step.rung0_fused
-    full_blocks = 3
+    sizes = [3]
     if tuning is not None:
         run = functools.partial(run, tuning=tuning)
         if tuning != certify_rung0.BASE_TUNING:
-            full_blocks = tuning[0] + tuning[0] // 2 + 3
+            sizes = [tuning[0] + tuning[0] // 2 + 3]
+            if (select or certify_rung0.DEFAULT_SELECT) == "count":  # also a cache whose one chunk counts
+                sizes.append(min(tuning[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4)
 
     def check() -> str | None:
+        for full_blocks in sizes:
+            problem = check_one(full_blocks)
+            if problem is not None:
+                return problem if len(sizes) == 1 else f"{problem} ({full_blocks} full blocks)"
+        return None
+
+    def check_one(full_blocks: int) -> str | None:
         q, cache, policy = _rung0_case(block_size, head_dim, group_size, key_bits, value_bits, k_max,
                                        hot_slots=hot_slots, full_blocks=full_blocks)
 
@@ -495,7 +506,8 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
 @functools.cache
 def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
-                  k_max: int, hot_slots: int = 0, tuning: tuple[int, int] | None = None) -> bool:
+                  k_max: int, hot_slots: int = 0, tuning: tuple[int, int] | None = None,
+                  select: str = "loop") -> bool:
     """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring; hot_slots:
     the cache's hot-set slots when more than k_max; tuning: the kernel's (chunk width, warps), default the
     small-cache setting `certify_rung0.tuning(16)`); True without a check where no compiled kernel executes.
@@ -512,8 +524,10 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
     keyed = {} if warps == certify_rung0.BASE_TUNING[1] else {"rung0_warps": warps}
     if chunk != certify_rung0.BASE_TUNING[0]:
         keyed["rung0_chunk"] = chunk
+    if select != "loop":  # another candidate selection is other compiled code
+        keyed["rung0_select"] = select
     return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **keyed),
-                    lambda: rung0_disagreement(**cfg, tuning=tuning),
+                    lambda: rung0_disagreement(**cfg, tuning=tuning, select=select),
                     "The ladder uses the jnp rung 0 for this configuration instead.")
 
 

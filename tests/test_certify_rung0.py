@@ -151,6 +151,54 @@ def test_fused_rung0_matches_the_jnp_rung0(case, seed, layout, chunk, monkeypatc
     assert H * G == q.shape[1]
 
 
+@pytest.mark.parametrize("case,seed,chunk,nan_head", [
+    (0, 20, None, False), (3, 21, None, False), (4, 22, None, False), (5, 23, None, False), (6, 24, None, False),
+    (6, 27, None, True), (0, 25, None, True), (5, 26, 16, False)])
+def test_counted_selection_equals_the_loop(case, seed, chunk, nan_head, monkeypatch):
+    """CERTATTN_RUNG0_SELECT=count (the candidates ranked by counting where one chunk holds every block column)
+    gives the loop's picks, K*, promoted slots, output and bound terms bit for bit: k_max 3 of 8 slots, k_max 1,
+    65 blocks (128 columns), every block tied (flat keys), a query head of NaNs (its masses never rank), and
+    several chunks (where counting does not apply and the loop runs)."""
+    from pallas_kernels import certify_rung0
+
+    if chunk:
+        monkeypatch.setattr(certify_rung0, "DEFAULT_CHUNK", chunk)
+    q, cache, policy, _, _ = _cache(seed, **CASES[case])
+    if nan_head:
+        q = q.at[0, 1].set(jnp.nan)
+    nbp = certify_rung0.padded_blocks(cache.num_blocks)
+    assert certify_rung0.counts_picks(nbp, certify_rung0.tuning(nbp)[0], "count") == (chunk is None)
+    results = {}
+    for select in ("loop", "count"):
+        monkeypatch.setattr(certify_rung0, "DEFAULT_SELECT", select)
+        # a fresh function per choice: jit's cache would otherwise keep the first trace
+        results[select] = jax.jit(functools.partial(step.rung0_fused))(q, cache, policy)
+    loop, count = results["loop"], results["count"]
+    assert int(jnp.max(loop.stage.k_star)) > 0 or nan_head or case == 6
+    for name in ("stage", "active", "tolerance", "bad"):
+        a, b = jax.tree.leaves(getattr(loop, name)), jax.tree.leaves(getattr(count, name))
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+
+
+def test_counted_selection_choice_is_checked():
+    from pallas_kernels import certify_rung0
+
+    assert not certify_rung0.counts_picks(256, 256, "count")  # beyond the pairwise pass's columns
+    assert not certify_rung0.counts_picks(64, 32, "count")  # two chunks
+    assert certify_rung0.counts_picks(64, 256, "count") and not certify_rung0.counts_picks(64, 256, "loop")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bad = subprocess.run([sys.executable, "-c", "import pallas_kernels.certify_rung0"], capture_output=True,
+                         text=True, env={**os.environ, "CERTATTN_RUNG0_SELECT": "fast", "JAX_PLATFORMS": "cpu"},
+                         cwd=Path(__file__).resolve().parents[1])
+    assert bad.returncode != 0 and "CERTATTN_RUNG0_SELECT='fast'" in bad.stderr
+
+
 @pytest.mark.parametrize("case,seed,chunk", [(0, 0, None), (5, 6, 16)])
 def test_the_compiled_kernels_block_value_error_margins(case, seed, chunk, monkeypatch):
     """The certify kernel evaluates the blocks' value errors itself (`bounds.block_value_errors` on each chunk of
@@ -191,14 +239,19 @@ def test_fused_rung0_tolerances_do_not_recompile():
     assert int(jnp.sum(b.active)) <= int(jnp.sum(a.active))  # a lower coverage target promotes no more
 
 
-@pytest.mark.parametrize("case", [0, 1, 3, 4])
-def test_fused_rung0_lowers_to_triton(case, monkeypatch):
+@pytest.mark.parametrize("case,select", [(0, "loop"), (1, "loop"), (3, "loop"), (4, "loop"), (0, "count"),
+                                         (5, "count")])
+def test_fused_rung0_lowers_to_triton(case, select, monkeypatch):
     """Cross-lower the compiled kernel for CUDA on this CPU machine (the Pallas -> Triton-IR lowering, no GPU):
-    catches unsupported primitives and mistyped operations before a GPU run."""
+    catches unsupported primitives and mistyped operations before a GPU run (both candidate selections; 65
+    blocks: the counted selection's pairwise pass over 128 columns)."""
+    from pallas_kernels import certify_rung0
+
     monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    monkeypatch.setattr(certify_rung0, "DEFAULT_SELECT", select)
     q, cache, policy, _, _ = _cache(5, **CASES[case])
     allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-    f = jax.jit(step.rung0_fused)
+    f = jax.jit(functools.partial(step.rung0_fused))  # a fresh function: no trace kept from another selection
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, cache, policy).mlir_module()
     assert "certattn_certify_rung0" in text or "xla.gpu.triton" in text
 

@@ -104,7 +104,7 @@ def test_the_fused_rung0_is_checked_with_the_policys_k_max_and_the_caches_slots(
     k = jnp.zeros((1, 64, 1, 32), jnp.float32)
     cache = TieredKVCache.from_dense(k, k, CertPolicy(block_size=16, group_size=16, k_max=2, hot_slots=8))
     assert step.fused_supported(cache, 2) and step.fused_supported(cache)
-    base = {"tuning": (256, 4)}  # 4 blocks: the small-cache setting of the certify kernel
+    base = {"tuning": (256, 4), "select": "loop"}  # 4 blocks: the small-cache setting; the default selection
     assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base})
     assert asked[1] == ((16, 32, 16, 8, 4, 8), {"hot_slots": 0, **base})
 
@@ -491,6 +491,21 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     monkeypatch.setattr(ck, "certify_rung0", spy)
     assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
     assert ran == [(32, 16, 8)]  # 16 + 8 + 3 full blocks, padded to 32 block columns
+    # with the counted selection (CERTATTN_RUNG0_SELECT=count), also a cache whose one chunk takes it
+    monkeypatch.setattr(ck, "DEFAULT_SELECT", "count")
+    ran.clear()
+    assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
+    assert ran == [(32, 16, 8), (16, 16, 8)] and ck.counts_picks(16, 16) and not ck.counts_picks(32, 16)
+    # and its verdict is keyed apart from the loop's
+    keys = []
+    monkeypatch.setattr(selftest, "_trusted", lambda what, config, *a: keys.append(config) or True)
+    try:
+        selftest.rung0_trusted.cache_clear()
+        selftest.rung0_trusted(16, 32, 16, 8, 4, 2, select="count")
+        selftest.rung0_trusted(16, 32, 16, 8, 4, 2, select="loop")
+    finally:
+        selftest.rung0_trusted.cache_clear()
+    assert keys[0]["rung0_select"] == "count" and "rung0_select" not in keys[1]
 
 
 def _slow_verdict(problem, seconds, log):
