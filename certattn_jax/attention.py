@@ -33,7 +33,11 @@ __all__ = ["certified_attention", "certified_attention_step", "certified_attenti
            "dense_attention_f32", "exact_keys_values"]
 
 
-def _check_query(q: jax.Array, cache: TieredKVCache) -> None:
+def _check_query(q: jax.Array, cache: TieredKVCache) -> jax.Array:
+    """q as a jax array (a NumPy query is converted: the ladder indexes it with traced values), checked against
+    the cache."""
+    if not isinstance(q, jax.Array):
+        q = jnp.asarray(q)
     if q.ndim != 3:
         raise ValueError(f"q must be [B, Hq, d], got shape {q.shape}")
     if not jnp.issubdtype(q.dtype, jnp.floating):
@@ -44,13 +48,14 @@ def _check_query(q: jax.Array, cache: TieredKVCache) -> None:
                          f"{cache.head_dim}, query heads must be a multiple of {cache.num_kv_heads} KV heads")
     if is_concrete(cache.lengths) and bool(jnp.any(cache.lengths == 0)):
         raise ValueError("attention over an empty cache: append keys/values first")
+    return q
 
 
 def certified_attention_step(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
                              ) -> tuple[jax.Array, Certificate, TieredKVCache]:
     """Certified attention of q [B, Hq, d] over everything in the cache; returns (out [B, Hq, d] in q's dtype,
     Certificate with [B, Hq] leaves, the cache with its hot set updated)."""
-    _check_query(q, cache)
+    q = _check_query(q, cache)
     cache.check_policy(policy)
     return ladder.run(q, cache, policy)
 
@@ -60,7 +65,7 @@ def certified_attention_fast(q: jax.Array, cache: TieredKVCache, policy: CertPol
     """The fast path: rungs 0 to top_rung (1, or 0: no conditional; `ladder.run_fast`). Returns (out,
     Certificate, cache, escalate [B]); where escalate[b] is set the step of sequence b must be answered by
     `certified_attention_step` instead."""
-    _check_query(q, cache)
+    q = _check_query(q, cache)
     cache.check_policy(policy)
     return ladder.run_fast(q, cache, policy, top_rung)
 
@@ -75,7 +80,7 @@ def certified_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy |
 def dense_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | None = None) -> jax.Array:
     """Exact attention over the tier-2 originals (+ residual): what rung 4 returns. [B, Hq, d] in q's dtype.
     (`policy` is accepted for symmetry with certified_attention and unused.)"""
-    _check_query(q, cache)
+    q = _check_query(q, cache)
     k, v = exact_keys_values(cache)
     return dense_attention_f32(q, k, v, cache.lengths).astype(q.dtype)
 
@@ -88,7 +93,7 @@ def naive_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | Non
     tier-1 kernel (`NAIVE_VARIANT`, per-split value sums) plus the residual block's exact partials, combined in
     float32; otherwise XLA over dequantized copies. Both compute softmax(q k_hat) v_hat; they differ in float32
     rounding only (nothing is certified here, so the kernel may use its fastest variant)."""
-    _check_query(q, cache)
+    q = _check_query(q, cache)
     if policy is not None and step.tier1_kernel_runs(cache, policy.tier1):
         return _naive_through_kernel(q, cache)
     B, H, nb, Bk, _ = cache.k_codes.shape

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 # The helpers shared with the demo live in certattn_jax.runner (so cli and demo do not import each other);
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("source")
     c.add_argument("outdir")
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    c.add_argument("--overwrite", action="store_true", help="replace OUTDIR if it exists")
     from certattn_jax.evals.cli import add_eval_parser
 
     add_eval_parser(sub)
@@ -97,6 +99,8 @@ def _cmd_generate(args: argparse.Namespace) -> None:
         raise ValueError("empty prompt")
     if args.certificates and args.cache != "certified":
         raise ValueError("--certificates needs --cache certified")
+    if args.certificates and not Path(args.certificates).resolve().parent.is_dir():  # before generating, not after
+        raise ValueError(f"--certificates {args.certificates}: its directory does not exist")
     enable_compilation_cache()
     pretrained = load_model(args.model, args.dtype)
     ids = prompt_ids(pretrained, prompt, args.raw)
@@ -136,13 +140,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "convert":
             from models import convert
 
-            path = convert(args.source, args.outdir, dtype=_dtype(args.dtype))
+            if Path(args.outdir).exists() and not args.overwrite:  # before the (slow) load of the source
+                raise FileExistsError(f"{args.outdir} exists (pass --overwrite to replace it)")
+            path = convert(args.source, args.outdir, dtype=_dtype(args.dtype), overwrite=args.overwrite)
             print(f"wrote {path}")
         elif args.command == "eval":
             from certattn_jax.evals.cli import run_eval
 
             run_eval(args)
-    except (ValueError, FileNotFoundError, TypeError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

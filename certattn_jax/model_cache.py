@@ -482,6 +482,18 @@ class CacheSpec:
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads {self.num_q_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
         resolve_schedule(self.schedule)  # a clear error for an unknown name, when the spec is made
+        if not jnp.issubdtype(jnp.dtype(self.dtype), jnp.floating):
+            raise TypeError(f"a cache's dtype must be floating point, got {jnp.dtype(self.dtype)}")
+        if self.policy is not None and not isinstance(self.policy, CertPolicy):
+            raise TypeError(f"policy must be a certattn_jax.CertPolicy (or None), got {type(self.policy).__name__}")
+
+    def check_model(self, config: Any) -> None:
+        """A clear error where this spec was built for another model shape than `config`'s."""
+        want = (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim)
+        have = (self.num_layers, self.num_q_heads, self.num_kv_heads, self.head_dim)
+        if want != have:
+            raise ValueError(f"the cache spec is for (layers, query heads, KV heads, head_dim) = {have}, the model "
+                             f"has {want}")
 
     @property
     def tiered(self) -> bool:
@@ -519,6 +531,13 @@ class CacheSpec:
     def from_staging(self, dense: DenseKVCache) -> KVCache:
         """The mode's cache holding what `dense` holds (dense: itself; tiered: one jitted bulk conversion; drop
         `dense` afterwards to free its device memory)."""
+        if not isinstance(dense, DenseKVCache):
+            raise TypeError(f"from_staging takes the DenseKVCache that `staging` made, got {type(dense).__name__}")
+        shape = (dense.num_layers, dense.k[0].shape[1], dense.k[0].shape[3])
+        if shape != (self.num_layers, self.num_kv_heads, self.head_dim) or dense.k[0].dtype != jnp.dtype(self.dtype):
+            raise ValueError(f"the staging cache has (layers, KV heads, head_dim) = {shape} in {dense.k[0].dtype}; "
+                             f"this spec is for {(self.num_layers, self.num_kv_heads, self.head_dim)} in "
+                             f"{jnp.dtype(self.dtype)}")
         if not self.tiered:
             return dense
         return _convert(dense, self._policy(), num_q_heads=self.num_q_heads, mode=self.mode,

@@ -153,6 +153,10 @@ class CertPolicy:
             raise ValueError(f"unknown rung-0 implementation {self.rung0!r}; choose from {RUNG0_IMPLS}")
         if self.hot_refresh not in HOT_REFRESH:
             raise ValueError(f"unknown hot-set refresh {self.hot_refresh!r}; choose from {HOT_REFRESH}")
+        for name in ("block_size", "group_size", "key_bits", "value_bits", "k_max", "v_max", "hot_slots"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
         if self.block_size < 2 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 2, got {self.block_size}")
         if self.group_size < 2:
@@ -167,8 +171,12 @@ class CertPolicy:
             raise ValueError(f"hot_slots ({self.hot_slots}) must be 0 (= k_max) or at least k_max ({self.k_max})")
         tolerances = (self.eps, self.abs_tol, self.tau_cov, self.v_tol, self.rank_margin,
                       self.layer_fallback_fraction)
+        if any(isinstance(t, (str, bytes, bool)) for t in tolerances):  # never a leaf jax rebuilds a policy with
+            raise TypeError("eps, abs_tol, tau_cov, v_tol, rank_margin and layer_fallback_fraction must be numbers")
         if not all(_is_number(t) for t in tolerances):  # device arrays or tracers: rebuilt by jax, validated before
             return
+        if any(np.isnan(t) for t in tolerances):  # NaN passes every comparison below as False
+            raise ValueError("eps, abs_tol, tau_cov, v_tol, rank_margin and layer_fallback_fraction must not be NaN")
         if not 0.0 < self.tau_cov <= 1.0:
             raise ValueError(f"tau_cov must be in (0, 1], got {self.tau_cov}")
         if self.eps < 0 or self.abs_tol < 0 or self.v_tol < 0 or self.rank_margin < 0:

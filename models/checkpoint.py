@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,8 @@ def save_checkpoint(path: str | Path, params: Params, config: LlamaConfig, token
         if tokenizer is not None:
             tokenizer.save(tmp)
         marker = {"format": FORMAT_NAME, "version": FORMAT_VERSION,
-                  "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "source": source}
+                  "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "source": source,
+                  "checksums": _checksums(host)}
         (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2))
         if path.exists():
             shutil.rmtree(path)
@@ -70,6 +72,25 @@ def save_checkpoint(path: str | Path, params: Params, config: LlamaConfig, token
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _checksums(params: Params) -> dict[str, int]:
+    """CRC-32 of every parameter's bytes, by tree path (a corrupt byte in the stored params shows at load)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(params)
+    return {jax.tree_util.keystr(k): zlib.crc32(np.ascontiguousarray(x).view(np.uint8).reshape(-1))
+            for k, x in flat}
+
+
+def _verify_checksums(params: Params, want: dict[str, int] | None, path: Path) -> None:
+    """Compare the restored params with the marker's checksums (checkpoints written before they existed have
+    none: nothing to compare)."""
+    if want is None:
+        return
+    got = _checksums(params)
+    bad = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    if bad:
+        raise ValueError(f"checkpoint {path} is corrupt: the stored bytes of {bad[:3]}"
+                         f"{f' (and {len(bad) - 3} more)' if len(bad) > 3 else ''} differ from what was written")
 
 
 def read_marker(path: str | Path) -> dict[str, Any]:
@@ -111,10 +132,12 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> tuple[LlamaConfig, P
     Checks the marker, `config.json` and every parameter shape (`validate_params`).
     """
     path = Path(path).expanduser().resolve()
-    read_marker(path)
+    marker = read_marker(path)
     config = LlamaConfig.from_json_file(path / "config.json")
     params = _restore_params(path / PARAMS_DIR, config)
     validate_params(params, config)
+    _verify_checksums(params, marker.get("checksums"), path)  # before the values are read as numbers
+    validate_params(params, config, finite=True)
     if dtype is not None:
         params = jax.tree.map(lambda x: np.asarray(x).astype(dtype, copy=False), params)
     tokenizer = Tokenizer.load(path) if (path / TOKENIZER_FILE).is_file() else None

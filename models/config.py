@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,15 @@ class RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+
+def _json_bool(value: Any, name: str) -> bool:
+    """A config.json boolean (true / false; 0 / 1 as some exporters write it), never a truthy string."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"config.json field {name!r} must be true or false, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +72,14 @@ class LlamaConfig:
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        # NaN fails every comparison: `not x > 0` catches it (a NaN or non-positive theta makes every logit NaN)
+        if not (isinstance(self.rope_theta, numbers.Real) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"LlamaConfig.rope_theta must be a finite number > 0, got {self.rope_theta!r}")
+        if not (isinstance(self.rms_norm_eps, numbers.Real) and math.isfinite(self.rms_norm_eps)
+                and self.rms_norm_eps >= 0):
+            raise ValueError(f"LlamaConfig.rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"LlamaConfig.tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}")
 
     @property
     def q_per_kv(self) -> int:
@@ -70,6 +89,8 @@ class LlamaConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> LlamaConfig:
         """Build from a transformers `LlamaConfig.to_dict()` / `config.json` dictionary."""
+        if not isinstance(d, dict):
+            raise ValueError(f"config.json must hold a JSON object, got {type(d).__name__}")
         model_type = d.get("model_type", "llama")
         if model_type not in ("llama", "smollm", "smollm2"):
             raise ValueError(f"unsupported model_type {model_type!r}: only LLaMA-family models are supported")
@@ -86,7 +107,7 @@ class LlamaConfig:
                 head_dim=int(d.get("head_dim") or hidden // num_heads),
                 max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                tie_word_embeddings=_json_bool(d.get("tie_word_embeddings", False), "tie_word_embeddings"),
             )
         except KeyError as e:
             raise ValueError(f"config.json is missing required field {e.args[0]!r}") from None

@@ -270,12 +270,29 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
     return _COMPILED[sig]
 
 
+def _token_ids(p: Any, i: int) -> list[int]:
+    """Prompt i as a list of int token ids: a sequence or 1-D array of integers (not a bare int, not floats)."""
+    try:
+        arr = None if isinstance(p, (str, bytes)) else np.asarray(p)
+    except ValueError:  # a ragged nesting
+        arr = None
+    if arr is None or arr.ndim != 1:
+        hint = "" if arr is None or arr.ndim else " (prompts is a list of token-id lists: [[1, 2, 3]], not [1, 2, 3])"
+        raise ValueError(f"prompt {i} must be a list (or 1-D array) of token ids, got {type(p).__name__}{hint}")
+    if arr.size and not (np.issubdtype(arr.dtype, np.integer)
+                         or (arr.dtype == object and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                                                         for t in p))):
+        raise ValueError(f"prompt {i} must hold integer token ids, got {arr.dtype} values")
+    return [int(t) for t in arr.reshape(-1)]
+
+
 def _validate_prompts(prompts: Sequence[Sequence[int]], config: LlamaConfig) -> list[list[int]]:
-    if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+    if (isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__")
+            or (isinstance(prompts, np.ndarray) and prompts.ndim == 0) or len(prompts) == 0):
         raise ValueError("prompts must be a non-empty list of token-id lists")
     out = []
     for i, p in enumerate(prompts):
-        ids = [int(t) for t in np.asarray(p).reshape(-1)] if not isinstance(p, list) else [int(t) for t in p]
+        ids = _token_ids(p, i)
         if not ids:
             raise ValueError(f"prompt {i} is empty: need at least one token")
         bad = [t for t in ids if t < 0 or t >= config.vocab_size]
@@ -302,12 +319,14 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
     """
     prompts = _validate_prompts(prompts, config)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-    if prefill_chunk < 1:
-        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if capacity is not None and not _is_int(capacity):
+        raise ValueError(f"capacity must be an integer (or None), got {capacity!r}")
+    if not (_is_real(temperature) and _is_real(top_p) and temperature >= 0 and 0 < top_p <= 1):
+        raise ValueError(f"need a finite temperature >= 0 and 0 < top_p <= 1, got {temperature!r}, {top_p!r}")
+    if not _is_int(prefill_chunk) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
     lens = np.array([len(p) for p in prompts], np.int32)
     need = int(lens.max()) + max_new_tokens
     if need > config.max_position_embeddings:
@@ -349,6 +368,15 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
                             step_records=records if record_steps else None)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    """A finite real number (NaN and inf are not: a NaN temperature would sample token 0 every step)."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and np.isfinite(x)
+
+
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
             cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
             progress: bool = False, min_capacity: int | None = None) -> tuple[KVCache, jax.Array]:
@@ -359,15 +387,21 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     it once (`CacheSpec.from_staging`); another factory's cache prefills through its own `attend`.
     """
     prompts = _validate_prompts(prompts, config)
-    if prefill_chunk < 1:
-        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    if not _is_int(prefill_chunk) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
     B = len(prompts)
     lens = np.array([len(p) for p in prompts], np.int32)
     min_capacity = int(lens.max()) if min_capacity is None else min_capacity
+    if not (cache_factory is None or isinstance(cache_factory, (str, CacheSpec)) or callable(cache_factory)):
+        raise TypeError(f"cache_factory must be a mode name, a CacheSpec or a callable (batch, capacity) -> cache, "
+                        f"got {type(cache_factory).__name__}")
     if cache_factory is None or isinstance(cache_factory, str):
-        spec: CacheSpec | None = cache_spec(cache_factory or "dense", config, params["embed"].dtype, policy)
+        spec: CacheSpec | None = cache_spec("dense" if cache_factory is None else cache_factory, config,
+                                            params["embed"].dtype, policy)
     else:
         spec = cache_factory if isinstance(cache_factory, CacheSpec) else None
+    if spec is not None:
+        spec.check_model(config)
     cache = commit_arrays(spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity))
     if cache.capacity < min_capacity:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")

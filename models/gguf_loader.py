@@ -250,7 +250,7 @@ def gguf_to_params(reader: gguf.GGUFReader, config: LlamaConfig, dtype: Any = No
     params["final_norm"] = take("output_norm.weight", shapes["final_norm"], False)
     if not config.tie_word_embeddings:
         params["lm_head"] = take("output.weight", shapes["lm_head"], True)
-    validate_params(params, config)
+    validate_params(params, config, finite=True)
     return params
 
 

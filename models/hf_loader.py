@@ -223,7 +223,7 @@ def hf_to_params(tensors: dict[str, np.ndarray], config: LlamaConfig, dtype: Any
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ValueError(f"unexpected tensor(s) in the checkpoint: {unknown[:5]}{more}")
-    validate_params(params, config)
+    validate_params(params, config, finite=True)
     return params
 
 

@@ -111,6 +111,15 @@ def _check_tokens(tokens: jax.Array, config: LlamaConfig) -> None:
             raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{lo}, {hi}]")
 
 
+def _embed(params: Params, tokens: jax.Array) -> jax.Array:
+    """The token embeddings [B, T, D]; NaN rows for ids outside the vocabulary (inside jit they cannot raise,
+    and a gather would clamp or wrap them into another token's row: a silent wrong answer)."""
+    vocab = params["embed"].shape[0]
+    ok = (tokens >= 0) & (tokens < vocab)
+    x = params["embed"][jnp.clip(tokens, 0, vocab - 1)]
+    return jnp.where(ok[..., None], x, jnp.asarray(jnp.nan, x.dtype))
+
+
 def _model_dtype(params: Params) -> Any:
     return params["embed"].dtype
 
@@ -143,7 +152,7 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     cos, sin = rope_cos_sin(config, positions)
 
-    x = params["embed"][tokens]
+    x = _embed(params, tokens)
     fast = cache.decode_fast_path() if T == 1 and hasattr(cache, "decode_fast_path") else None
     if fast is None and T == 1 and getattr(cache, "loops_naive_decode", lambda: False)():
         x, cache = _layers_looped(params, config, x, cache, cos, sin, new_lengths)
@@ -238,7 +247,7 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     start = cache.lengths
     new_lengths = start + 1
     cos, sin = rope_cos_sin(config, start[:, None])
-    x = params["embed"][tokens]
+    x = _embed(params, tokens)
     schedule = cache.schedule
     fast = cache.decode_fast_path(0 if schedule == "adaptive" else None)
     layers = _layers_unrolled if schedule == "straight" else _layers_looped_stacked

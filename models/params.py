@@ -55,11 +55,12 @@ def get_by_path(params: Params, name: str) -> Any:
     return node
 
 
-def validate_params(params: Params, config: LlamaConfig) -> None:
-    """Check that `params` has exactly the tensors, shapes and (floating) dtypes `config` implies.
+def validate_params(params: Params, config: LlamaConfig, finite: bool = False) -> None:
+    """Check that `params` has exactly the tensors, shapes and (floating) dtypes `config` implies; with `finite`
+    (the loaders: host arrays just read from a file), also that every value is finite.
 
     Raises ValueError naming the first offending tensor with its expected and actual shape, a
-    missing or unexpected tensor, or a non-floating dtype.
+    missing or unexpected tensor, a non-floating dtype, or a NaN / Inf value.
     """
     if not isinstance(params, dict):
         raise ValueError(f"params must be a dict, got {type(params).__name__}")
@@ -91,6 +92,8 @@ def validate_params(params: Params, config: LlamaConfig) -> None:
         dtype = getattr(leaf, "dtype", None)
         if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"parameter {name!r} has dtype {dtype}, expected a floating dtype")
+        if finite and not np.isfinite(np.asarray(leaf)).all():
+            raise ValueError(f"parameter {name!r} holds NaN or Inf values (a corrupt or mis-converted checkpoint)")
 
 
 def cast_params(params: Params, dtype: Any) -> Params:

@@ -172,7 +172,7 @@ def _load_source(source: str | os.PathLike) -> tuple[LlamaConfig, Params, Tokeni
             from models.gguf_loader import load_gguf  # `gguf` is only needed for GGUF sources
 
             config, params, reader = load_gguf(path)
-            return config, params, Tokenizer.from_gguf(reader), str(path)
+            return config, params, _gguf_tokenizer(reader, path), str(path)
         if is_checkpoint_dir(path):
             config, params, tok = load_checkpoint(path)
             return config, params, tok, str(path)
@@ -189,6 +189,20 @@ def _load_source(source: str | os.PathLike) -> tuple[LlamaConfig, Params, Tokeni
         raise ValueError(f"unknown model {text!r}: not an existing path, and not a known name "
                          f"({', '.join(known_names())})")
     return (*_load_known(spec), spec.name)
+
+
+def _gguf_tokenizer(reader: Any, path: Path) -> Tokenizer | None:
+    """The GGUF's tokenizer; None (with a note) where it has none or one we cannot read (e.g. a LLaMA-2
+    SentencePiece vocabulary): the model still loads for token-id input, as an HF directory without one does."""
+    field = reader.get_field("tokenizer.ggml.model")
+    if field is None:
+        _log(f"{path.name} has no tokenizer metadata: loaded without a tokenizer (token ids only)")
+        return None
+    try:
+        return Tokenizer.from_gguf(reader)
+    except ValueError as e:
+        _log(f"{path.name}: {e}; loaded without a tokenizer (token ids only)")
+        return None
 
 
 def _load_known(spec: KnownModel) -> tuple[LlamaConfig, Params, Tokenizer | None]:

@@ -129,6 +129,10 @@ def test_certified_output_is_within_bound_and_better_than_naive():
     assert err.mean() <= naive_err.mean() * (1 + 1e-6)
     assert np.all(np.asarray(cert.rung) == 0)
     assert cert.error_bound.shape == (2, 4)
+    # a NumPy query is taken as a jax array (the ladder indexes it with traced values)
+    out_np, cert_np = cert_attn(np.asarray(q), cache, POLICY)
+    np.testing.assert_array_equal(np.asarray(out_np), np.asarray(out))
+    np.testing.assert_array_equal(np.asarray(cert_np.error_bound), np.asarray(cert.error_bound))
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -67,3 +67,8 @@ def test_eval_cli_errors_are_clear(capsys):
     assert "unknown RULER tasks" in capsys.readouterr().err
     assert cli.main(["eval", "niah", "--depths", "150"]) == 2
     assert "depths" in capsys.readouterr().err
+    # checked before any run: a bad chunk, a bad swept value
+    assert cli.main(["eval", "ppl", "--prefill-chunk", "0"]) == 2
+    assert "--prefill-chunk must be >= 1" in capsys.readouterr().err
+    assert cli.main(["eval", "ablations", "--sweep-eps=-1"]) == 2
+    assert "must be >= 0" in capsys.readouterr().err

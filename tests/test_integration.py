@@ -112,6 +112,13 @@ def test_cli_errors_are_clear(tiny_checkpoint, capsys):
     assert "no-such-model" in capsys.readouterr().err
     assert cli.main(["generate", "--model", str(tiny_checkpoint), "--prompt", "x", "--certificates", "f"]) == 2
     assert "--cache certified" in capsys.readouterr().err
+    # checked before generating (not after, losing the output)
+    assert cli.main(["generate", "--model", str(tiny_checkpoint), "--prompt", "x", "--cache", "certified",
+                     "--certificates", "/no/such/dir/c.jsonl"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    # an existing output directory: a one-line error, not a traceback; --overwrite replaces it
+    assert cli.main(["convert", str(tiny_checkpoint), str(tiny_checkpoint)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -136,6 +136,66 @@ def test_bad_inputs_raise_clear_errors():
         llama.forward(params, cfg, jnp.asarray([[1, 2, 3, 4, 5]]), cache)
 
 
+def test_inputs_that_would_decode_silently_wrong_are_refused():
+    """Inputs that once produced a wrong answer without an error (a flat prompt list read as one prompt per
+    token, float ids truncated, a NaN temperature sampling token 0, a NaN rope_theta, an integer dense cache, a
+    cache spec of another model) and unclear crashes (float sizes, a bad cache_factory or policy type)."""
+    import dataclasses
+
+    from certattn_jax import CertPolicy
+    from certattn_jax.model_cache import cache_spec
+
+    cfg, params = _setup("gqa")
+    cases = [
+        (ValueError, "list of token-id lists", dict(prompts=[5, 6, 7])),
+        (ValueError, "integer token ids", dict(prompts=[[1.7, 2.2]])),
+        (ValueError, "finite temperature", dict(temperature=float("nan"))),
+        (ValueError, "finite temperature", dict(top_p=float("nan"))),
+        (ValueError, "max_new_tokens must be an integer", dict(max_new_tokens=2.0)),
+        (ValueError, "capacity must be an integer", dict(capacity=64.0)),
+        (ValueError, "prefill_chunk must be an integer", dict(prefill_chunk=0)),
+        (TypeError, "cache_factory must be", dict(cache_factory=3)),
+        (ValueError, "unknown cache mode ''", dict(cache_factory="")),
+        (TypeError, "policy must be a certattn_jax.CertPolicy", dict(cache_factory="certified", policy={"eps": 1})),
+        (ValueError, "the cache spec is for", dict(cache_factory=cache_spec(
+            "dense", dataclasses.replace(cfg, head_dim=2 * cfg.head_dim), jnp.float32))),
+    ]
+    for err, match, kw in cases:
+        kw = {"prompts": [[5, 6, 7]], "max_new_tokens": 2, **kw}
+        with pytest.raises(err, match=match):
+            gen.generate(params, cfg, kw.pop("prompts"), kw.pop("max_new_tokens"), progress=False, **kw)
+    # what stays accepted: a 1-D integer array per prompt, numpy integer sizes
+    out = gen.generate(params, cfg, [np.array([5, 6, 7])], np.int64(2), progress=False, eos_token_ids=())
+    assert len(out.tokens[0]) == 2
+    with pytest.raises(TypeError, match="floating point"):
+        cache_spec("dense", cfg, jnp.int8)
+    for bad in (dict(rope_theta=0.0), dict(rope_theta=float("nan")), dict(rms_norm_eps=-1.0),
+                dict(tie_word_embeddings="yes")):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            dataclasses.replace(cfg, **bad)
+    with pytest.raises(ValueError, match="must be true or false"):
+        LlamaConfig.from_hf_dict({**cfg.to_hf_dict(), "tie_word_embeddings": "yes"})
+    with pytest.raises(ValueError, match="JSON object"):
+        LlamaConfig.from_hf_dict([1, 2])
+    for kw, err in ((dict(eps=float("nan")), ValueError), (dict(rank_margin=float("nan")), ValueError),
+                    (dict(v_tol=float("nan")), ValueError), (dict(eps="0.1"), TypeError),
+                    (dict(k_max=2.5), TypeError), (dict(block_size=True), TypeError)):
+        with pytest.raises(err, match=next(iter(kw))):
+            CertPolicy(**kw)
+
+
+def test_out_of_vocabulary_ids_inside_jit_poison_instead_of_wrapping():
+    """Inside jit a token id cannot raise: an id outside the vocabulary gives NaN logits for its sequence (never
+    the logits of another token's row), the other sequences are untouched."""
+    cfg, params = _setup("gqa")
+    f = jax.jit(lambda t: llama.forward(params, cfg, t)[0])
+    good = np.asarray(f(jnp.asarray([[1, 2, 3], [4, 5, 6]])))
+    for bad_id in (cfg.vocab_size, -1):
+        out = np.asarray(f(jnp.asarray([[1, 2, bad_id], [4, 5, 6]])))
+        assert np.all(np.isnan(out[0, 2]))  # (earlier positions may be NaN too: masked NaN values times 0)
+        np.testing.assert_allclose(out[1], good[1], rtol=1e-6)
+
+
 def test_overflow_inside_jit_poisons_instead_of_wrapping():
     cfg, params = _setup("gqa")
     cache = llama.init_cache_for(params, cfg, 1, 4)

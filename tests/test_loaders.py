@@ -398,6 +398,35 @@ def test_checkpoint_errors(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_checkpoint_with_corrupt_bytes_or_nonfinite_params_is_refused(tmp_path):
+    """A few overwritten bytes inside the stored params (which orbax restores without complaint) fail the
+    marker's checksums; a checkpoint holding NaN weights is refused by name; one written before checksums
+    existed still loads."""
+    p = random_params(CFG)
+    out = ckpt.save_checkpoint(tmp_path / "ck", p, CFG)
+    bad = shutil.copytree(out, tmp_path / "bytes")
+    biggest = max((f for f in (bad / ckpt.PARAMS_DIR).rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(biggest.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 32] = bytes(255 - b for b in data[mid:mid + 32])
+    biggest.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="is corrupt: the stored bytes of"):  # the checksums, not orbax
+        ckpt.load_checkpoint(bad)
+
+    old = shutil.copytree(out, tmp_path / "old")
+    marker = json.loads((old / ckpt.MARKER_FILE).read_text())
+    del marker["checksums"]
+    (old / ckpt.MARKER_FILE).write_text(json.dumps(marker))
+    assert_params_equal(ckpt.load_checkpoint(old)[1], p)
+
+    nan_p = jax.tree.map(lambda x: x, p)
+    nan_p["layers"][1]["wv"] = nan_p["layers"][1]["wv"].copy()
+    nan_p["layers"][1]["wv"][0, 0] = np.nan
+    nanck = ckpt.save_checkpoint(tmp_path / "nan", nan_p, CFG)
+    with pytest.raises(ValueError, match=r"'layers\.1\.wv' holds NaN or Inf"):
+        ckpt.load_checkpoint(nanck)
+
+
 # ---- GGUF --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("config", [CFG, CFG_TIED], ids=["untied", "tied"])
 def test_gguf_f32_matches_params(tmp_path, config):
@@ -449,6 +478,9 @@ def test_gguf_errors(tmp_path):
         load_gguf(tmp_path / "f.gguf")
     with pytest.raises(FileNotFoundError, match="g.gguf"):
         load_gguf(tmp_path / "g.gguf")
+    # a GGUF without tokenizer metadata loads for token-id input (as an HF directory without one does)
+    m = pre.load_pretrained(write_gguf(tmp_path / "h.gguf", p, CFG), dtype=jnp.float32)
+    assert m.tokenizer is None and m.config == CFG
 
 
 def test_gguf_llama3_rope_freqs(tmp_path):

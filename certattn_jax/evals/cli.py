@@ -87,6 +87,12 @@ def build(args: argparse.Namespace):
         raise ValueError(f"--lengths must be positive token counts >= 64, got {args.lengths!r}")
     if args.samples < 1:
         raise ValueError("--samples must be >= 1")
+    for name in ("prefill_chunk", "ppl_steps", "niah_new_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    sweeps = [dict(eps=e) for e in _floats(args.sweep_eps)] + [dict(tau_cov=t) for t in _floats(args.sweep_tau)]
+    for sweep in sweeps:  # a bad swept value fails now, not after the runs before it
+        dataclasses.replace(policy, **sweep)
     depths = _ints(args.depths)
     if any(not 0 <= d <= 100 for d in depths):
         raise ValueError(f"--depths are percentages in [0, 100], got {args.depths!r}")
@@ -100,6 +106,9 @@ def build(args: argparse.Namespace):
     if pre.tokenizer is None:
         raise ValueError("the evaluation needs a model with a tokenizer")
     params, config = pre.params, pre.config
+    if max(lengths) > config.max_position_embeddings:
+        raise ValueError(f"--lengths {max(lengths)} exceeds the model's context of "
+                         f"{config.max_position_embeddings} tokens")
     if args.layers is not None:
         if not 1 <= args.layers <= config.num_layers:
             raise ValueError(f"--layers must be in [1, {config.num_layers}]")
