@@ -483,7 +483,8 @@ def tier1_kernel_runs(cache: TieredKVCache, impl: str) -> bool:
     from pallas_kernels import selftest
     from pallas_kernels import tier1_pass as kernel
 
-    return (tier1_impl(impl) == "pallas" and kernel.supports(cache.block_size, cache.head_dim, cache.group_size)
+    return (tier1_impl(impl) == "pallas"
+            and kernel.supports(cache.block_size, cache.head_dim, cache.group_size, cache.value_bits)
             and selftest.tier1_trusted(cache.block_size, cache.head_dim, cache.group_size, cache.key_bits,
                                        cache.value_bits))
 

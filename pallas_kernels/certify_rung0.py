@@ -105,8 +105,8 @@ DEFAULT_CHUNK: int | None = _env_choice("CERTATTN_RUNG0_CHUNK", CHUNK_CHOICES)
 #   "loop" (the default): k_max dependent passes, each finding the best block ranked after the previous pick;
 #   "count" (opt-in, not yet measured on a GPU): where one chunk holds every block column (padded blocks ==
 #     chunk width <= COUNT_SELECT_MAX_COLUMNS), each block's rank is counted in one pairwise pass (the eligible
-#     blocks before it: estimated mass down, id up) and the k_max picks read off the ranks: a few independent
-#     reductions instead of k_max chains of five dependent ones. The same picks, K* and coverage sums (added in
+#     blocks before it: estimated mass down, id up) and the k_max picks read off the ranks: two reductions per
+#     pick instead of five dependent ones and a pass over the chunk. The same picks, K* and coverage sums (added in
 #     pick order) as "loop", bit for bit (tests); other shapes keep "loop". (At SmolLM2 1K on the H200, k_max 8
 #     against 1 cost the kernel 14.0 against 10.8 us: the loop's share at small sizes; docs/performance.md.)
 SELECT_CHOICES = ("loop", "count")
@@ -292,13 +292,17 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
         before = eligible[None, :] & ((other > mine) | ((other == mine) & (ids[None, :] < ids[:, None])))
         rank = jnp.where(eligible, jnp.sum(before.astype(jnp.int32), axis=1), _i32(NBp))  # [cw]
         n_eligible = jnp.sum(eligible.astype(jnp.int32))
-        ranked = jnp.full((KP,), -1, jnp.int32)
-        for j in range(kp):  # unrolled: a few independent reductions each; only `covered` chains them
+        def read_off(j, carry):  # the j-th pick from the ranks: two reductions, chained only through `covered`
+            covered, k_star, ranked = carry
             at = rank == j  # the j-th pick's column, or none
             ok = j < n_eligible
             covered = covered + jnp.sum(jnp.where(at[None, :], mass, 0.0), axis=1)  # + the pick's mass, exactly
             k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), j + 1, k_star)
             ranked = jnp.where(jidx == j, jnp.where(ok, jnp.sum(jnp.where(at, ids, 0)), _i32(-1)), ranked)
+            return covered, k_star, ranked
+
+        # rolled, like `pick` (unrolled loops cost the kernel seconds of Triton compile; module docstring)
+        _, k_star, ranked = jax.lax.fori_loop(0, kp, read_off, (covered, k_star, jnp.full((KP,), -1, jnp.int32)))
         return k_star, ranked
 
     k_star = jnp.where(min_real(covered) >= tau, _i32(0), _i32(-1))

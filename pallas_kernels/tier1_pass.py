@@ -70,10 +70,18 @@ class Tier1Partials(NamedTuple):
     slot_delta: jax.Array | None = None
 
 
-def supports(block_size: int, head_dim: int, group_size: int) -> bool:
+def supports(block_size: int, head_dim: int, group_size: int, value_bits: int | None = None) -> bool:
     """Whether the kernel runs on these shapes here: compiled (Triton) tensors need power-of-two sizes;
-    interpret mode takes any."""
-    return backend.supports_sizes(block_size, head_dim, group_size)
+    interpret mode takes any; with value_bits, also the walk of the cache's value packing (`value_parts`: planar
+    codes need head_dim / codes-per-byte and the group size to divide one another, e.g. not 48 with 16 at 4 bits)."""
+    if not backend.supports_sizes(block_size, head_dim, group_size):
+        return False
+    if value_bits is not None:
+        try:
+            value_parts(head_dim, group_size, value_bits, cache_values_planar())
+        except ValueError:
+            return False
+    return True
 
 
 def default_blocks_per_split(batch: int, kv_heads: int, num_blocks: int) -> int:

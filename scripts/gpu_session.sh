@@ -421,6 +421,19 @@ for s in "$@"; do
       step abcb_cbn1 50 "$CB CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified --out $W/abcb_cbn_1.json"
       step abcb_def2 45 "$G --caches certified --out $W/abcb_def_2.json"
       step abcb_cb2 45 "$CB $G --caches certified --out $W/abcb_cb_2.json" ;;
+    ab_select)  # twenty-fourth session: the certify kernel's counted candidate selection (CERTATTN_RUNG0_SELECT=count,
+      # one pairwise pass instead of k_max dependent ones, where one chunk holds every column) against the loop,
+      # SmolLM2 1K and 4K certified, alternated, dense in the call; run `kernels` first (it checks count == loop
+      # compiled, bit for bit)
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2"
+      step abs_1k_loop1 60 "$G --prompts 1024 --caches dense certified --out $W/abs_1k_loop_1.json"
+      step abs_1k_count1 50 "CERTATTN_RUNG0_SELECT=count $G --prompts 1024 --caches certified --out $W/abs_1k_count_1.json"
+      step abs_1k_loop2 45 "$G --prompts 1024 --caches certified --out $W/abs_1k_loop_2.json"
+      step abs_1k_count2 45 "CERTATTN_RUNG0_SELECT=count $G --prompts 1024 --caches certified --out $W/abs_1k_count_2.json"
+      step abs_4k_loop1 70 "$G --prompts 4096 --caches dense certified --out $W/abs_4k_loop_1.json"
+      step abs_4k_count1 50 "CERTATTN_RUNG0_SELECT=count $G --prompts 4096 --caches certified --out $W/abs_4k_count_1.json" ;;
+    sound_count)  # the compiled soundness suites with the counted selection
+      step sound_count 350 "CERTATTN_RUNG0_SELECT=count CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     sound_conc)  # the compiled soundness suites with every program's command buffers CONCURRENT
       step sound_conc 350 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step

@@ -711,3 +711,26 @@ def test_fast_pass_split_rules():
                          env={**os.environ, "CERTATTN_TIER1_BPS": "0", "JAX_PLATFORMS": "cpu"},
                          cwd=Path(__file__).resolve().parents[1])
     assert bad.returncode != 0 and "CERTATTN_TIER1_BPS='0'" in bad.stderr
+
+
+def test_a_value_packing_the_kernel_cannot_walk_falls_back_to_xla():
+    """head_dim 48 with value groups of 16 at 4 bits: planar codes (24 bytes per row) do not split into whole
+    groups, so even interpret mode (which takes any size) must not run the kernel: the step answers through XLA
+    with the same certificate as tier1="jnp" (it once raised deep inside the kernel's value walk)."""
+    from certattn_jax.attention import certified_attention
+    from certattn_jax.cache import TieredKVCache
+    from certattn_jax.policy import CertPolicy
+    from pallas_kernels import tier1_pass
+
+    if not tier1_pass.cache_values_planar():
+        pytest.skip("the planar value packing is off in this process")
+    assert not tier1_pass.supports(16, 48, 16, 4) and tier1_pass.supports(16, 48, 16)
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2, tier1="pallas")
+    rng = np.random.default_rng(3)
+    k, v = (jnp.asarray(rng.standard_normal((1, 40, 1, 48)), jnp.float32) for _ in range(2))
+    q = jnp.asarray(rng.standard_normal((1, 2, 48)), jnp.float32)
+    cache = TieredKVCache.from_dense(k, v, policy=policy)
+    out, cert = certified_attention(q, cache, policy)
+    out_j, cert_j = certified_attention(q, cache, dataclasses.replace(policy, tier1="jnp"))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(out_j))
+    np.testing.assert_array_equal(np.asarray(cert.error_bound), np.asarray(cert_j.error_bound))
