@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from typing import Any
 
 import jax
@@ -177,9 +178,14 @@ class TieredKVCache:
         policy = policy or CertPolicy()
         B, T, H, d = k.shape
         Bk = policy.block_size
+        if capacity is not None and (not isinstance(capacity, numbers.Integral) or isinstance(capacity, bool)
+                                     or capacity < 1):
+            raise ValueError(f"capacity must be a positive integer (or None: the tokens given), got {capacity!r}")
         cap = -(-(capacity or T) // Bk) * Bk
         if T > cap:
             raise ValueError(f"KV cache overflow: {T} tokens do not fit a capacity of {cap}")
+        if lengths is not None and not jnp.issubdtype(jnp.asarray(lengths).dtype, jnp.integer):
+            raise TypeError(f"lengths must be integers, got {jnp.asarray(lengths).dtype}")
         valid = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
         if is_concrete(valid) and (bool(jnp.any(valid > T)) or bool(jnp.any(valid < 0))):
             raise ValueError(f"lengths must lie in [0, {T}], got {valid.tolist()}")

@@ -347,6 +347,11 @@ def test_bad_input_errors():
         certified_attention(q, empty, POLICY)
     with pytest.raises(ValueError, match="key_bits"):
         CertPolicy(key_bits=3)
+    kv = jnp.ones((1, 10, 2, 32))
+    with pytest.raises(TypeError, match="lengths must be integers"):  # never truncated to 10
+        TieredKVCache.from_dense(kv, kv, POLICY, lengths=[10.7])
+    with pytest.raises(ValueError, match="capacity must be a positive integer"):  # never "the tokens given"
+        TieredKVCache.from_dense(kv, kv, POLICY, capacity=0)
 
 
 def test_memory_target_at_32k():
