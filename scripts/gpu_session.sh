@@ -23,7 +23,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 hlo_analyses() {
-  for f in "$W"/hlo/*.hlo; do
+  for f in "$W"/hlo/*.hlo "$W"/hlo/*/*.hlo; do
     [ -e "$f" ] || continue
     python3 scripts/launches_by_scope.py "$f" > "$f.scopes.json" 2>&1
     python3 scripts/big_writes.py "$f" --min-bytes 1e6 > "$f.big_writes.json" 2>&1
@@ -434,6 +434,12 @@ for s in "$@"; do
       step abs_4k_count1 50 "CERTATTN_RUNG0_SELECT=count $G --prompts 4096 --caches certified --out $W/abs_4k_count_1.json" ;;
     sound_count)  # the compiled soundness suites with the counted selection
       step sound_count 350 "CERTATTN_RUNG0_SELECT=count CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
+    nested_hlo)  # why the nested loop is 5 % slower (twenty-third session): both programs' GPU HLO (command buffers,
+      # launches by scope, copies), SmolLM2 1K certified
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 16 --models smollm2 --prompts 1024"
+      step nh_plain 60 "$G --caches certified --dump-hlo $W/hlo/plain --out $W/nh_plain.json"
+      step nh_nested 60 "CERTATTN_DECODE_LOOP_NESTED=1 $G --caches certified --dump-hlo $W/hlo/nested --out $W/nh_nested.json"
+      hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
     sound_conc)  # the compiled soundness suites with every program's command buffers CONCURRENT
       step sound_conc 350 "XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py" ;;
     glue) step glue 150 "python3 scripts/probe_glue_launches.py --out $W/glue" ;;  # the launches left per layer-step
