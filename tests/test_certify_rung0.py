@@ -258,7 +258,9 @@ def test_fused_rung0_lowers_to_triton(case, select, monkeypatch):
 
 def test_compiled_kernels_fall_back_for_shapes_they_cannot_take(monkeypatch):
     """A compiled (Triton) kernel needs power-of-two sizes: for others the step uses the jnp computation of that
-    part (and the jnp path's Delta), in interpret mode any size runs through the kernels."""
+    part (and the jnp path's Delta), in interpret mode any size the kernel can walk runs through the kernels."""
+    from pallas_kernels import tier1_pass
+
     def cache_with(d, k_max):
         pol = CertPolicy(tier1="pallas", rung0="fused", block_size=16, group_size=16, k_max=k_max)
         kv = jnp.zeros((1, 40, 1, d), jnp.float32)
@@ -270,7 +272,10 @@ def test_compiled_kernels_fall_back_for_shapes_they_cannot_take(monkeypatch):
     assert not step.fused_supported(cache_with(64, 3)) and not step.fused_supported(cache_with(48, 4))
     assert not step.tier1_kernel_runs(cache_with(64, 4), "jnp")
     monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "1")
-    assert step.tier1_kernel_runs(cache_with(48, 4), "pallas") and step.fused_supported(cache_with(48, 3))
+    assert step.tier1_kernel_runs(cache_with(96, 4), "pallas") and step.fused_supported(cache_with(48, 3))
+    # except where the kernel cannot walk the value packing (planar 4-bit: 24 bytes per row of 48 channels do not
+    # split into groups of 16), which no interpret mode changes
+    assert not step.tier1_kernel_runs(cache_with(48, 4), "pallas") or not tier1_pass.cache_values_planar()
 
 
 def _float_divisions_in_kernels(jaxpr) -> list[str]:
