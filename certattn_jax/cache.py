@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 from typing import Any
 
 import jax
@@ -66,6 +65,7 @@ from certattn_jax import bounds, quant, select, tiers
 from certattn_jax.env import switch_from_env
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
+from certattn_jax.validate import is_integer
 
 # The tier-1 arrays a tier-1 pass reads, in its argument order (a layer view's `stack` holds them stacked).
 TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
@@ -178,8 +178,7 @@ class TieredKVCache:
         policy = policy or CertPolicy()
         B, T, H, d = k.shape
         Bk = policy.block_size
-        if capacity is not None and (not isinstance(capacity, numbers.Integral) or isinstance(capacity, bool)
-                                     or capacity < 1):
+        if capacity is not None and (not is_integer(capacity) or capacity < 1):
             raise ValueError(f"capacity must be a positive integer (or None: the tokens given), got {capacity!r}")
         cap = -(-(capacity or T) // Bk) * Bk
         if T > cap:

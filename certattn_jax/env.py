@@ -28,3 +28,15 @@ def positive_int_from_env(name: str, default: int) -> int:
     if value < 1:
         raise ValueError(f"{name}={raw!r}: must be a positive integer")
     return value
+
+
+def choice_from_env(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The environment variable `name` as one of `choices` (case-insensitive, returned as spelled in `choices`;
+    `default` when unset or empty); anything else is an error naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    match = [c for c in choices if c.lower() == raw.lower()]
+    if not match:
+        raise ValueError(f"{name}={raw!r}: choose one of {choices}")
+    return match[0]

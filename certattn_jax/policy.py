@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from flax import struct
 
+from certattn_jax.validate import is_integer
+
 _static = {"pytree_node": False}
 TIER1_IMPLS = ("auto", "jnp", "pallas")
 RUNG0_IMPLS = ("auto", "jnp", "fused")
@@ -155,7 +157,7 @@ class CertPolicy:
             raise ValueError(f"unknown hot-set refresh {self.hot_refresh!r}; choose from {HOT_REFRESH}")
         for name in ("block_size", "group_size", "key_bits", "value_bits", "k_max", "v_max", "hot_slots"):
             value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            if not is_integer(value):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
         if self.block_size < 2 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 2, got {self.block_size}")

@@ -135,7 +135,6 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> tuple[LlamaConfig, P
     marker = read_marker(path)
     config = LlamaConfig.from_json_file(path / "config.json")
     params = _restore_params(path / PARAMS_DIR, config)
-    validate_params(params, config)
     _verify_checksums(params, marker.get("checksums"), path)  # before the values are read as numbers
     validate_params(params, config, finite=True)
     if dtype is not None:

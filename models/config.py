@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
 from pathlib import Path
 from typing import Any
+
+from certattn_jax.validate import is_finite_number
 
 
 def read_json(path: Path, missing: str) -> Any:
@@ -73,10 +73,9 @@ class LlamaConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         # NaN fails every comparison: `not x > 0` catches it (a NaN or non-positive theta makes every logit NaN)
-        if not (isinstance(self.rope_theta, numbers.Real) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
+        if not (is_finite_number(self.rope_theta) and self.rope_theta > 0):
             raise ValueError(f"LlamaConfig.rope_theta must be a finite number > 0, got {self.rope_theta!r}")
-        if not (isinstance(self.rms_norm_eps, numbers.Real) and math.isfinite(self.rms_norm_eps)
-                and self.rms_norm_eps >= 0):
+        if not (is_finite_number(self.rms_norm_eps) and self.rms_norm_eps >= 0):
             raise ValueError(f"LlamaConfig.rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}")
         if not isinstance(self.tie_word_embeddings, bool):
             raise ValueError(f"LlamaConfig.tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}")

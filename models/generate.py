@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax import kernel_checks
-from certattn_jax.env import switch_from_env
+from certattn_jax.env import choice_from_env, switch_from_env
 from certattn_jax.kv_cache import KVCache, commit_arrays
 from certattn_jax.model_cache import CacheSpec, cache_spec
+from certattn_jax.validate import is_finite_number, is_integer
 from models.config import LlamaConfig
 from models.llama import (
     Params,
@@ -66,11 +67,7 @@ _SCHEDULING_OPTION = "xla_gpu_command_buffer_scheduling_mode"
 def command_buffer_scheduling(backend: str | None = None) -> str:
     """The command-buffer scheduling mode the decode loop compiles with on `backend` (default: JAX's default
     backend): one of COMMAND_BUFFER_SCHEDULING_MODES; "xla" off a GPU, or where XLA_FLAGS names the mode."""
-    raw = os.environ.get("CERTATTN_COMMAND_BUFFER_SCHEDULING", "").strip() or "CONCURRENT"
-    mode = raw if raw == "xla" else raw.upper()
-    if mode not in COMMAND_BUFFER_SCHEDULING_MODES:
-        raise ValueError(f"CERTATTN_COMMAND_BUFFER_SCHEDULING={raw!r}: expected one of "
-                         f"{', '.join(COMMAND_BUFFER_SCHEDULING_MODES)}")
+    mode = choice_from_env("CERTATTN_COMMAND_BUFFER_SCHEDULING", COMMAND_BUFFER_SCHEDULING_MODES, "CONCURRENT")
     if (backend or jax.default_backend()) != "gpu" or _SCHEDULING_OPTION in os.environ.get("XLA_FLAGS", ""):
         return "xla"
     return mode
@@ -279,9 +276,7 @@ def _token_ids(p: Any, i: int) -> list[int]:
     if arr is None or arr.ndim != 1:
         hint = "" if arr is None or arr.ndim else " (prompts is a list of token-id lists: [[1, 2, 3]], not [1, 2, 3])"
         raise ValueError(f"prompt {i} must be a list (or 1-D array) of token ids, got {type(p).__name__}{hint}")
-    if arr.size and not (np.issubdtype(arr.dtype, np.integer)
-                         or (arr.dtype == object and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
-                                                         for t in p))):
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"prompt {i} must hold integer token ids, got {arr.dtype} values")
     return [int(t) for t in arr.reshape(-1)]
 
@@ -319,13 +314,14 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
     """
     prompts = _validate_prompts(prompts, config)
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+    if not is_integer(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if capacity is not None and not _is_int(capacity):
+    if capacity is not None and not is_integer(capacity):
         raise ValueError(f"capacity must be an integer (or None), got {capacity!r}")
-    if not (_is_real(temperature) and _is_real(top_p) and temperature >= 0 and 0 < top_p <= 1):
+    # (a NaN temperature once passed `temperature < 0` and sampled token 0 every step)
+    if not (is_finite_number(temperature) and is_finite_number(top_p) and temperature >= 0 and 0 < top_p <= 1):
         raise ValueError(f"need a finite temperature >= 0 and 0 < top_p <= 1, got {temperature!r}, {top_p!r}")
-    if not _is_int(prefill_chunk) or prefill_chunk < 1:
+    if not is_integer(prefill_chunk) or prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
     lens = np.array([len(p) for p in prompts], np.int32)
     need = int(lens.max()) + max_new_tokens
@@ -368,15 +364,6 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
                             step_records=records if record_steps else None)
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    """A finite real number (NaN and inf are not: a NaN temperature would sample token 0 every step)."""
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and np.isfinite(x)
-
-
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
             cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
             progress: bool = False, min_capacity: int | None = None) -> tuple[KVCache, jax.Array]:
@@ -387,7 +374,7 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     it once (`CacheSpec.from_staging`); another factory's cache prefills through its own `attend`.
     """
     prompts = _validate_prompts(prompts, config)
-    if not _is_int(prefill_chunk) or prefill_chunk < 1:
+    if not is_integer(prefill_chunk) or prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
     B = len(prompts)
     lens = np.array([len(p) for p in prompts], np.int32)

@@ -66,6 +66,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from certattn_jax import bounds, quant
+from certattn_jax.env import choice_from_env
 from pallas_kernels import backend
 
 _F32 = jnp.float32
@@ -113,14 +114,7 @@ SELECT_CHOICES = ("loop", "count")
 COUNT_SELECT_MAX_COLUMNS = 128  # the pairwise pass holds [columns, columns] values
 
 
-def _env_select() -> str:
-    value = os.environ.get("CERTATTN_RUNG0_SELECT", "").strip() or "loop"
-    if value not in SELECT_CHOICES:
-        raise ValueError(f"CERTATTN_RUNG0_SELECT={value!r}: choose one of {SELECT_CHOICES}")
-    return value
-
-
-DEFAULT_SELECT: str = _env_select()
+DEFAULT_SELECT: str = choice_from_env("CERTATTN_RUNG0_SELECT", SELECT_CHOICES, "loop")
 
 
 def counts_picks(padded_block_count: int, chunk: int, select: str | None = None) -> bool:
