@@ -1,0 +1,65 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax.numpy as jnp
+import numpy as np
+from audit2 import run_config
+
+from certattn_jax.policy import CertPolicy
+
+P = CertPolicy
+cfgs = [
+    (
+        2,
+        2,
+        2,
+        32,
+        jnp.float32,
+        jnp.float32,
+        P(block_size=16, group_size=16, key_bits=8, value_bits=4, k_max=2, eps=0.05),
+        [40, 7],
+    ),
+    (
+        2,
+        1,
+        4,
+        32,
+        jnp.bfloat16,
+        jnp.bfloat16,
+        P(block_size=32, group_size=32, key_bits=4, value_bits=2, k_max=1, eps=0.5),
+        [64, 130],
+    ),
+    (
+        1,
+        2,
+        1,
+        16,
+        jnp.float16,
+        jnp.float32,
+        P(block_size=16, group_size=16, key_bits=4, value_bits=2, k_max=2, eps=0.5),
+        [100],
+    ),
+]
+tot = [0, 0]
+for i, (B, H, G, D, dt, qdt, pol, L0) in enumerate(cfgs):
+    for fam in ("k_extreme", "v_extreme", "kv_extreme", "q_extreme", "k_extreme_same_sign"):
+        for seed in range(2):
+            s = run_config(
+                B=B, H=H, G=G, D=D, dtype=dt, qdtype=qdt, policy=pol, L0=L0, T=20, family=fam, seed=seed + 50 * i
+            )
+            tot[0] += s["heads"]
+            tot[1] += s["viol"]
+            r = np.asarray(s["ratios"])
+            print(
+                i,
+                fam,
+                seed,
+                s["heads"],
+                s["viol"],
+                s["rungs"],
+                r.min() if r.size else None,
+                s["examples"][:2],
+                flush=True,
+            )
+print("total", tot)
