@@ -382,9 +382,6 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     if not (cache_factory is None or isinstance(cache_factory, (str, CacheSpec)) or callable(cache_factory)):
         raise TypeError(f"cache_factory must be a mode name, a CacheSpec or a callable (batch, capacity) -> cache, "
                         f"got {type(cache_factory).__name__}")
-    if policy is not None and cache_factory in (None, "dense"):
-        warnings.warn("a CertPolicy was given with the dense cache, which does not use it (certification needs "
-                      "cache_factory='certified')", UserWarning, stacklevel=3)
     if cache_factory is None or isinstance(cache_factory, str):
         spec: CacheSpec | None = cache_spec("dense" if cache_factory is None else cache_factory, config,
                                             params["embed"].dtype, policy)

@@ -164,8 +164,6 @@ def test_inputs_that_would_decode_silently_wrong_are_refused():
         kw = {"prompts": [[5, 6, 7]], "max_new_tokens": 2, **kw}
         with pytest.raises(err, match=match):
             gen.generate(params, cfg, kw.pop("prompts"), kw.pop("max_new_tokens"), progress=False, **kw)
-    with pytest.warns(UserWarning, match="dense cache, which does not use it"):  # a forgotten mode
-        gen.generate(params, cfg, [[5, 6, 7]], 2, progress=False, policy=CertPolicy())
     # what stays accepted: a 1-D integer array per prompt, numpy integer sizes
     out = gen.generate(params, cfg, [np.array([5, 6, 7])], np.int64(2), progress=False, eos_token_ids=())
     assert len(out.tokens[0]) == 2
