@@ -150,82 +150,21 @@ def run(*, L, B, H, G, D, dtype, policy, L0, T, family, seed, top, schedule="loo
 
 f32, bf16, f16 = jnp.float32, jnp.bfloat16, jnp.float16
 P_ = CertPolicy
+# fmt: off
 CFGS = [
-    (
-        "m_G2_bs16_top1",
-        dict(
-            L=3,
-            B=2,
-            H=2,
-            G=2,
-            D=32,
-            dtype=f32,
-            policy=P_(block_size=16, group_size=16, k_max=2, eps=0.05),
-            L0=[20, 47],
-            T=40,
-            top=1,
-        ),
-    ),
-    (
-        "m_G8_bs32_bf16_top0",
-        dict(
-            L=2,
-            B=2,
-            H=1,
-            G=8,
-            D=64,
-            dtype=bf16,
-            policy=P_(block_size=32, group_size=32, k_max=1, hot_slots=3, eps=0.02),
-            L0=[64, 3],
-            T=40,
-            top=0,
-        ),
-    ),
-    (
-        "m_G1_bs16_f16_K4V2_top1_prefetch",
-        dict(
-            L=2,
-            B=3,
-            H=2,
-            G=1,
-            D=16,
-            dtype=f16,
-            policy=P_(block_size=16, group_size=16, key_bits=4, value_bits=2, k_max=2, eps=0.2, hot_refresh="prefetch"),
-            L0=[0, 16, 90],
-            T=40,
-            top=1,
-        ),
-    ),
-    (
-        "m_G4_bs16_tau1_top1",
-        dict(
-            L=2,
-            B=2,
-            H=2,
-            G=4,
-            D=32,
-            dtype=f32,
-            policy=P_(block_size=16, group_size=16, k_max=1, tau_cov=1.0, eps=1e-3),
-            L0=[100, 31],
-            T=35,
-            top=1,
-        ),
-    ),
+    ("m_G2_bs16_top1", dict(L=3, B=2, H=2, G=2, D=32, dtype=f32, policy=P_(block_size=16, group_size=16, k_max=2,
+        eps=0.05), L0=[20, 47], T=40, top=1)),
+    ("m_G8_bs32_bf16_top0", dict(L=2, B=2, H=1, G=8, D=64, dtype=bf16, policy=P_(block_size=32, group_size=32,
+        k_max=1, hot_slots=3, eps=0.02), L0=[64, 3], T=40, top=0)),
+    ("m_G1_bs16_f16_K4V2_top1_prefetch", dict(L=2, B=3, H=2, G=1, D=16, dtype=f16, policy=P_(block_size=16,
+        group_size=16, key_bits=4, value_bits=2, k_max=2, eps=0.2, hot_refresh="prefetch"), L0=[0, 16, 90], T=40,
+        top=1)),
+    ("m_G4_bs16_tau1_top1", dict(L=2, B=2, H=2, G=4, D=32, dtype=f32, policy=P_(block_size=16, group_size=16,
+        k_max=1, tau_cov=1.0, eps=1e-3), L0=[100, 31], T=35, top=1)),
 ]
-FAMS = [
-    "gauss",
-    "needle",
-    "key_spike",
-    "key_spike_aligned",
-    "val_const_one",
-    "q_mixed",
-    "huge_scores",
-    "f16_edge",
-    "kv_nonfinite",
-    "q_nonfinite",
-    "tied",
-    "offset",
-]
+# fmt: on
+FAMS = ["gauss", "needle", "key_spike", "key_spike_aligned", "val_const_one", "q_mixed", "huge_scores", "f16_edge",
+        "kv_nonfinite", "q_nonfinite", "tied", "offset"]
 
 if __name__ == "__main__":
     out = open(sys.argv[1], "a")
