@@ -230,6 +230,13 @@ def run_cache(spec: str, model: str, prompt: int, steps: int, trace_dir: str, ep
            "looped_weights": llama.looped_weights(params)}
     decode_s = warm.num_steps / warm.tokens_per_s if warm.tokens_per_s else float("nan")
     row.update(summarize(loop_events or events, scopes, max(warm.num_steps, 1), decode_s))
+    # every copy the device made while the loop ran, named in the loop's HLO or not: a conditional's predicate
+    # or a loop's trip test read back by the host is a device-to-host copy (none when the command buffers
+    # decide them on the device)
+    in_window = [e for e in events if window is None or window[0] <= e["ts"] <= window[1]]
+    copies = collections.Counter(_kind(e.get("name", "")) for e in in_window)
+    row["copies_per_step_in_window"] = {k: round(copies[k] / max(warm.num_steps, 1), 2)
+                                        for k in ("MemcpyD2H", "MemcpyH2D", "memcpy_other")}
     span = loop_events or events
     if span:
         row["host_events_per_step"] = host_events(trace, min(e["ts"] for e in span),
