@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
+from certattn_jax.env import positive_int_from_env
 from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from models.config import LlamaConfig
@@ -427,6 +428,13 @@ def with_stacked_layers(params: Params) -> Params:
 
 STACKED_SCHEDULES = ("straight-looped", "adaptive")  # schedules whose first pass reads small layers stacked
 
+# Layers per iteration of the rung-0 first pass's loop over layers (`_layers_looped_stacked`), CERTATTN_LAYER_UNROLL.
+# On a GPU the host drives the loop: each iteration is one command-buffer launch and update (H100 trace, SmolLM2
+# 1K: 31.9 graph launches per certified step against dense's 1; docs/performance.md, twenty-fourth session).
+# k layers per iteration cut those to ceil(L / k) at more compile; 1 (the default) until measured end to end
+# (on 2026-12-02 it bought nothing, but then every layer also held a conditional, whose predicate read cost more).
+LAYER_UNROLL: int = positive_int_from_env("CERTATTN_LAYER_UNROLL", 1)
+
 
 def reads_stacked_weights(params: Params, cache: Any) -> bool:
     """Whether a decode loop over `cache` reads the stacked layer weights: every certified schedule's loops over
@@ -471,7 +479,8 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
         layer = {name: _row(name, w, i, in_place) for name, w in stacked.items()}
         return _layer(layer, config, x, cache, i, cos, sin, new_lengths)
 
-    return jax.lax.fori_loop(0, len(params["layers"]), body, (x, cache))
+    n = len(params["layers"])
+    return jax.lax.fori_loop(0, n, body, (x, cache), unroll=min(LAYER_UNROLL, n))
 
 
 _GEMM_WEIGHTS = ("wq", "wk", "wv", "wqkv", "wo", "w_gate", "w_up", "w_gate_up", "w_down")

@@ -103,18 +103,19 @@ DEFAULT_CHUNK: int | None = _env_choice("CERTATTN_RUNG0_CHUNK", CHUNK_CHOICES)
 
 
 # How the kernel picks the top-k_max candidates (step 2 of the module docstring), CERTATTN_RUNG0_SELECT:
-#   "loop" (the default): k_max dependent passes, each finding the best block ranked after the previous pick;
-#   "count" (opt-in, not yet measured on a GPU): where one chunk holds every block column (padded blocks ==
-#     chunk width <= COUNT_SELECT_MAX_COLUMNS), each block's rank is counted in one pairwise pass (the eligible
-#     blocks before it: estimated mass down, id up) and the k_max picks read off the ranks: two reductions per
-#     pick instead of five dependent ones and a pass over the chunk. The same picks, K* and coverage sums (added in
-#     pick order) as "loop", bit for bit (tests); other shapes keep "loop". (At SmolLM2 1K on the H200, k_max 8
-#     against 1 cost the kernel 14.0 against 10.8 us: the loop's share at small sizes; docs/performance.md.)
+#   "count" (the default since 2026-12-06d): where one chunk holds every block column (padded blocks == chunk
+#     width <= COUNT_SELECT_MAX_COLUMNS), each block's rank is counted in one pairwise pass (the eligible blocks
+#     before it: estimated mass down, id up) and the k_max picks read off the ranks: two reductions per pick
+#     instead of five dependent ones and a pass over the chunk. The same picks, K* and coverage sums (added in pick
+#     order) as "loop", bit for bit (tests, interpreted and compiled on the H100); other shapes keep "loop".
+#     H100, SmolLM2 end to end: 1K 519.5 / 523.0 against 491.8 tokens/s, 4K 445.2 against 436.7 / 427.2
+#     (docs/performance.md, twenty-fourth session);
+#   "loop": k_max dependent passes, each finding the best block ranked after the previous pick.
 SELECT_CHOICES = ("loop", "count")
 COUNT_SELECT_MAX_COLUMNS = 128  # the pairwise pass holds [columns, columns] values
 
 
-DEFAULT_SELECT: str = choice_from_env("CERTATTN_RUNG0_SELECT", SELECT_CHOICES, "loop")
+DEFAULT_SELECT: str = choice_from_env("CERTATTN_RUNG0_SELECT", SELECT_CHOICES, "count")
 
 
 def counts_picks(padded_block_count: int, chunk: int, select: str | None = None) -> bool:

@@ -426,6 +426,22 @@ for s in "$@"; do
       T="python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified --steps 16"
       step trace_cb_def 110 "$T --out $W/trace_cb_def.json"
       step trace_cb_on 110 "XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE $T --out $W/trace_cb_on.json" ;;
+    ab_unroll)  # twenty-fifth session: layers per iteration of the rung-0 pass's loop (CERTATTN_LAYER_UNROLL). The
+      # twenty-fourth session's trace: 31.9 host-driven command-buffer launches per certified step (one per layer
+      # iteration) against dense's 1, with the device busy 0.66 of ~1.9 ms. SmolLM2 1K certified, alternated
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step abu_1_1 85 "$G --caches dense certified --out $W/abu_1_1.json"
+      step abu_2_1 70 "CERTATTN_LAYER_UNROLL=2 $G --caches certified --out $W/abu_2_1.json"
+      step abu_5_1 75 "CERTATTN_LAYER_UNROLL=5 $G --caches certified --out $W/abu_5_1.json"
+      step abu_10_1 85 "CERTATTN_LAYER_UNROLL=10 $G --caches certified --out $W/abu_10_1.json"
+      step abu_1_2 65 "$G --caches certified --out $W/abu_1_2.json"
+      step abu_5_2 75 "CERTATTN_LAYER_UNROLL=5 $G --caches certified --out $W/abu_5_2.json" ;;
+    ab_unroll4k)  # the same at 4K, the best count of ab_unroll (U) against 1
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 4096"
+      step abu4_1_1 90 "$G --caches dense certified --out $W/abu4_1_1.json"
+      step abu4_u_1 75 "CERTATTN_LAYER_UNROLL=\${U:-5} $G --caches certified --out $W/abu4_u_1.json"
+      step abu4_1_2 65 "$G --caches certified --out $W/abu4_1_2.json"
+      step abu4_u_2 75 "CERTATTN_LAYER_UNROLL=\${U:-5} $G --caches certified --out $W/abu4_u_2.json" ;;
     ab_select)  # twenty-fourth session: the certify kernel's counted candidate selection (CERTATTN_RUNG0_SELECT=count,
       # one pairwise pass instead of k_max dependent ones, where one chunk holds every column) against the loop,
       # SmolLM2 1K and 4K certified, alternated, dense in the call; run `kernels` first (it checks count == loop

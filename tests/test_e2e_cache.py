@@ -640,6 +640,41 @@ def test_the_straight_looped_fast_pass_is_a_loop_without_conditionals(params, mo
     assert ("cond", True) in looped, looped
 
 
+def test_layers_per_iteration_of_the_rung0_pass_change_nothing_but_the_loop(params, monkeypatch):
+    """CERTATTN_LAYER_UNROLL=k (`llama.LAYER_UNROLL`): the rung-0 first pass's loop over layers runs k layers per
+    iteration (fewer host-driven iterations on a GPU). 3 layers at 2 per iteration (a remainder) and at 5 (more
+    than there are): the same hidden state and cache, leaf for leaf, as one layer per iteration, and still one
+    loop with no conditional in it."""
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)  # small layers (a GPU's)
+    cfg = dataclasses.replace(CFG, num_layers=3)
+    p = llama.init_params(cfg, jax.random.key(3), jnp.float32)
+    cache = cache_spec("certified", cfg, jnp.float32, POLICY, schedule="straight-looped")(1, 64)
+    p = llama.params_for_decoding(p, cache)
+    rng = np.random.default_rng(8)
+    _, cache = jax.jit(lambda p, t, c: llama.forward(p, cfg, t, c))(
+        p, jnp.asarray(rng.integers(0, cfg.vocab_size, (1, 40)), jnp.int32), cache)
+    x = jnp.asarray(rng.normal(size=(1, 1, cfg.hidden_size)), jnp.float32)
+    cos, sin = llama.rope_cos_sin(cfg, jnp.full((1, 1), 40, jnp.int32))
+
+    def first_pass(p, c):
+        return llama._layers_looped_stacked(p, cfg, x, c.decode_fast_path(0), cos, sin, jnp.full((1,), 41, jnp.int32))
+
+    results = {}
+    for k in (1, 2, 5):
+        monkeypatch.setattr(llama, "LAYER_UNROLL", k)
+        # a fresh function per k: the setting is read while tracing, and jit's cache would keep the first trace
+        results[k] = jax.jit(functools.partial(first_pass))(p, cache)
+        loops = [e for e in jax.make_jaxpr(functools.partial(first_pass))(p, cache).jaxpr.eqns
+                 if e.primitive.name in ("scan", "while")]
+        assert len(loops) == 1 and loops[0].params.get("unroll") == min(k, 3), loops[0].params.get("unroll")
+        assert not any(e.primitive.name == "cond" for e in loops[0].params["jaxpr"].jaxpr.eqns)
+    for k in (2, 5):
+        for a, b in zip(jax.tree.leaves(results[1]), jax.tree.leaves(results[k]), strict=True):
+            np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-6, atol=1e-7,
+                                       err_msg=f"{k} layers per iteration")
+    assert float(jnp.max(jnp.abs(results[1][0]))) > 0
+
+
 @pytest.mark.parametrize("weights", ["auto", "stacked", "switch", "kernel"])
 def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkeypatch, weights):
     """Small layers on a GPU (below COPY_WEIGHTS_BELOW_BYTES): `params_for_decoding` adds the stacked weights for a

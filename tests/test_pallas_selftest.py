@@ -104,7 +104,9 @@ def test_the_fused_rung0_is_checked_with_the_policys_k_max_and_the_caches_slots(
     k = jnp.zeros((1, 64, 1, 32), jnp.float32)
     cache = TieredKVCache.from_dense(k, k, CertPolicy(block_size=16, group_size=16, k_max=2, hot_slots=8))
     assert step.fused_supported(cache, 2) and step.fused_supported(cache)
-    base = {"tuning": (256, 4), "select": "loop"}  # 4 blocks: the small-cache setting; the default selection
+    from pallas_kernels import certify_rung0
+
+    base = {"tuning": (256, 4), "select": certify_rung0.DEFAULT_SELECT}  # 4 blocks: the small-cache setting
     assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base})
     assert asked[1] == ((16, 32, 16, 8, 4, 8), {"hot_slots": 0, **base})
 
@@ -489,6 +491,7 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ck, "certify_rung0", spy)
+    monkeypatch.setattr(ck, "DEFAULT_SELECT", "loop")
     assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
     assert ran == [(32, 16, 8)]  # 16 + 8 + 3 full blocks, padded to 32 block columns
     # with the counted selection (CERTATTN_RUNG0_SELECT=count), also a cache whose one chunk takes it
