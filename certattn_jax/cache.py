@@ -404,8 +404,12 @@ class TieredKVCache:
             self.res_k, self.res_v, self.v_min, self.v_max, self.v_norm_max, self.value_stats, self.v_err_max,
             k[:, 0], v[:, 0], lengths - flushed, layer)
         bad = ~jnp.all(jnp.isfinite(k[:, 0]) & jnp.isfinite(v[:, 0]), axis=-1)  # [B, H]
-        old = jax.lax.dynamic_index_in_dim(self.nonfinite, layer, 0, keepdims=False)
-        nonfinite = jax.lax.dynamic_update_index_in_dim(self.nonfinite, old | bad, layer, 0)
+        # the flag of every layer at once ([L, B, H] booleans: a tiny fusion), not the layer's slice read and
+        # written back: on a GPU that slice is a copy of its own (an async dynamic-slice launch pair per
+        # layer-step) whose host-computed, loop-dependent offset keeps XLA from taking the loop over layers into
+        # one CUDA graph (docs/performance.md, twenty-fourth session)
+        at_layer = (jnp.arange(self.nonfinite.shape[0]) == layer)[:, None, None]
+        nonfinite = self.nonfinite | (at_layer & bad[None])
         return self.replace(res_k=res_k, res_v=res_v, v_min=v_min, v_max=v_max, v_norm_max=v_norm_max,
                             value_stats=value_stats, nonfinite=nonfinite, stack=None)
 

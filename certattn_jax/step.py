@@ -384,7 +384,9 @@ class FusedItems(NamedTuple):
     """What the certify kernel reads: the INT blocks' partials apx (m, l [B, H, Gp, NBp]; acc per block or per
     split) and Delta, the exact slots (hot set + residual, [B, H, Gp, P]) and their Delta, the split layout's
     extra arguments (split_max, hot_acc; empty otherwise), the online-softmax chain (blocks per split, 0 for
-    the per-block layout) and the number of query-head rows the arrays already have padded (None: unpadded)."""
+    the per-block layout), the number of query-head rows the arrays already have padded (None: unpadded), and
+    the hot set's block ids the slots were built from: hot_ids [B, H, K] with hot_layer None, or a model's stacked
+    [L, B, H, K] with hot_layer its layer (read in place by both kernels, so they agree on the hot set)."""
 
     apx: Partials
     apx_delta: jax.Array
@@ -393,6 +395,8 @@ class FusedItems(NamedTuple):
     split_args: dict
     chain: int
     padded_rows: int | None
+    hot_ids: jax.Array
+    hot_layer: jax.Array | None
 
 
 def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split: bool) -> FusedItems:
@@ -408,14 +412,17 @@ def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split:
     if not (tier1_kernel_runs(cache, policy.tier1) and kernel.CERTIFIED_VARIANT == "int_kv"):
         apx = tier1_partials(qt.q_scaled, cache, block_validity(cache), policy.tier1)
         slots, slot_delta = slot_partials(qt.q_scaled, qt.q_abs, cache, n_slots)
-        return FusedItems(apx, key_deltas(qt.q_abs, cache, policy.tier1), slots, slot_delta, {}, 0, None)
+        return FusedItems(apx, key_deltas(qt.q_abs, cache, policy.tier1), slots, slot_delta, {}, 0, None,
+                          cache.hot_ids, None)
     layout = {"per_block_acc": True}
     chain = 0
     arrays, layer = cache.tier1_arrays()  # a model's layer: its stacked arrays, read in place by the kernel
+    hot_ids, hot_layer = cache.hot_ids, None
     if split:
         chain = kernel.fast_pass_blocks_per_split(B, H, nb)
         n_splits = -(-nb // chain)
         slots = slot_inputs(cache, n_slots, in_place=layer is not None)  # stacked too where tier 1 is
+        hot_ids, hot_layer = slots.hot_ids, layer
         layout = dict(per_block_acc=False, blocks_per_split=chain, hot_ids=slots.hot_ids,
                       out_splits=1 << (n_splits - 1).bit_length(), slots=slots)
     t1 = kernel.tier1_pass(qt.q_scaled, *arrays, cache.flushed // cache.block_size, **layout,
@@ -428,7 +435,8 @@ def fused_items(qt: QueryTerms, cache: TieredKVCache, policy: CertPolicy, split:
     else:
         slots, slot_delta = slot_partials(_pad_rows(qt.q_scaled, rows), _pad_rows(qt.q_abs, rows), cache, n_slots)
     split_args = {"split_max": t1.acc_m, "hot_acc": t1.hot_acc} if split else {}
-    return FusedItems(Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta, slots, slot_delta, split_args, chain, rows)
+    return FusedItems(Partials(m=t1.m, l=t1.l, acc=t1.acc), t1.delta, slots, slot_delta, split_args, chain, rows,
+                      hot_ids, hot_layer)
 
 
 def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: bool = True,
@@ -457,11 +465,11 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
     # the blocks' value errors (bounds.block_value_errors) are evaluated by the certify kernel, from these and l
     r = ck.certify_rung0(it.apx.m, it.apx.l, it.apx.acc, it.apx_delta, blocks(vt.eta), blocks(vt.eta_mean),
                          blocks(vt.eta_op), cache.flushed // cache.block_size,
-                         cache.hot_ids, it.slots.m, it.slots.l, it.slots.acc, it.slot_delta,
+                         it.hot_ids, it.slots.m, it.slots.l, it.slots.acc, it.slot_delta,
                          cache.lengths - cache.flushed, vt.key_scale, block_size=cache.block_size,
                          k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin,
                          heads=None if it.padded_rows is None else G, num_blocks=nb, **it.split_args,
-                         out_dtype=q.dtype,
+                         out_dtype=q.dtype, layer=it.hot_layer,
                          **({} if tuning is None else dict(chunk_blocks=tuning[0], num_warps=tuning[1])))
     out, cast = r.out.astype(q.dtype), r.cast  # the cast's error comes from the kernel (+inf where not finite)
     # items merged: the blocks (split layout: the splits and the hot set's INT sums), the hot slots, the residual

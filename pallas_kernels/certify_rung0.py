@@ -189,7 +189,7 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
 
 def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, etam_ref, etaop_ref, acc_ref,
             *refs, G: int, nb: int, K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False,
-            margins: bool = False, out_dtype: str = "float32", count_select: bool = False):
+            margins: bool = False, out_dtype: str = "float32", count_select: bool = False, stacked_hot: bool = False):
     # eta_ref, etam_ref, etaop_ref [NBp]: the blocks' value error annotations (per KV head). margins (compiled):
     # Triton's division and square root in bounds.block_value_errors are not correctly rounded.
     # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
@@ -198,8 +198,10 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
     # cw: the block columns one pass handles at a time (`chunk_blocks`): every per-block quantity lives in [Gp, cw]
     # tiles, so the registers a program needs do not grow with the context, and only chunks holding valid blocks
     # are visited. Sums and maxima run element-wise across chunks and are reduced once at the end.
+    # stacked_hot: hid_ref [L, K] holds every layer's hot ids and lay_ref [1] the layer to read
     if split:
         am_ref, xa_ref, *refs = refs
+    lay_ref, *refs = refs if stacked_hot else (None, *refs)
     (hid_ref, hm_ref, hl_ref, hacc_ref, hdl_ref, out_ref, ekey_ref, eval_ref, broken_ref, rank_ref,
      active_ref, kstar_ref, cast_ref) = refs
     Gp, NBp = m_ref.shape
@@ -315,7 +317,8 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
     pidx = jax.lax.broadcasted_iota(jnp.int32, (P,), 0)
     kidx = jax.lax.broadcasted_iota(jnp.int32, (K,), 0)
     slot_of = pidx[:, None] == kidx[None, :]  # [P, K]
-    hid = jnp.max(jnp.where(slot_of, hid_ref[...][None, :], _i32(-1)), axis=1)  # [P], -1 beyond the hot set
+    hot_row = hid_ref[lay_ref[0]] if stacked_hot else hid_ref[...]  # [K]
+    hid = jnp.max(jnp.where(slot_of, hot_row[None, :], _i32(-1)), axis=1)  # [P], -1 beyond the hot set
     filled = hid >= 0
     match = (ranked[None, :] == hid[:, None]) & filled[:, None] & (jidx[None, :] < kp)  # [P, KP]
     rank = jnp.min(jnp.where(match, jidx[None, :], _i32(kp)), axis=1)
@@ -517,7 +520,8 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
                   rank_margin: float, heads: int | None = None, num_blocks: int | None = None,
                   split_max: jax.Array | None = None, hot_acc: jax.Array | None = None, interpret: bool | None = None,
                   num_warps: int | None = None, chunk_blocks: int | None = None,
-                  triton_margins: bool | None = None, out_dtype=jnp.float32, select: str | None = None) -> Rung0:
+                  triton_margins: bool | None = None, out_dtype=jnp.float32, select: str | None = None,
+                  layer: jax.Array | None = None) -> Rung0:
     """Rung 0 fused (module docstring): shapes with leading [B, H] (n_valid, r_count [B]; key_scale [B, H]).
     eta, eta_mean, eta_op [B, H, nb] (padded inputs: [B, H, padded_blocks(nb)], 0 past nb) per KV head: the kernel
     evaluates `bounds.block_value_errors` per query head from them and apx_l (no XLA launch between the tier-1
@@ -540,10 +544,16 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
     count). triton_margins: evaluate the block value errors with the margins of Triton's division and square root
     (default: when compiled; True in interpret mode runs the compiled kernel's arithmetic on the CPU, for tests).
     out_dtype: the dtype the caller casts out to (the query's); the kernel returns that cast's error bound.
-    select: how the candidates are picked, "loop" or "count" (default `DEFAULT_SELECT`; `counts_picks`)."""
+    select: how the candidates are picked, "loop" or "count" (default `DEFAULT_SELECT`; `counts_picks`).
+    layer: hot_ids is a model's stacked [L, B, H, K] and the kernel reads layer `layer` of it in place (a layer's
+    slice feeding the launch would be a copy of its own, an extra launch pair per layer-step, and a loop-dependent
+    slice that keeps XLA from taking the loop over layers into one CUDA graph: docs/performance.md)."""
     B, H, Gx, nbx = apx_m.shape
     d = apx_acc.shape[-1]
     K = hot_ids.shape[-1]
+    if hot_ids.shape[-3:] != (B, H, K) or hot_ids.ndim != (3 if layer is None else 4):
+        want = "[B, H, K]" if layer is None else "[L, B, H, K] (stacked, with layer)"
+        raise ValueError(f"certify_rung0: hot_ids {hot_ids.shape}, expected {want} with B, H = {B}, {H}")
     P = slot_m.shape[-1]
     split = split_max is not None
     if split:
@@ -605,28 +615,33 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
     # two [1] inputs, not one stacked [2]: a reshape of a scalar is free, a stack is a launch per layer-step
     tau, margin = (jnp.asarray(x, f32).reshape(1) for x in (tau_cov, rank_margin))
     split_args = (split_max.astype(f32), hot_acc.astype(f32)) if split else ()
+    layer_args = () if layer is None else (jnp.clip(jnp.asarray(layer, jnp.int32).reshape(1), 0,
+                                                    hot_ids.shape[0] - 1),)
     out = _call(tau, margin, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
-                apx_delta, eta, eta_mean, eta_op, apx_acc, *split_args, hot_ids.astype(jnp.int32), slot_m, slot_l,
-                slot_acc, slot_delta, G=G, nb=nb, kp=k_max, block_size=block_size, interpret=interpret,
-                num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins,
-                out_dtype=jnp.dtype(out_dtype).name, count_select=counts_picks(NBp, chunk_blocks, select))
+                apx_delta, eta, eta_mean, eta_op, apx_acc, *split_args, *layer_args, hot_ids.astype(jnp.int32),
+                slot_m, slot_l, slot_acc, slot_delta, G=G, nb=nb, kp=k_max, block_size=block_size,
+                interpret=interpret, num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins,
+                out_dtype=jnp.dtype(out_dtype).name, count_select=counts_picks(NBp, chunk_blocks, select),
+                stacked_hot=layer is not None)
     o, ek, ev, br, rk, act, ks, cast = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0, k_star=ks[:, :, :G], cast=cast[:, :, :G])
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw",
-                                             "margins", "out_dtype", "count_select"))
+                                             "margins", "out_dtype", "count_select", "stacked_hot"))
 def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *rest, G, nb, kp,
-          block_size, interpret, num_warps, cw, margins, out_dtype, count_select=False):
-    split = len(rest) == 7
-    split_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:2], rest[2:]) if split else ((), rest)
+          block_size, interpret, num_warps, cw, margins, out_dtype, count_select=False, stacked_hot=False):
+    split = len(rest) == 7 + stacked_hot
+    split_args, rest = (rest[:2], rest[2:]) if split else ((), rest)
+    layer_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:1], rest[1:]) if stacked_hot else ((), rest)
     B, H, Gp, NBp = m.shape
     d = acc.shape[-1]
     K = hot_ids.shape[-1]
     P = slot_m.shape[-1]
     kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), cw=cw, block_size=block_size,
-                               split=split, margins=margins, out_dtype=out_dtype, count_select=count_select)
+                               split=split, margins=margins, out_dtype=out_dtype, count_select=count_select,
+                               stacked_hot=stacked_hot)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))
@@ -640,7 +655,10 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, 
         in_specs=[one, one, per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp),
                   whole(NBp), whole(NBp), whole(NBp), whole(Gp, *acc.shape[3:])]
         + ([whole(Gp, split_args[0].shape[-1]), whole(Gp, K, d)] if split else [])
-        + [whole(K), whole(Gp, P), whole(Gp, P), whole(Gp, P, d), whole(Gp, P)],
+        # stacked hot ids: every layer's row of this (b, h) in the block, the kernel reads the layer's
+        + ([one, pl.BlockSpec((hot_ids.shape[0], None, None, K), lambda b, h: (0, b, h, 0))] if stacked_hot
+           else [whole(K)])
+        + [whole(Gp, P), whole(Gp, P), whole(Gp, P, d), whole(Gp, P)],
         out_specs=[whole(Gp, d), whole(Gp), whole(Gp), whole(Gp), whole(Gp), whole(K), whole(Gp), whole(Gp)],
         out_shape=[jax.ShapeDtypeStruct((B, H, Gp, d), jnp.float32)]
         + [jax.ShapeDtypeStruct((B, H, Gp), jnp.float32)] * 2
@@ -650,5 +668,5 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, 
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
-    )(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *split_args, hot_ids, slot_m,
-      slot_l, slot_acc, slot_delta)
+    )(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *split_args, *layer_args,
+      hot_ids, slot_m, slot_l, slot_acc, slot_delta)

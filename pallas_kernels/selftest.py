@@ -484,24 +484,49 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
         ref = jax.jit(jnp_rung0)(q, cache)
         got = jax.jit(lambda q, cache: run(q, cache, policy).stage)(q, cache)
-        for name in ("k_star", "ranking_ok"):
-            if not np.array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))):
-                return f"{name} differs"
-        for name in ("out", "e_key", "e_val", "e_num", "bound"):
-            err = _relative_error(np.asarray(getattr(got, name), np.float64),
-                                  np.asarray(getattr(ref, name), np.float64))
-            # bf16 outputs may round the other way; the split merge's E_num may grow (docs/bounds.md section 14)
-            tol = 2.0 ** -7 if name == "out" else 4.0 if name in ("e_num", "bound") else TOLERANCE
-            if not err <= tol:
-                return f"{name} off by {err:.3g} of its magnitude"
-        # never smaller beyond the float32 reordering of sums (compiled, E_val may be larger: the Triton division
-        # and sqrt margins of bounds.block_value_errors, ~3e-6 of it, and the bound also by the output division's)
-        for name in ("e_val", "bound"):
-            if np.any(np.asarray(getattr(got, name)) < np.asarray(getattr(ref, name)) * (1 - 1e-4)):
-                return f"{name} smaller than the jnp rung 0's"
-        return None
+        problem = _rung0_stage_problem(got, ref)
+        if problem is None and full_blocks == sizes[0]:
+            # as a model's decode step runs it: the layer view of stacked arrays, both kernels reading layer 1 in
+            # place (hot ids too), the other layer's arrays empty (a read of the wrong layer changes the answer)
+            got = jax.jit(lambda q, view: run(q, view, policy).stage)(q, _as_layer_view(cache))
+            problem = _rung0_stage_problem(got, ref)
+            problem = None if problem is None else f"{problem} (stacked layer view)"
+        return problem
 
     return _eagerly(check)
+
+
+def _as_layer_view(cache):
+    """`cache` as layer 1 of a 2-layer model's stacked cache (`TieredModelCache.layer_view`'s form), layer 0's
+    arrays zero (hot ids -1: an empty hot set)."""
+    from certattn_jax.cache import DEVICE_FIELDS
+
+    def stacked(name):
+        x = getattr(cache, name)
+        other = jnp.full_like(x, -1) if name == "hot_ids" else jnp.zeros_like(x)
+        return jnp.stack([other, x])
+
+    return cache.replace(layer=jnp.asarray(1, jnp.int32), stack={f: stacked(f) for f in DEVICE_FIELDS})
+
+
+def _rung0_stage_problem(got, ref) -> str | None:
+    """What differs between the fused rung 0's stage (got) and the jnp rung 0's (ref), or None."""
+    for name in ("k_star", "ranking_ok"):
+        if not np.array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))):
+            return f"{name} differs"
+    for name in ("out", "e_key", "e_val", "e_num", "bound"):
+        err = _relative_error(np.asarray(getattr(got, name), np.float64),
+                              np.asarray(getattr(ref, name), np.float64))
+        # bf16 outputs may round the other way; the split merge's E_num may grow (docs/bounds.md section 14)
+        tol = 2.0 ** -7 if name == "out" else 4.0 if name in ("e_num", "bound") else TOLERANCE
+        if not err <= tol:
+            return f"{name} off by {err:.3g} of its magnitude"
+    # never smaller beyond the float32 reordering of sums (compiled, E_val may be larger: the Triton division
+    # and sqrt margins of bounds.block_value_errors, ~3e-6 of it, and the bound also by the output division's)
+    for name in ("e_val", "bound"):
+        if np.any(np.asarray(getattr(got, name)) < np.asarray(getattr(ref, name)) * (1 - 1e-4)):
+            return f"{name} smaller than the jnp rung 0's"
+    return None
 
 
 @functools.cache

@@ -434,14 +434,28 @@ for s in "$@"; do
       step abu_2_1 70 "CERTATTN_LAYER_UNROLL=2 $G --caches certified --out $W/abu_2_1.json"
       step abu_5_1 75 "CERTATTN_LAYER_UNROLL=5 $G --caches certified --out $W/abu_5_1.json"
       step abu_10_1 85 "CERTATTN_LAYER_UNROLL=10 $G --caches certified --out $W/abu_10_1.json"
-      step abu_1_2 65 "$G --caches certified --out $W/abu_1_2.json"
-      step abu_5_2 75 "CERTATTN_LAYER_UNROLL=5 $G --caches certified --out $W/abu_5_2.json" ;;
+      step abu_30_1 120 "CERTATTN_LAYER_UNROLL=30 ${G/--timeout 80/--timeout 112} --caches certified --out $W/abu_30_1.json"  # the pass unrolled
+      step abu_1_2 65 "$G --caches certified --out $W/abu_1_2.json" ;;
     ab_unroll4k)  # the same at 4K, the best count of ab_unroll (U) against 1
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 4096"
       step abu4_1_1 90 "$G --caches dense certified --out $W/abu4_1_1.json"
       step abu4_u_1 75 "CERTATTN_LAYER_UNROLL=\${U:-5} $G --caches certified --out $W/abu4_u_1.json"
       step abu4_1_2 65 "$G --caches certified --out $W/abu4_1_2.json"
       step abu4_u_2 75 "CERTATTN_LAYER_UNROLL=\${U:-5} $G --caches certified --out $W/abu4_u_2.json" ;;
+    cb_unroll)  # twenty-fifth session: the certified layer loop into one graph? A helper's reading of XLA's
+      # command_buffer_conversion_pass (2026-12-06d, docs/performance.md): a while whose body holds a dynamic-slice
+      # fusion with loop-dependent offsets (our "async dynamic-slice" pairs) is refused as a WHILE command unless
+      # loop unrolling is on and the trip count known; then the pass converts the body alone (one graph per
+      # iteration: what the trace shows). SmolLM2 1K, dense and certified, default against the flags that should
+      # unroll the loop into the graph, the HLO of the default dumped (which arrays the copies slice), and a trace
+      F="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE --xla_gpu_command_buffer_unroll_loops=true"
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step cbu_def 85 "$G --caches dense certified --dump-hlo $W/hlo/cbu_def --out $W/cbu_def.json"
+      step cbu_on 90 "XLA_FLAGS='$F' $G --caches dense certified --out $W/cbu_on.json"
+      step cbu_trace 110 "XLA_FLAGS='$F' python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified --steps 16 --out $W/cbu_trace.json"
+      hlo_analyses; tar czf "$OUT/results.tgz" -C /tmp gpu_session ;;
+    trace_unroll)  # the graph launches per step with U layers per iteration (should fall to ceil(30 / U))
+      step trace_unroll 120 "CERTATTN_LAYER_UNROLL=\${U:-5} python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified --steps 16 --out $W/trace_unroll.json" ;;
     ab_select)  # twenty-fourth session: the certify kernel's counted candidate selection (CERTATTN_RUNG0_SELECT=count,
       # one pairwise pass instead of k_max dependent ones, where one chunk holds every column) against the loop,
       # SmolLM2 1K and 4K certified, alternated, dense in the call; run `kernels` first (it checks count == loop

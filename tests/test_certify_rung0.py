@@ -326,3 +326,73 @@ def test_the_kernels_divide_only_where_the_bound_counts_triton_s_approximate_div
     stats = jnp.zeros((1, 2, bounds.N_VALUE_STATS)).at[..., bounds.STAT_ABS_NORM].set(bounds.l2(v_abs))
     assert float(jnp.max(step.kernel_division_term(stats, 64))) == (0.0 if backend.interpret() else
                                                                     float(bounds.approx_division_error(v_abs)[0, 0]))
+
+
+def _model_layer_view(monkeypatch, layer: int = 1):
+    """A 3-layer model cache after a 70-token prompt (kernel path, interpreted), its stacked hot ids made to differ
+    between layers (layers other than `layer` point at other blocks), and layer `layer`'s view of it."""
+    from certattn_jax.model_cache import cache_spec
+    from models import llama
+    from models.config import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4,
+                      num_kv_heads=2, head_dim=32, max_position_embeddings=512)
+    policy = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2, tier1="pallas", rung0="fused")
+    params = llama.init_params(cfg, jax.random.key(1), jnp.float32)
+    model = cache_spec("certified", cfg, jnp.float32, policy)(1, 128)
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (1, 70)), jnp.int32)
+    _, model = jax.jit(lambda p, t, c: llama.forward(p, cfg, t, c))(params, tokens, model)
+    # a prefill leaves the hot set empty: hold blocks 0-3 (the 4 full ones; slot contents do not matter here, both
+    # sides read the same), the other layers other blocks
+    ids = jnp.broadcast_to(jnp.asarray([2, 0, 3, 1], jnp.int32), model.store.hot_ids.shape)
+    other = jnp.broadcast_to(jnp.asarray([1, -1, 0, 2], jnp.int32), ids.shape)
+    ids = jnp.where((jnp.arange(3) == layer)[:, None, None, None], ids, other)
+    model = model.replace(store=model.store.replace(hot_ids=ids))
+    q = jnp.asarray(np.random.default_rng(5).normal(size=(1, cfg.num_heads, cfg.head_dim)), jnp.float32)
+    return q, model.layer_view(layer), policy
+
+
+def test_the_certify_kernel_reads_a_models_hot_ids_in_place(monkeypatch):
+    """In a model's layer view the certify kernel reads the stacked hot ids [L, B, H, K] at the view's layer (as
+    the tier-1 pass does), instead of a per-layer slice (a copy per layer-step, and a loop-dependent slice that
+    keeps XLA from taking the loop over layers into one CUDA graph): the same outputs, bit for bit, as the layer's
+    own arrays; with the other layers' hot ids pointing elsewhere, a read of the wrong layer would show."""
+    q, view, policy = _model_layer_view(monkeypatch)
+    assert view.stack is not None and view.layer is not None
+    own = view.replace(stack=None, layer=None)
+    it = step.fused_items(step.query_terms(q, view), view, policy, True)
+    assert it.hot_layer is not None and it.hot_ids.ndim == 4  # the stacked path was taken
+    got = jax.jit(functools.partial(step.rung0_fused))(q, view, policy)
+    want = jax.jit(functools.partial(step.rung0_fused))(q, own, policy)
+    assert int(jnp.sum(want.active)) > 0  # some hot slot promoted
+    for name in ("stage", "active", "tolerance", "bad"):
+        for x, y in zip(jax.tree.leaves(getattr(got, name)), jax.tree.leaves(getattr(want, name)), strict=True):
+            np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32), err_msg=name)
+
+
+def test_the_stacked_hot_ids_kernel_lowers_to_triton(monkeypatch):
+    """The in-place read of the stacked hot ids (a leading layer axis of 3: not a power of two) lowers to Triton."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    q, view, policy = _model_layer_view(monkeypatch)
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    f = jax.jit(functools.partial(step.rung0_fused))
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, view, policy).mlir_module()
+    assert "certattn_certify_rung0" in text or "xla.gpu.triton" in text
+
+
+def test_certify_rung0_checks_the_hot_ids_shape():
+    from pallas_kernels import certify_rung0 as ck
+
+    q, cache, policy, _, _ = _cache(3, **CASES[1])
+    it = step.fused_items(step.query_terms(q, cache), cache, policy, True)
+    vt = step.value_terms(cache, policy, step.block_validity(cache))
+    args = (it.apx.m, it.apx.l, it.apx.acc, it.apx_delta, vt.eta, vt.eta_mean, vt.eta_op,
+            cache.flushed // cache.block_size)
+    rest = (it.slots.m, it.slots.l, it.slots.acc, it.slot_delta, cache.lengths - cache.flushed, vt.key_scale)
+    kw = dict(block_size=cache.block_size, k_max=policy.k_max, tau_cov=policy.tau_cov, rank_margin=policy.rank_margin,
+              heads=None if it.padded_rows is None else q.shape[1] // cache.num_kv_heads,
+              num_blocks=cache.num_blocks, **it.split_args)
+    with pytest.raises(ValueError, match="hot_ids"):  # a stacked array without its layer
+        ck.certify_rung0(*args, cache.hot_ids[None], *rest, **kw)
+    with pytest.raises(ValueError, match="hot_ids"):  # one layer's array given a layer
+        ck.certify_rung0(*args, cache.hot_ids, *rest, layer=0, **kw)

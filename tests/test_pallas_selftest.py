@@ -129,12 +129,21 @@ def _scaled_e_val(factor):
     return run
 
 
+def _wrong_layer(q, cache, policy):
+    """Reads layer 0 of a model's stacked arrays where the view is layer 1 (a kernel indexing the wrong layer)."""
+    if cache.stack is not None:
+        cache = cache.replace(layer=jnp.zeros_like(cache.layer))
+    return step.rung0_fused(q, cache, policy)
+
+
 @pytest.mark.parametrize("bad,what", [(_halved_bound, "bound"), (_shifted_out, "out off by"),
                                       (_scaled_e_val(1 - 3e-4), "e_val smaller"),
-                                      (_scaled_e_val(1.01), "e_val off by")])
+                                      (_scaled_e_val(1.01), "e_val off by"),
+                                      (_wrong_layer, "(stacked layer view)")])
 def test_a_wrong_fused_rung0_is_caught(bad, what):
     """Caught: a bound or E_val below the jnp rung 0's beyond float32 reordering (even within TOLERANCE), an output
-    or a bound term off by more than TOLERANCE (too large as well)."""
+    or a bound term off by more than TOLERANCE (too large as well); a kernel that reads another layer of a
+    model's stacked arrays than its view's (the check also runs the layer view a model's decode step uses)."""
     problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad)
     assert problem is not None and what in problem, problem
 
@@ -493,12 +502,13 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     monkeypatch.setattr(ck, "certify_rung0", spy)
     monkeypatch.setattr(ck, "DEFAULT_SELECT", "loop")
     assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
-    assert ran == [(32, 16, 8)]  # 16 + 8 + 3 full blocks, padded to 32 block columns
+    # 16 + 8 + 3 full blocks, padded to 32 block columns: the cache, then the same as a model's layer view
+    assert ran == [(32, 16, 8)] * 2
     # with the counted selection (CERTATTN_RUNG0_SELECT=count), also a cache whose one chunk takes it
     monkeypatch.setattr(ck, "DEFAULT_SELECT", "count")
     ran.clear()
     assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
-    assert ran == [(32, 16, 8), (16, 16, 8)] and ck.counts_picks(16, 16) and not ck.counts_picks(32, 16)
+    assert ran == [(32, 16, 8)] * 2 + [(16, 16, 8)] and ck.counts_picks(16, 16) and not ck.counts_picks(32, 16)
     # and its verdict is keyed apart from the loop's
     keys = []
     monkeypatch.setattr(selftest, "_trusted", lambda what, config, *a: keys.append(config) or True)

@@ -103,3 +103,33 @@ def test_the_kernel_lowers_to_triton(monkeypatch):
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(
         *stack, k, k, jnp.zeros((1,), jnp.int32), jnp.int32(3)).mlir_module()
     assert "xla.gpu.triton" in text
+
+
+def test_a_non_finite_token_flags_its_layer_and_heads_only(monkeypatch):
+    """`TieredKVCache.write_layer_token` (the kernel path, interpreted) sets the non-finite flag of the written
+    layer's (b, h) whose token holds a NaN or an inf, and no other layer's (the flag is updated for every layer
+    at once, with the written layer selected, rather than through a slice of it)."""
+    from certattn_jax import cache as cache_module
+    from certattn_jax.cache import TieredKVCache
+    from certattn_jax.policy import CertPolicy
+
+    monkeypatch.setattr(cache_module, "WRITE_KERNEL", True)
+    rng = np.random.default_rng(9)
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2)
+    L, B, H, S, T, d = 3, 2, 2, 64, 20, 32  # per-layer k, v [B, H, S, d], the first T tokens valid
+    kv = [(jnp.asarray(rng.normal(size=(B, H, S, d)), jnp.float32),
+           jnp.asarray(rng.normal(size=(B, H, S, d)), jnp.float32)) for _ in range(L)]
+    store = TieredKVCache.stacked_from_layers(tuple(k for k, _ in kv), tuple(v for _, v in kv),
+                                             jnp.full((B,), T, jnp.int32), policy)
+    assert store.writes_token_by_kernel(jnp.float32) and not bool(jnp.any(store.nonfinite))
+    k = jnp.asarray(rng.normal(size=(B, 1, H, d)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(B, 1, H, d)), jnp.float32)
+    k = k.at[1, 0, 0, 5].set(jnp.nan)  # (b, h) = (1, 0)
+    v = v.at[0, 0, 1, 7].set(jnp.inf)  # (b, h) = (0, 1)
+    out = jax.jit(lambda s, k, v, i: s.write_layer_token(i, k, v))(store, k, v, jnp.int32(1))
+    want = np.zeros((L, B, H), bool)
+    want[1, 1, 0] = want[1, 0, 1] = True
+    np.testing.assert_array_equal(np.asarray(out.nonfinite), want)
+    clean = jnp.asarray(rng.normal(size=(B, 1, H, d)), jnp.float32)
+    again = jax.jit(lambda s, k, v, i: s.write_layer_token(i, k, v))(out, clean, clean, jnp.int32(2))
+    np.testing.assert_array_equal(np.asarray(again.nonfinite), want)  # a finite token clears nothing, sets nothing

@@ -182,7 +182,9 @@ if __name__ == "__main__":
                         "fam": fam,
                         **s,
                         "env": {
-                            k: os.environ.get(k) for k in ("CERTATTN_TIER1", "CERTATTN_RUNG0", "CERTATTN_TIER1_BPS")
+                            k: os.environ.get(k)
+                            for k in ("CERTATTN_TIER1", "CERTATTN_RUNG0", "CERTATTN_TIER1_BPS", "CERTATTN_WRITE_KERNEL",
+                                      "CERTATTN_RUNG0_SELECT")
                         },
                     }
                 )
