@@ -675,6 +675,65 @@ def test_layers_per_iteration_of_the_rung0_pass_change_nothing_but_the_loop(para
     assert float(jnp.max(jnp.abs(results[1][0]))) > 0
 
 
+_SLICE_PASS_THROUGH = {"squeeze", "reshape", "convert_element_type", "copy", "copy_p", "bitcast_convert_type",
+                       "expand_dims", "broadcast_in_dim"}
+
+
+def _kernel_inputs_sliced_from_stacks(jaxpr, layers: int) -> tuple[list, list]:
+    """(kernels, sliced): the pallas_call names in a jaxpr (calls inlined), and (kernel, input shape) for every
+    kernel input that is, up to reshapes and casts, a dynamic slice of an array with a leading axis of `layers`
+    (a model's stacked cache): on a GPU XLA copies such a slice before the launch."""
+    kernels, sliced = [], []
+
+    def walk(jx, labels):
+        labels = dict(labels)
+        for e in jx.eqns:
+            ins = [labels.get(v) if isinstance(v, jax.extend.core.Var) else None for v in e.invars]
+            name = e.primitive.name
+            if name == "pallas_call":
+                kernel = str(e.params.get("name") or e.params.get("name_and_src_info") or "?").split()[0]
+                kernels.append(kernel)
+                sliced.extend((kernel, tuple(v.aval.shape)) for v, lab in zip(e.invars, ins) if lab)
+            elif name == "dynamic_slice" and e.invars[0].aval.ndim >= 2 and e.invars[0].aval.shape[0] == layers:
+                labels[e.outvars[0]] = True
+            elif name in _SLICE_PASS_THROUGH and ins and ins[0]:
+                labels[e.outvars[0]] = True
+            elif name in ("jit", "pjit", "closed_call"):
+                inner = e.params.get("jaxpr") or e.params.get("call_jaxpr")
+                inner = getattr(inner, "jaxpr", inner)
+                outs = walk(inner, {iv: lab for iv, lab in zip(inner.invars, ins) if lab})
+                labels.update({o: True for o, lab in zip(e.outvars, outs) if lab})
+            else:
+                for sub in jax.extend.core.jaxprs_in_params(e.params):
+                    walk(sub, {})
+        return [labels.get(v) if isinstance(v, jax.extend.core.Var) else None for v in jx.outvars]
+
+    walk(jaxpr, {})
+    return kernels, sliced
+
+
+def test_the_kernels_of_a_rung0_layer_step_read_the_stacked_cache_in_place(params, monkeypatch):
+    """The rung-0 pass's loop body hands no kernel a slice of a stacked cache array (token write, tier-1 pass,
+    certify): on a GPU each such slice is an extra copy launch per layer-step whose loop-dependent offset keeps
+    XLA from taking the loop over layers into one CUDA graph (docs/performance.md, twenty-fourth session)."""
+    from certattn_jax import cache as cache_module
+
+    monkeypatch.setitem(llama.COPY_WEIGHTS_BELOW_BYTES, jax.default_backend(), 1 << 40)
+    monkeypatch.setattr(cache_module, "WRITE_KERNEL", True)
+    cfg = dataclasses.replace(CFG, num_layers=3)
+    p = llama.init_params(cfg, jax.random.key(3), jnp.float32)
+    policy = dataclasses.replace(POLICY, tier1="pallas", rung0="fused")
+    cache = cache_spec("certified", cfg, jnp.float32, policy, schedule="straight-looped")(1, 64)
+    p = llama.params_for_decoding(p, cache)
+    x = jnp.zeros((1, 1, cfg.hidden_size), jnp.float32)
+    cos, sin = llama.rope_cos_sin(cfg, jnp.zeros((1, 1), jnp.int32))
+    jaxpr = jax.make_jaxpr(lambda p, c: llama._layers_looped_stacked(p, cfg, x, c.decode_fast_path(0), cos, sin,
+                                                                     jnp.ones((1,), jnp.int32)))(p, cache)
+    kernels, sliced = _kernel_inputs_sliced_from_stacks(jaxpr.jaxpr, cfg.num_layers)
+    assert sorted(set(kernels)) == ["certattn_certify_rung0", "certattn_tier1_pass", "certattn_write_token"], kernels
+    assert sliced == [], sliced
+
+
 @pytest.mark.parametrize("weights", ["auto", "stacked", "switch", "kernel"])
 def test_small_layers_reach_the_looped_body_without_a_conditional(params, monkeypatch, weights):
     """Small layers on a GPU (below COPY_WEIGHTS_BELOW_BYTES): `params_for_decoding` adds the stacked weights for a
