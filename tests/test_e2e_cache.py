@@ -693,7 +693,7 @@ def _kernel_inputs_sliced_from_stacks(jaxpr, layers: int) -> tuple[list, list]:
             if name == "pallas_call":
                 kernel = str(e.params.get("name") or e.params.get("name_and_src_info") or "?").split()[0]
                 kernels.append(kernel)
-                sliced.extend((kernel, tuple(v.aval.shape)) for v, lab in zip(e.invars, ins) if lab)
+                sliced.extend((kernel, tuple(v.aval.shape)) for v, lab in zip(e.invars, ins, strict=True) if lab)
             elif name == "dynamic_slice" and e.invars[0].aval.ndim >= 2 and e.invars[0].aval.shape[0] == layers:
                 labels[e.outvars[0]] = True
             elif name in _SLICE_PASS_THROUGH and ins and ins[0]:
@@ -701,8 +701,8 @@ def _kernel_inputs_sliced_from_stacks(jaxpr, layers: int) -> tuple[list, list]:
             elif name in ("jit", "pjit", "closed_call"):
                 inner = e.params.get("jaxpr") or e.params.get("call_jaxpr")
                 inner = getattr(inner, "jaxpr", inner)
-                outs = walk(inner, {iv: lab for iv, lab in zip(inner.invars, ins) if lab})
-                labels.update({o: True for o, lab in zip(e.outvars, outs) if lab})
+                outs = walk(inner, {iv: lab for iv, lab in zip(inner.invars, ins, strict=True) if lab})
+                labels.update({o: True for o, lab in zip(e.outvars, outs, strict=True) if lab})
             else:
                 for sub in jax.extend.core.jaxprs_in_params(e.params):
                     walk(sub, {})
