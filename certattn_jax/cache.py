@@ -59,6 +59,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from certattn_jax import bounds, quant, select, tiers
@@ -397,7 +398,11 @@ class TieredKVCache:
             raise ValueError(f"write_layer_token takes one token per sequence, got {k.shape[1]}")
         if not self.writes_token_by_kernel(k.dtype):
             raise ValueError("write_layer_token needs the token-write kernel (writes_token_by_kernel is False)")
-        layer = jnp.asarray(layer, jnp.int32)
+        L = self.nonfinite.shape[0]
+        if isinstance(layer, int | np.integer):  # checked; negative counts from the end
+            layer = range(L)[layer]
+        # a traced index is clipped, as the kernel and the slices below clip it: all write the same layer
+        layer = jnp.clip(jnp.asarray(layer, jnp.int32), 0, L - 1)
         lengths = jax.lax.dynamic_index_in_dim(self.lengths, layer, 0, keepdims=False)
         flushed = jax.lax.dynamic_index_in_dim(self.flushed, layer, 0, keepdims=False)
         res_k, res_v, v_min, v_max, v_norm_max, value_stats = kernel.write_token(
@@ -408,7 +413,7 @@ class TieredKVCache:
         # written back: on a GPU that slice is a copy of its own (an async dynamic-slice launch pair per
         # layer-step) whose host-computed, loop-dependent offset keeps XLA from taking the loop over layers into
         # one CUDA graph (docs/performance.md, twenty-fourth session)
-        at_layer = (jnp.arange(self.nonfinite.shape[0]) == layer)[:, None, None]
+        at_layer = (jnp.arange(L) == layer)[:, None, None]
         nonfinite = self.nonfinite | (at_layer & bad[None])
         return self.replace(res_k=res_k, res_v=res_v, v_min=v_min, v_max=v_max, v_norm_max=v_norm_max,
                             value_stats=value_stats, nonfinite=nonfinite, stack=None)

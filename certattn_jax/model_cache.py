@@ -269,6 +269,8 @@ class TieredModelCache:
         lengths (and `lengths`) to `with_lengths`, which the model calls after its last layer: between the two, a
         layer view still reports the step's starting length."""
         check_capacity(self.lengths, new_lengths, self.capacity)
+        if isinstance(layer, (int, np.integer)):  # -1 is the last layer for every consumer (the kernels clip)
+            layer = range(self.num_layers)[layer]
         base = self.layer_view(layer)
         T = q.shape[1]
         cert = self.cert_packed

@@ -25,6 +25,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   value_packing          the tiered caches' value-code packing (`certattn_jax.quant.VALUE_PACKING`)
   tier1_bps_rule         certified: how the fast pass splits the blocks (`tier1_pass.FAST_PASS_BPS`)
   layer_unroll           certified: layers per iteration of the rung-0 pass's loop (`llama.LAYER_UNROLL`)
+  rung0_select           certified: the certify kernel's candidate selection (`certify_rung0.DEFAULT_SELECT`)
   decode_tokens_per_s    new tokens per second of the warm decode loop
   launches_per_step      kernel launches in one decode step: instructions of the compiled decode loop's while
                          body that launch a kernel (fusions, custom calls such as cuBLAS GEMMs, and unfused ops;
@@ -79,6 +80,12 @@ def _bps_rule() -> str:
     from pallas_kernels import tier1_pass
 
     return tier1_pass.FAST_PASS_BPS
+
+
+def _rung0_select() -> str:
+    from pallas_kernels import certify_rung0
+
+    return certify_rung0.DEFAULT_SELECT
 
 
 def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_chunk: int, repeats: int,
@@ -217,6 +224,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "value_packing": quant.VALUE_PACKING if mode != "dense" else None,
             # the fast pass's split rule (pallas_kernels.tier1_pass.FAST_PASS_BPS, CERTATTN_TIER1_BPS)
             "tier1_bps_rule": _bps_rule() if mode == "certified" else None,
+            # the certify kernel's candidate selection (certify_rung0.DEFAULT_SELECT, CERTATTN_RUNG0_SELECT)
+            "rung0_select": _rung0_select() if mode == "certified" else None,
             # layers per iteration of the rung-0 first pass's loop (llama.LAYER_UNROLL, CERTATTN_LAYER_UNROLL)
             "layer_unroll": llama.LAYER_UNROLL if mode == "certified" else None,
             "device": jax.devices()[0].device_kind,

@@ -133,3 +133,36 @@ def test_a_non_finite_token_flags_its_layer_and_heads_only(monkeypatch):
     clean = jnp.asarray(rng.normal(size=(B, 1, H, d)), jnp.float32)
     again = jax.jit(lambda s, k, v, i: s.write_layer_token(i, k, v))(out, clean, clean, jnp.int32(2))
     np.testing.assert_array_equal(np.asarray(again.nonfinite), want)  # a finite token clears nothing, sets nothing
+
+
+def test_a_negative_layer_means_the_same_layer_to_every_consumer(monkeypatch):
+    """A model cache's `attend(-1, ...)` is `attend(L - 1, ...)` on the write-kernel path (the kernel clips its
+    layer where a Python index counts from the end: the token once landed in layer 0 while layer L - 1 was read and
+    certified); `write_layer_token` flags layer L - 1 for -1 and refuses a layer beyond the stack."""
+    from certattn_jax import cache as cache_module
+    from certattn_jax.cache import TieredKVCache
+    from certattn_jax.model_cache import TieredModelCache
+    from certattn_jax.policy import CertPolicy
+
+    monkeypatch.setattr(cache_module, "WRITE_KERNEL", True)
+    rng = np.random.default_rng(0)
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2)
+    L, B, H, G, T, d = 3, 1, 1, 2, 40, 32
+    layers = [TieredKVCache.from_dense(jnp.asarray(rng.normal(size=(B, T, H, d)), jnp.float32),
+                                       jnp.asarray(rng.normal(size=(B, T, H, d)), jnp.float32), policy=policy,
+                                       capacity=64) for _ in range(L)]
+    model = TieredModelCache.from_layers(layers, num_q_heads=H * G, policy=policy)
+    q = jnp.asarray(rng.normal(size=(B, 1, H * G, d)), jnp.float32)
+    k = q[:, :, :1] * 3  # aligned with the query: the new token dominates the softmax
+    v = jnp.full((B, 1, H, d), 20.0, jnp.float32)
+    out_last, last = model.attend(L - 1, q, k, v, model.lengths + 1)
+    out_neg, neg = model.attend(-1, q, k, v, model.lengths + 1)
+    np.testing.assert_array_equal(np.asarray(out_neg), np.asarray(out_last))
+    for a, b in zip(jax.tree.leaves(neg.replace(policy=None)), jax.tree.leaves(last.replace(policy=None)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    store = model.store
+    bad = k.at[0, 0, 0, 3].set(jnp.nan)
+    np.testing.assert_array_equal(np.asarray(store.write_layer_token(-1, bad, v).nonfinite)[:, 0, 0],
+                                  [False, False, True])
+    with pytest.raises(IndexError):
+        store.write_layer_token(L, bad, v)
