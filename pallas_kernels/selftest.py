@@ -487,7 +487,7 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
         problem = _rung0_stage_problem(got, ref)
         if problem is None and full_blocks == sizes[0]:
             # as a model's decode step runs it: the layer view of stacked arrays, both kernels reading layer 1 in
-            # place (hot ids too), the other layer's arrays empty (a read of the wrong layer changes the answer)
+            # place (hot ids too), the other layers' arrays empty (a read of the wrong layer changes the answer)
             got = jax.jit(lambda q, view: run(q, view, policy).stage)(q, _as_layer_view(cache))
             problem = _rung0_stage_problem(got, ref)
             problem = None if problem is None else f"{problem} (stacked layer view)"
@@ -497,14 +497,15 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
 
 
 def _as_layer_view(cache):
-    """`cache` as layer 1 of a 2-layer model's stacked cache (`TieredModelCache.layer_view`'s form), layer 0's
-    arrays zero (hot ids -1: an empty hot set)."""
+    """`cache` as layer 1 of a 3-layer model's stacked cache (`TieredModelCache.layer_view`'s form; 3 layers, like
+    a real model's 30 or 32 not a power of two, which a kernel's stacked block must take), layers 0 and 2 zero
+    (hot ids -1: an empty hot set)."""
     from certattn_jax.cache import DEVICE_FIELDS
 
     def stacked(name):
         x = getattr(cache, name)
         other = jnp.full_like(x, -1) if name == "hot_ids" else jnp.zeros_like(x)
-        return jnp.stack([other, x])
+        return jnp.stack([other, x, other])
 
     return cache.replace(layer=jnp.asarray(1, jnp.int32), stack={f: stacked(f) for f in DEVICE_FIELDS})
 
