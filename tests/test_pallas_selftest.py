@@ -136,10 +136,27 @@ def _wrong_layer(q, cache, policy):
     return step.rung0_fused(q, cache, policy)
 
 
+def _certify_reads_layer0(q, cache, policy):
+    """Only the certify kernel reads the wrong layer's hot ids (layer 0, empty), the tier-1 pass the right one."""
+    from pallas_kernels import certify_rung0 as ck
+
+    real = ck.certify_rung0
+
+    def wrong(*args, layer=None, **kwargs):
+        return real(*args, layer=None if layer is None else jnp.zeros_like(layer), **kwargs)
+
+    ck.certify_rung0 = wrong
+    try:
+        return step.rung0_fused(q, cache, policy)
+    finally:
+        ck.certify_rung0 = real
+
+
 @pytest.mark.parametrize("bad,what", [(_halved_bound, "bound"), (_shifted_out, "out off by"),
                                       (_scaled_e_val(1 - 3e-4), "e_val smaller"),
                                       (_scaled_e_val(1.01), "e_val off by"),
-                                      (_wrong_layer, "(stacked layer view)")])
+                                      (_wrong_layer, "(stacked layer view)"),
+                                      (_certify_reads_layer0, "(stacked layer view)")])
 def test_a_wrong_fused_rung0_is_caught(bad, what):
     """Caught: a bound or E_val below the jnp rung 0's beyond float32 reordering (even within TOLERANCE), an output
     or a bound term off by more than TOLERANCE (too large as well); a kernel that reads another layer of a
