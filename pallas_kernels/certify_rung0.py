@@ -187,10 +187,12 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
     return _Item(lm=lm, err=err, ok=ok, valid=valid, delta=delta)
 
 
-def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_ref, etam_ref, etaop_ref, acc_ref,
+def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_ref, acc_ref,
             *refs, G: int, nb: int, K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False,
             margins: bool = False, out_dtype: str = "float32", count_select: bool = False, stacked_hot: bool = False):
-    # eta_ref, etam_ref, etaop_ref [NBp]: the blocks' value error annotations (per KV head). margins (compiled):
+    # ann_ref [4, NBp]: the blocks' value error annotations (per KV head), rows eta, eta_mean, eta_op and a zero
+    # row (one input, one XLA fusion producing it, instead of three; 4 rows: Triton tiles are powers of two).
+    # margins (compiled):
     # Triton's division and square root in bounds.block_value_errors are not correctly rounded.
     # slots: hm, hl, hdl [Gp, P], hacc [Gp, P, d]; slots [0, K) the hot set, slot K the residual block.
     # split: acc_ref [Gp, Sp, d] holds the tier-1 pass's split accumulators (hot blocks left out) with their maxima
@@ -426,7 +428,7 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, eta_r
         bad, xs, ys, dlv, lm_up = item_terms(it)
         # the blocks' value errors per unit mass [Gp, cw], from the annotations [1, cw] and the chunk's sum-exps
         eta = bounds.block_value_errors(
-            eta_ref[sl][None, :], etam_ref[sl][None, :], etaop_ref[sl][None, :], l_ref[:, sl], block_size,
+            ann_ref[pl.ds(0, 1), sl], ann_ref[pl.ds(1, 1), sl], ann_ref[pl.ds(2, 1), sl], l_ref[:, sl], block_size,
             div_error=bounds.APPROX_DIV_ERROR if margins else 0.0,
             sqrt_rel_error=quant.KERNEL_SQRT_REL_ERROR if margins else 0.0)
         use_b = keep & (eta > 0)
@@ -617,8 +619,10 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
     split_args = (split_max.astype(f32), hot_acc.astype(f32)) if split else ()
     layer_args = () if layer is None else (jnp.clip(jnp.asarray(layer, jnp.int32).reshape(1), 0,
                                                     hot_ids.shape[0] - 1),)
+    # the three annotations as one [B, H, 4, NBp] input (row 3 zero): XLA computes them in one fusion
+    annotations = jnp.stack([eta, eta_mean, eta_op, jnp.zeros_like(eta)], axis=2)
     out = _call(tau, margin, n_valid.astype(jnp.int32), r_count.astype(jnp.int32), key_scale.astype(f32), apx_m, apx_l,
-                apx_delta, eta, eta_mean, eta_op, apx_acc, *split_args, *layer_args, hot_ids.astype(jnp.int32),
+                apx_delta, annotations, apx_acc, *split_args, *layer_args, hot_ids.astype(jnp.int32),
                 slot_m, slot_l, slot_acc, slot_delta, G=G, nb=nb, kp=k_max, block_size=block_size,
                 interpret=interpret, num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins,
                 out_dtype=jnp.dtype(out_dtype).name, count_select=counts_picks(NBp, chunk_blocks, select),
@@ -630,7 +634,7 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw",
                                              "margins", "out_dtype", "count_select", "stacked_hot"))
-def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *rest, G, nb, kp,
+def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, annotations, acc, *rest, G, nb, kp,
           block_size, interpret, num_warps, cw, margins, out_dtype, count_select=False, stacked_hot=False):
     split = len(rest) == 7 + stacked_hot
     split_args, rest = (rest[:2], rest[2:]) if split else ((), rest)
@@ -653,7 +657,7 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, 
         kernel,
         grid=(B, H),
         in_specs=[one, one, per_seq, per_seq, per_head, whole(Gp, NBp), whole(Gp, NBp), whole(Gp, NBp),
-                  whole(NBp), whole(NBp), whole(NBp), whole(Gp, *acc.shape[3:])]
+                  whole(4, NBp), whole(Gp, *acc.shape[3:])]
         + ([whole(Gp, split_args[0].shape[-1]), whole(Gp, K, d)] if split else [])
         # stacked hot ids: every layer's row of this (b, h) in the block, the kernel reads the layer's
         + ([one, pl.BlockSpec((hot_ids.shape[0], None, None, K), lambda b, h: (0, b, h, 0))] if stacked_hot
@@ -668,5 +672,5 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, 
         compiler_params=backend.compiler_params(num_warps, 1) if not interpret else None,
         interpret=interpret,
         name="certattn_certify_rung0",
-    )(tau, margin, n_valid, r_count, key_scale, m, l, delta, eta, eta_mean, eta_op, acc, *split_args, *layer_args,
+    )(tau, margin, n_valid, r_count, key_scale, m, l, delta, annotations, acc, *split_args, *layer_args,
       hot_ids, slot_m, slot_l, slot_acc, slot_delta)
