@@ -68,6 +68,16 @@ from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 from certattn_jax.validate import is_integer
 
+
+def checked_layer(layer: int | jax.Array, num_layers: int) -> int | jax.Array:
+    """A Python layer index of a stack of num_layers checked and made non-negative (negative counts from the end,
+    beyond the stack raises IndexError), so that every consumer -- slices, kernels (which clip), updates -- means
+    the same layer; a traced index unchanged (a loop over the layers is in range by construction)."""
+    if isinstance(layer, int | np.integer):
+        return range(num_layers)[layer]
+    return layer
+
+
 # The tier-1 arrays a tier-1 pass reads, in its argument order (a layer view's `stack` holds them stacked).
 TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 # The fields that only a flush (tier 1, its annotations and running maxima), rung 1 (the hot set) or a token
@@ -399,10 +409,8 @@ class TieredKVCache:
         if not self.writes_token_by_kernel(k.dtype):
             raise ValueError("write_layer_token needs the token-write kernel (writes_token_by_kernel is False)")
         L = self.nonfinite.shape[0]
-        if isinstance(layer, int | np.integer):  # checked; negative counts from the end
-            layer = range(L)[layer]
         # a traced index is clipped, as the kernel and the slices below clip it: all write the same layer
-        layer = jnp.clip(jnp.asarray(layer, jnp.int32), 0, L - 1)
+        layer = jnp.clip(jnp.asarray(checked_layer(layer, L), jnp.int32), 0, L - 1)
         lengths = jax.lax.dynamic_index_in_dim(self.lengths, layer, 0, keepdims=False)
         flushed = jax.lax.dynamic_index_in_dim(self.flushed, layer, 0, keepdims=False)
         res_k, res_v, v_min, v_max, v_norm_max, value_stats = kernel.write_token(

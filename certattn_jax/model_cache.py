@@ -43,7 +43,7 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import DEVICE_FIELDS, TieredKVCache
+from certattn_jax.cache import DEVICE_FIELDS, TieredKVCache, checked_layer
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import positive_int_from_env
@@ -246,6 +246,7 @@ class TieredModelCache:
         transfers slice the layer themselves). A full TieredKVCache: read it, attend with it, write it back with
         `with_layer`."""
         s = self.store
+        layer = checked_layer(layer, self.num_layers)  # the view's `layer` is what the kernels read in place
         # stack: the stacked arrays, for the Pallas tier-1 pass to read this layer in place (a slice feeding a
         # kernel launch is a copy of the layer's tier 1; jnp consumers fuse the slices below instead), and for
         # the ladder's rung-1 branch to slice what it reads inside the branch (`TieredKVCache.resliced`)
@@ -269,8 +270,7 @@ class TieredModelCache:
         lengths (and `lengths`) to `with_lengths`, which the model calls after its last layer: between the two, a
         layer view still reports the step's starting length."""
         check_capacity(self.lengths, new_lengths, self.capacity)
-        if isinstance(layer, (int, np.integer)):  # -1 is the last layer for every consumer (the kernels clip)
-            layer = range(self.num_layers)[layer]
+        layer = checked_layer(layer, self.num_layers)  # -1: the last layer for every consumer (kernels clip)
         base = self.layer_view(layer)
         T = q.shape[1]
         cert = self.cert_packed
@@ -439,8 +439,7 @@ def _set_layer(stacked: jax.Array, layer: int | jax.Array, value: jax.Array) -> 
     `stacked`). `stacked.at[layer].set(value)` with a traced index is a scatter whose bounds check XLA evaluates
     as a reduction of its own: a kernel launch per written field and layer-step on a GPU (docs/performance.md,
     twentieth session). A Python int is checked and normalised here; a traced index is in range by construction."""
-    if isinstance(layer, (int, np.integer)):
-        layer = range(stacked.shape[0])[layer]
+    layer = checked_layer(layer, stacked.shape[0])
     return jax.lax.dynamic_update_index_in_dim(stacked, value.astype(stacked.dtype), layer, axis=0)
 
 

@@ -328,7 +328,7 @@ def test_the_kernels_divide_only_where_the_bound_counts_triton_s_approximate_div
                                                                     float(bounds.approx_division_error(v_abs)[0, 0]))
 
 
-def _model_layer_view(monkeypatch, layer: int = 1):
+def _model_layer_view(layer: int = 1):
     """A 3-layer model cache after a 70-token prompt (kernel path, interpreted), its stacked hot ids made to differ
     between layers (layers other than `layer` point at other blocks), and layer `layer`'s view of it."""
     from certattn_jax.model_cache import cache_spec
@@ -352,12 +352,12 @@ def _model_layer_view(monkeypatch, layer: int = 1):
     return q, model.layer_view(layer), policy
 
 
-def test_the_certify_kernel_reads_a_models_hot_ids_in_place(monkeypatch):
+def test_the_certify_kernel_reads_a_models_hot_ids_in_place():
     """In a model's layer view the certify kernel reads the stacked hot ids [L, B, H, K] at the view's layer (as
     the tier-1 pass does), instead of a per-layer slice (a copy per layer-step, and a loop-dependent slice that
     keeps XLA from taking the loop over layers into one CUDA graph): the same outputs, bit for bit, as the layer's
     own arrays; with the other layers' hot ids pointing elsewhere, a read of the wrong layer would show."""
-    q, view, policy = _model_layer_view(monkeypatch)
+    q, view, policy = _model_layer_view()
     assert view.stack is not None and view.layer is not None
     own = view.replace(stack=None, layer=None)
     it = step.fused_items(step.query_terms(q, view), view, policy, True)
@@ -373,7 +373,7 @@ def test_the_certify_kernel_reads_a_models_hot_ids_in_place(monkeypatch):
 def test_the_stacked_hot_ids_kernel_lowers_to_triton(monkeypatch):
     """The in-place read of the stacked hot ids (a leading layer axis of 3: not a power of two) lowers to Triton."""
     monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
-    q, view, policy = _model_layer_view(monkeypatch)
+    q, view, policy = _model_layer_view()
     allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
     f = jax.jit(functools.partial(step.rung0_fused))
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, view, policy).mlir_module()

@@ -158,6 +158,9 @@ def test_a_negative_layer_means_the_same_layer_to_every_consumer(monkeypatch):
     out_last, last = model.attend(L - 1, q, k, v, model.lengths + 1)
     out_neg, neg = model.attend(-1, q, k, v, model.lengths + 1)
     np.testing.assert_array_equal(np.asarray(out_neg), np.asarray(out_last))
+    assert int(model.layer_view(-1).layer) == L - 1  # the layer the kernels read in place
+    with pytest.raises(IndexError):
+        model.layer_view(L)
     for a, b in zip(jax.tree.leaves(neg.replace(policy=None)), jax.tree.leaves(last.replace(policy=None)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     store = model.store
