@@ -91,6 +91,14 @@ TIER1_FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 # (also interpreted: the CPU tests) / off.
 WRITE_KERNEL: bool | None = switch_from_env("CERTATTN_WRITE_KERNEL")
 
+# Whether a layer view records its hot slots' use in the whole stacked `hot_used` (`with_hot_used_marked`) instead
+# of its row, CERTATTN_HOT_USED_STACKED=1. Off by default: measured on an H100 (SmolLM2 1K, twenty-fifth session,
+# one row per call, docs/performance.md) it lets `--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE` take the
+# rung-0 pass's loop over layers into one graph (11.3 host graph launches per step instead of 31.9), but with
+# XLA's default command buffers it decoded 546.9 tokens/s against 560-562 without it (other calls, dense equal)
+# and compiled ~4 s longer. To be A/B'd in one call, with the flags, before it becomes a default.
+HOT_USED_STACKED: bool = bool(switch_from_env("CERTATTN_HOT_USED_STACKED"))
+
 BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max", "v_scale_max",
                                "v_zero_max", "value_stats", "hot_k", "hot_v", "hot_ids", "res_k", "res_v")
 
@@ -260,10 +268,16 @@ class TieredKVCache:
         return store
 
     # ------------------------------------------------------------------ shape facts
+    @property
+    def is_stacked_view(self) -> bool:
+        """A model cache's layer view that still holds its stack: kernels read its layer of the stacked arrays in
+        place (`tier1_arrays`, `slot_arrays`)."""
+        return self.stack is not None and self.layer is not None
+
     def tier1_arrays(self, in_place: bool = True) -> tuple[tuple[jax.Array, ...], jax.Array | None]:
         """(k_codes, k_scale, k_zero, v_codes, v_scale, v_zero), layer: a layer view's stacked arrays and its layer
         (for a kernel that reads the layer in place: in_place), else this cache's own arrays and None."""
-        if in_place and self.stack is not None and self.layer is not None:
+        if in_place and self.is_stacked_view:
             return tuple(self.stack[f] for f in TIER1_FIELDS), self.layer
         return tuple(getattr(self, f) for f in TIER1_FIELDS), None
 
@@ -271,7 +285,7 @@ class TieredKVCache:
         """(hot_k, hot_v, hot_ids, res_k, res_v): a layer view's stacked arrays (in_place; the caller reads layer
         `layer` of them, as `tier1_arrays`), else this cache's own."""
         names = ("hot_k", "hot_v", "hot_ids", "res_k", "res_v")
-        if in_place and self.stack is not None and self.layer is not None:
+        if in_place and self.is_stacked_view:
             return tuple(self.stack[f] for f in names)
         return tuple(getattr(self, f) for f in names)
 
@@ -425,6 +439,23 @@ class TieredKVCache:
         nonfinite = self.nonfinite | (at_layer & bad[None])
         return self.replace(res_k=res_k, res_v=res_v, v_min=v_min, v_max=v_max, v_norm_max=v_norm_max,
                             value_stats=value_stats, nonfinite=nonfinite, stack=None)
+
+    def with_hot_used_marked(self, used: jax.Array) -> TieredKVCache:
+        """This cache with the step (the sequence length) recorded in `hot_used` where used [B, H, K] (hot slots
+        promoted this step; LRU bookkeeping, never read by a bound). With HOT_USED_STACKED a layer view also
+        updates its stack's `hot_used` for every layer at once ([L, B, H, K] int32: a tiny fusion), so that
+        `TieredModelCache.with_layer` stores it as is instead of writing the layer's row back: that row's read (a
+        dynamic slice) and write are the last slice left in the rung-0 pass's loop body, on a GPU an async copy
+        launch pair per layer-step that keeps `+WHILE` command buffers from taking the loop over layers into one
+        graph (docs/performance.md, twenty-fifth session). The view's own row stays the layer's value, for the
+        rungs that read it; both agree (STACK_TRACKED_FIELDS)."""
+        row = jnp.where(used, self.lengths[:, None, None], self.hot_used)
+        if not HOT_USED_STACKED or self.stack is None or self.layer is None or "hot_used" not in self.stack:
+            return self.replace(hot_used=row)
+        stacked = self.stack["hot_used"]
+        at = (jnp.arange(stacked.shape[0]) == self.layer)[:, None, None, None] & used[None]
+        stack = {**self.stack, "hot_used": jnp.where(at, self.lengths[None, :, None, None], stacked)}
+        return self.replace(hot_used=row, stack=stack)
 
     def needs_flush(self) -> jax.Array:
         """[B] bool: the residual block is full."""
@@ -594,6 +625,11 @@ def _write_residual_token(buf: jax.Array, new: jax.Array, r: jax.Array) -> jax.A
 # the per-layer arrays of a TieredKVCache that live on the device (tier 2, the layer index and a view's stack aside)
 DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
                       if f.metadata.get("pytree_node", True) and f.name not in ("host_k", "host_v", "layer", "stack"))
+# The fields whose update on a layer view also updates the view's stack (`with_hot_used_marked`): where such a
+# field's stacked array in the view's stack is a new one, it is the whole model's array with this layer's row set to
+# the view's field, and `TieredModelCache.with_layer` stores it as is. Whatever changes one of these fields
+# otherwise must drop the stack or leave the stack's array untouched (then the row is written back as usual).
+STACK_TRACKED_FIELDS = ("hot_used",)
 
 
 def _check_head_major(shape: tuple[int, ...], lengths: Any, policy: CertPolicy) -> jax.Array:

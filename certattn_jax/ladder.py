@@ -138,7 +138,7 @@ def _fetch_exact(ctx: StepContext, cache: TieredKVCache, ids: jax.Array,
 
 def mark_used(cache: TieredKVCache, used: jax.Array) -> TieredKVCache:
     """Record the step (the sequence length) at which hot slots where used [B, H, K] were promoted (LRU)."""
-    return cache.replace(hot_used=jnp.where(used, cache.lengths[:, None, None], cache.hot_used))
+    return cache.with_hot_used_marked(used)
 
 
 HOT_FIELDS = ("hot_k", "hot_v", "hot_ids", "hot_used")  # what rung 1 changes (refresh_hot_set)

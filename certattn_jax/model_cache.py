@@ -43,7 +43,7 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import DEVICE_FIELDS, TieredKVCache, checked_layer
+from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import positive_int_from_env
@@ -259,8 +259,14 @@ class TieredModelCache:
         caller did not change are not written back (so a decode step writes its residual token, running range and
         hot set, never the layer's tier 1)."""
         s = self.store
-        updates = {f: _set_layer(getattr(s, f), layer, getattr(view, f)) for f in DEVICE_FIELDS
-                   if base is None or getattr(view, f) is not getattr(base, f)}
+        updates = {}
+        for f in DEVICE_FIELDS:
+            if base is not None and getattr(view, f) is getattr(base, f):
+                continue
+            if base is not None and _stack_updated(view, base, f):
+                updates[f] = view.stack[f]  # already the whole model's array: no read and write of the row
+            else:
+                updates[f] = _set_layer(getattr(s, f), layer, getattr(view, f))
         return self.replace(store=s.replace(**updates, host_k=view.host_k, host_v=view.host_v))
 
     def attend(self, layer: int | jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
@@ -432,6 +438,13 @@ def _layer_of(stacked: jax.Array, layer: int | jax.Array) -> jax.Array:
     if isinstance(layer, (int, np.integer)):
         return stacked[layer]
     return jax.lax.dynamic_index_in_dim(stacked, layer, axis=0, keepdims=False)
+
+
+def _stack_updated(view: TieredKVCache, base: TieredKVCache, field: str) -> bool:
+    """Whether the update of `field` from base to view also updated the view's stack (STACK_TRACKED_FIELDS):
+    then the view's stacked array is the model's array with the row set."""
+    return (field in STACK_TRACKED_FIELDS and view.stack is not None and base.stack is not None
+            and view.stack.get(field) is not base.stack.get(field))
 
 
 def _set_layer(stacked: jax.Array, layer: int | jax.Array, value: jax.Array) -> jax.Array:

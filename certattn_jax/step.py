@@ -333,7 +333,8 @@ class FusedRung0(NamedTuple):
 def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
     """Whether `rung0_fused` can run on this cache's shapes (compiled kernels need powers of two) and, compiled,
     passed its known-answer check for this configuration (`pallas_kernels.selftest.rung0_trusted`): the policy's
-    k_max (default: every hot slot) promoted from the cache's hot slots."""
+    k_max (default: every hot slot) promoted from the cache's hot slots, in the form the kernels read this cache
+    (a model's layer view: its layer of the stacked arrays in place; else the cache's own arrays)."""
     from pallas_kernels import certify_rung0, selftest
 
     k_max = k_max or cache.k_max
@@ -341,7 +342,7 @@ def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
         cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, k_max,
         hot_slots=cache.k_max if cache.k_max != k_max else 0,
         tuning=certify_rung0.tuning(certify_rung0.padded_blocks(cache.num_blocks)),
-        select=certify_rung0.DEFAULT_SELECT)
+        select=certify_rung0.DEFAULT_SELECT, layer_view=cache.is_stacked_view)
 
 
 def uses_fused_rung0(cache: TieredKVCache, policy: CertPolicy) -> bool:

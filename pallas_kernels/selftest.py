@@ -448,13 +448,17 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
 
 def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
                        k_max: int, run: Callable | None = None, hot_slots: int = 0,
-                       tuning: tuple[int, int] | None = None, select: str | None = None) -> str | None:
+                       tuning: tuple[int, int] | None = None, select: str | None = None,
+                       layer_view: bool = False) -> str | None:
     """None when the fused rung 0 (`run`, default `step.rung0_fused`) agrees with the jnp rung 0 on a small random
     cache of this configuration (hot_slots: a hot set larger than k_max), else what disagrees. Evaluated eagerly
     in a thread. tuning: the certify kernel's (chunk width, warps) to check (`certify_rung0.tuning`), on a cache
     whose passes walk two chunks (the second one ragged) unless the chunk is the small-cache setting's; with the
     counted candidate selection (select "count", default `certify_rung0.DEFAULT_SELECT`, which the run uses), also
-    on a cache whose one chunk takes it."""
+    on a cache whose one chunk takes it. layer_view: run the kernels as a model's decode step runs them, on a
+    layer view of stacked arrays (`as_layer_view`: both kernels read layer 1 in place, the other layers' arrays
+    empty, so a read of the wrong layer changes the answer), instead of on the cache's own arrays: the two are
+    different compiled code, each checked where it is used (one compile of the kernels per size, not two)."""
     from certattn_jax import ladder, step
     from pallas_kernels import certify_rung0
 
@@ -483,20 +487,14 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
             return step.evaluate_stage(ctx, [ladder.select_and_promote(ctx, cache, policy).hot], q.dtype, policy)
 
         ref = jax.jit(jnp_rung0)(q, cache)
-        got = jax.jit(lambda q, cache: run(q, cache, policy).stage)(q, cache)
+        got = jax.jit(lambda q, cache: run(q, cache, policy).stage)(q, as_layer_view(cache) if layer_view else cache)
         problem = _rung0_stage_problem(got, ref)
-        if problem is None and full_blocks == sizes[0]:
-            # as a model's decode step runs it: the layer view of stacked arrays, both kernels reading layer 1 in
-            # place (hot ids too), the other layers' arrays empty (a read of the wrong layer changes the answer)
-            got = jax.jit(lambda q, view: run(q, view, policy).stage)(q, _as_layer_view(cache))
-            problem = _rung0_stage_problem(got, ref)
-            problem = None if problem is None else f"{problem} (stacked layer view)"
-        return problem
+        return f"{problem} (stacked layer view)" if problem is not None and layer_view else problem
 
     return _eagerly(check)
 
 
-def _as_layer_view(cache):
+def as_layer_view(cache):
     """`cache` as layer 1 of a 3-layer model's stacked cache (`TieredModelCache.layer_view`'s form; 3 layers, like
     a real model's 30 or 32 not a power of two, which a kernel's stacked block must take), layers 0 and 2 zero
     (hot ids -1: an empty hot set)."""
@@ -533,11 +531,12 @@ def _rung0_stage_problem(got, ref) -> str | None:
 @functools.cache
 def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
                   k_max: int, hot_slots: int = 0, tuning: tuple[int, int] | None = None,
-                  select: str = "loop") -> bool:
+                  select: str = "loop", layer_view: bool = False) -> bool:
     """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring; hot_slots:
     the cache's hot-set slots when more than k_max; tuning: the kernel's (chunk width, warps), default the
-    small-cache setting `certify_rung0.tuning(16)`); True without a check where no compiled kernel executes.
-    Checked once per configuration and process."""
+    small-cache setting `certify_rung0.tuning(16)`; layer_view: on a model's layer view, reading the stacked
+    arrays in place, else on a cache's own arrays: `rung0_disagreement`); True without a check where no compiled
+    kernel executes. Checked once per configuration and process."""
     from pallas_kernels import certify_rung0
 
     cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
@@ -552,8 +551,10 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
         keyed["rung0_chunk"] = chunk
     if select != "loop":  # another candidate selection is other compiled code
         keyed["rung0_select"] = select
+    if layer_view:  # so is the kernels' in-place read of a layer of stacked arrays
+        keyed["rung0_form"] = "layer_view"
     return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **keyed),
-                    lambda: rung0_disagreement(**cfg, tuning=tuning, select=select),
+                    lambda: rung0_disagreement(**cfg, tuning=tuning, select=select, layer_view=layer_view),
                     "The ladder uses the jnp rung 0 for this configuration instead.")
 
 

@@ -26,6 +26,8 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   tier1_bps_rule         certified: how the fast pass splits the blocks (`tier1_pass.FAST_PASS_BPS`)
   layer_unroll           certified: layers per iteration of the rung-0 pass's loop (`llama.LAYER_UNROLL`)
   rung0_select           certified: the certify kernel's candidate selection (`certify_rung0.DEFAULT_SELECT`)
+  hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
+                         (`cache.HOT_USED_STACKED`, CERTATTN_HOT_USED_STACKED)
   decode_tokens_per_s    new tokens per second of the warm decode loop
   launches_per_step      kernel launches in one decode step: instructions of the compiled decode loop's while
                          body that launch a kernel (fusions, custom calls such as cuBLAS GEMMs, and unfused ops;
@@ -86,6 +88,12 @@ def _rung0_select() -> str:
     from pallas_kernels import certify_rung0
 
     return certify_rung0.DEFAULT_SELECT
+
+
+def _hot_used_stacked() -> bool:
+    from certattn_jax import cache
+
+    return cache.HOT_USED_STACKED
 
 
 def _prefill_times(gen, params, cfg, ids, total: int, factory, policy, prefill_chunk: int, repeats: int,
@@ -228,6 +236,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "rung0_select": _rung0_select() if mode == "certified" else None,
             # layers per iteration of the rung-0 first pass's loop (llama.LAYER_UNROLL, CERTATTN_LAYER_UNROLL)
             "layer_unroll": llama.LAYER_UNROLL if mode == "certified" else None,
+            # layer views record their hot slots' use in the whole stack (cache.HOT_USED_STACKED)
+            "hot_used_stacked": _hot_used_stacked() if mode == "certified" else None,
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             # the decode loop's command-buffer scheduling ("xla": XLA's own setting, XLA_FLAGS included)

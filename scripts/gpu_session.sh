@@ -433,9 +433,33 @@ for s in "$@"; do
       step abu_1_1 85 "$G --caches dense certified --out $W/abu_1_1.json"
       step abu_2_1 70 "CERTATTN_LAYER_UNROLL=2 $G --caches certified --out $W/abu_2_1.json"
       step abu_5_1 75 "CERTATTN_LAYER_UNROLL=5 $G --caches certified --out $W/abu_5_1.json"
-      step abu_10_1 85 "CERTATTN_LAYER_UNROLL=10 $G --caches certified --out $W/abu_10_1.json"
-      step abu_30_1 120 "CERTATTN_LAYER_UNROLL=30 ${G/--timeout 80/--timeout 112} --caches certified --out $W/abu_30_1.json"  # the pass unrolled
-      step abu_1_2 65 "$G --caches certified --out $W/abu_1_2.json" ;;
+      step abu_15_1 95 "CERTATTN_LAYER_UNROLL=15 $G --caches certified --out $W/abu_15_1.json"
+      step abu_1_2 65 "$G --caches certified --out $W/abu_1_2.json"
+      step abu_5_2 75 "CERTATTN_LAYER_UNROLL=5 $G --caches certified --out $W/abu_5_2.json" ;;
+    smol4k)  # twenty-fifth session: SmolLM2 4K dense and certified after the in-place hot ids (two rows each, orders swapped)
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 4096"
+      step s4k_1 95 "$G --caches dense certified --out $W/s4k_1.json"
+      step s4k_2 95 "$G --caches certified dense --out $W/s4k_2.json" ;;
+    hot_used)  # twenty-fifth session: the LRU record of the hot slots updated for every layer at once (the last slice
+      # pair of the rung-0 loop body): does +CONDITIONAL,+WHILE now take the layer loop into one graph (trace), and
+      # what it gives end to end, default flags and with them, SmolLM2 1K
+      F="--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE"
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step hu_trace_on 110 "XLA_FLAGS=$F python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified --steps 16 --out $W/hu_trace_on.json"
+      step hu_1k 95 "$G --caches dense certified --out $W/hu_1k.json"
+      step hu_1k_cb 80 "XLA_FLAGS=$F $G --caches certified dense --out $W/hu_1k_cb.json" ;;
+    ab_hot_used)  # twenty-sixth session: CERTATTN_HOT_USED_STACKED off / on, default command buffers and
+      # +CONDITIONAL,+WHILE, alternated in one call (SmolLM2 1K; dense in the first and last rows)
+      F="--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE"
+      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
+      step ahu_off_1 95 "$G --caches dense certified --out $W/ahu_off_1.json"
+      step ahu_on_1 80 "CERTATTN_HOT_USED_STACKED=1 $G --caches certified --out $W/ahu_on_1.json"
+      step ahu_cb_off_1 80 "XLA_FLAGS=$F $G --caches certified --out $W/ahu_cb_off_1.json"
+      step ahu_cb_on_1 80 "XLA_FLAGS=$F CERTATTN_HOT_USED_STACKED=1 $G --caches certified --out $W/ahu_cb_on_1.json"
+      step ahu_on_2 80 "CERTATTN_HOT_USED_STACKED=1 $G --caches certified --out $W/ahu_on_2.json"
+      step ahu_off_2 80 "$G --caches certified --out $W/ahu_off_2.json"
+      step ahu_cb_on_2 80 "XLA_FLAGS=$F CERTATTN_HOT_USED_STACKED=1 $G --caches certified dense --out $W/ahu_cb_on_2.json"
+      step ahu_cb_off_2 80 "XLA_FLAGS=$F $G --caches certified --out $W/ahu_cb_off_2.json" ;;
     ab_unroll4k)  # the same at 4K, the best count of ab_unroll (U) against 1
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 4096"
       step abu4_1_1 90 "$G --caches dense certified --out $W/abu4_1_1.json"

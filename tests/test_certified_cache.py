@@ -461,18 +461,24 @@ def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots)
 @pytest.mark.parametrize("fast,slots,refresh", [(False, 0, "deferred"),
                                                 pytest.param(True, 0, "deferred", marks=pytest.mark.breadth),
                                                 (True, 8, "deferred"),
-                                                pytest.param(True, 8, "immediate", marks=pytest.mark.breadth)],
+                                                pytest.param(True, 8, "immediate", marks=pytest.mark.breadth),
+                                                (True, 8, "deferred, stacked hot_used")],
                          ids=["whole ladder", "fast pass", "fast pass, 8 hot slots",
-                              "fast pass, 8 hot slots, immediate"])
-def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast, slots, refresh):
+                              "fast pass, 8 hot slots, immediate", "fast pass, 8 hot slots, stacked LRU record"])
+def test_a_model_cache_refreshes_hot_sets_after_the_step_like_a_layer_cache_does_at_once(fast, slots, refresh,
+                                                                                          monkeypatch):
     """A model cache's layer views record rung 1's candidates (`hot_pending`) instead of writing the hot set back
     per layer; `with_lengths` makes them resident after the last layer (hot_refresh "deferred"), or write the
     hot set back from rung 1 itself ("immediate"). Step after step (hot sets filling, blocks flushing into LRU
     slots), every layer's outputs, certificates and hot set equal those of a single-layer cache that refreshes
     its hot set inside rung 1."""
+    from certattn_jax import cache as cache_module
     from certattn_jax.attention import certified_attention_fast
     from certattn_jax.model_cache import TieredModelCache
 
+    if refresh.endswith("stacked hot_used"):  # the layer views record their slots' use in the whole stack
+        refresh = refresh.split(",")[0]
+        monkeypatch.setattr(cache_module, "HOT_USED_STACKED", True)
     policy = dataclasses.replace(POLICY, eps=0.02, abs_tol=0.0, hot_slots=slots, hot_refresh=refresh)
     L, B, H, G, d, steps = 2, 2, 2, 2, 32, 12
     singles = []

@@ -712,6 +712,52 @@ def _kernel_inputs_sliced_from_stacks(jaxpr, layers: int) -> tuple[list, list]:
     return kernels, sliced
 
 
+def _rows_read_and_written_back(jaxpr, layers: int) -> list:
+    """Shapes of the stacked arrays ([layers, ...]) that a jaxpr (calls inlined, conditionals' branches skipped:
+    the rare rungs) updates with a dynamic-update-slice computed from a dynamic slice of the same array: a row read,
+    modified and written back. On a GPU XLA cannot fuse that slice into the in-place update, so it is a copy launch
+    of its own per layer-step (an async dynamic-slice pair, which also keeps the loop over layers out of one CUDA
+    graph)."""
+    found = []
+
+    def walk(jx, ids, taint):
+        ids, taint = dict(ids), dict(taint)  # var -> id of the array it is; var -> ids of the rows it reads
+        for v in jx.invars:
+            ids.setdefault(v, v)
+        for e in jx.eqns:
+            vin = [v for v in e.invars if isinstance(v, jax.extend.core.Var)]
+            name = e.primitive.name
+            if name in ("jit", "pjit", "closed_call"):
+                inner = e.params.get("jaxpr") or e.params.get("call_jaxpr")
+                inner = getattr(inner, "jaxpr", inner)
+                pairs = [(iv, ov) for iv, ov in zip(inner.invars, e.invars, strict=True)
+                         if isinstance(ov, jax.extend.core.Var)]
+                outs = walk(inner, {iv: ids.get(ov, ov) for iv, ov in pairs},
+                            {iv: taint[ov] for iv, ov in pairs if ov in taint})
+                taint.update({o: t for o, t in zip(e.outvars, outs, strict=True) if t})
+                continue
+            if name == "cond":
+                continue
+            if name in ("while", "scan"):
+                for sub in jax.extend.core.jaxprs_in_params(e.params):
+                    walk(sub, {}, {})
+                continue
+            t = frozenset().union(*(taint.get(v, frozenset()) for v in vin))
+            if name == "dynamic_slice" and vin and vin[0].aval.ndim >= 2 and vin[0].aval.shape[0] == layers:
+                t = t | {ids.get(vin[0], vin[0])}
+            if name == "dynamic_update_slice" and e.invars[0].aval.shape[0] == layers:
+                target = ids.get(e.invars[0], e.invars[0])
+                if target in taint.get(e.invars[1], frozenset()):
+                    found.append(tuple(e.invars[0].aval.shape))
+            for o in e.outvars:
+                if t:
+                    taint[o] = t
+        return [taint.get(v, frozenset()) if isinstance(v, jax.extend.core.Var) else frozenset() for v in jx.outvars]
+
+    walk(jaxpr, {}, {})
+    return found
+
+
 def test_the_kernels_of_a_rung0_layer_step_read_the_stacked_cache_in_place(params, monkeypatch):
     """The rung-0 pass's loop body hands no kernel a slice of a stacked cache array (token write, tier-1 pass,
     certify): on a GPU each such slice is an extra copy launch per layer-step whose loop-dependent offset keeps
@@ -732,6 +778,13 @@ def test_the_kernels_of_a_rung0_layer_step_read_the_stacked_cache_in_place(param
     kernels, sliced = _kernel_inputs_sliced_from_stacks(jaxpr.jaxpr, cfg.num_layers)
     assert sorted(set(kernels)) == ["certattn_certify_rung0", "certattn_tier1_pass", "certattn_write_token"], kernels
     assert sliced == [], sliced
+    # nor, with CERTATTN_HOT_USED_STACKED=1, does it read a stacked array's row to write it back; by default the
+    # LRU record of the hot slots is that one row (`TieredKVCache.with_hot_used_marked`)
+    assert _rows_read_and_written_back(jaxpr.jaxpr, cfg.num_layers) == [cache.store.hot_used.shape]
+    monkeypatch.setattr(cache_module, "HOT_USED_STACKED", True)
+    jaxpr = jax.make_jaxpr(lambda p, c: llama._layers_looped_stacked(p, cfg, x, c.decode_fast_path(0), cos, sin,
+                                                                     jnp.ones((1,), jnp.int32)))(p, cache)
+    assert _rows_read_and_written_back(jaxpr.jaxpr, cfg.num_layers) == []
 
 
 @pytest.mark.parametrize("weights", ["auto", "stacked", "switch", "kernel"])

@@ -102,13 +102,20 @@ def test_the_fused_rung0_is_checked_with_the_policys_k_max_and_the_caches_slots(
     asked = []
     monkeypatch.setattr(selftest, "rung0_trusted", lambda *a, **kw: asked.append((a, kw)) or True)
     k = jnp.zeros((1, 64, 1, 32), jnp.float32)
-    cache = TieredKVCache.from_dense(k, k, CertPolicy(block_size=16, group_size=16, k_max=2, hot_slots=8))
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2, hot_slots=8)
+    cache = TieredKVCache.from_dense(k, k, policy)
     assert step.fused_supported(cache, 2) and step.fused_supported(cache)
     from pallas_kernels import certify_rung0
 
     base = {"tuning": (256, 4), "select": certify_rung0.DEFAULT_SELECT}  # 4 blocks: the small-cache setting
-    assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base})
-    assert asked[1] == ((16, 32, 16, 8, 4, 8), {"hot_slots": 0, **base})
+    assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base, "layer_view": False})
+    assert asked[1] == ((16, 32, 16, 8, 4, 8), {"hot_slots": 0, **base, "layer_view": False})
+    # a model's layer view asks about the form its kernels run: its layer of the stacked arrays, in place
+    from certattn_jax.model_cache import TieredModelCache
+
+    model = TieredModelCache.from_layers([cache, cache], num_q_heads=2, policy=policy)
+    assert step.fused_supported(model.layer_view(1), 2)
+    assert asked[2] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base, "layer_view": True})
 
 
 def _halved_bound(q, cache, policy):
@@ -159,10 +166,13 @@ def _certify_reads_layer0(q, cache, policy):
                                       (_certify_reads_layer0, "(stacked layer view)")])
 def test_a_wrong_fused_rung0_is_caught(bad, what):
     """Caught: a bound or E_val below the jnp rung 0's beyond float32 reordering (even within TOLERANCE), an output
-    or a bound term off by more than TOLERANCE (too large as well); a kernel that reads another layer of a
-    model's stacked arrays than its view's (the check also runs the layer view a model's decode step uses)."""
-    problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad)
+    or a bound term off by more than TOLERANCE (too large as well), in either form; a kernel that reads another
+    layer of a model's stacked arrays than its view's, by the layer-view form (what a model's decode step runs)."""
+    stacked_only = "layer view" in what
+    problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad, layer_view=True)
     assert problem is not None and what in problem, problem
+    problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad)
+    assert (problem is None) if stacked_only else (problem is not None and what in problem), problem
 
 
 def test_the_compiled_margins_of_the_block_value_errors_pass_the_check():
@@ -519,13 +529,16 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     monkeypatch.setattr(ck, "certify_rung0", spy)
     monkeypatch.setattr(ck, "DEFAULT_SELECT", "loop")
     assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
-    # 16 + 8 + 3 full blocks, padded to 32 block columns: the cache, then the same as a model's layer view
-    assert ran == [(32, 16, 8)] * 2
-    # with the counted selection (CERTATTN_RUNG0_SELECT=count), also a cache whose one chunk takes it
+    # 16 + 8 + 3 full blocks, padded to 32 block columns
+    assert ran == [(32, 16, 8)]
+    # with the counted selection (CERTATTN_RUNG0_SELECT=count), also a cache whose one chunk takes it; the
+    # layer-view form walks the same sizes
     monkeypatch.setattr(ck, "DEFAULT_SELECT", "count")
-    ran.clear()
-    assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8)) is None
-    assert ran == [(32, 16, 8)] * 2 + [(16, 16, 8)] and ck.counts_picks(16, 16) and not ck.counts_picks(32, 16)
+    for layer_view in (False, True):
+        ran.clear()
+        assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), layer_view=layer_view) is None
+        assert ran == [(32, 16, 8), (16, 16, 8)]
+    assert ck.counts_picks(16, 16) and not ck.counts_picks(32, 16)
     # and its verdict is keyed apart from the loop's
     keys = []
     monkeypatch.setattr(selftest, "_trusted", lambda what, config, *a: keys.append(config) or True)
@@ -536,6 +549,13 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     finally:
         selftest.rung0_trusted.cache_clear()
     assert keys[0]["rung0_select"] == "count" and "rung0_select" not in keys[1]
+    # and the layer-view form's apart from the cache's own arrays' (whose key is unchanged: kept verdicts stay)
+    try:
+        selftest.rung0_trusted.cache_clear()
+        selftest.rung0_trusted(16, 32, 16, 8, 4, 2, layer_view=True)
+    finally:
+        selftest.rung0_trusted.cache_clear()
+    assert keys[2]["rung0_form"] == "layer_view" and "rung0_form" not in keys[1]
 
 
 def _slow_verdict(problem, seconds, log):
