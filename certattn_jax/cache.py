@@ -96,7 +96,8 @@ WRITE_KERNEL: bool | None = switch_from_env("CERTATTN_WRITE_KERNEL")
 # one row per call, docs/performance.md) it lets `--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE` take the
 # rung-0 pass's loop over layers into one graph (11.3 host graph launches per step instead of 31.9), but with
 # XLA's default command buffers it decoded 546.9 tokens/s against 560-562 without it (other calls, dense equal)
-# and compiled ~4 s longer. To be A/B'd in one call, with the flags, before it becomes a default.
+# and compiled ~4 s longer. To be A/B'd in one call, with the flags, before it becomes a default. Constant in a
+# process (read while tracing: a trace made with one setting and used with the other would mismatch).
 HOT_USED_STACKED: bool = bool(switch_from_env("CERTATTN_HOT_USED_STACKED"))
 
 BLOCK_FIELDS = TIER1_FIELDS + ("v_err", "v_mean_err", "v_err_op", "v_err_max", "v_norm_max", "v_scale_max",
@@ -453,7 +454,9 @@ class TieredKVCache:
         if not HOT_USED_STACKED or self.stack is None or self.layer is None or "hot_used" not in self.stack:
             return self.replace(hot_used=row)
         stacked = self.stack["hot_used"]
-        at = (jnp.arange(stacked.shape[0]) == self.layer)[:, None, None, None] & used[None]
+        L = stacked.shape[0]
+        layer = jnp.where(self.layer < 0, self.layer + L, self.layer)  # the row a write of `layer` would update
+        at = (jnp.arange(L) == layer)[:, None, None, None] & used[None]
         stack = {**self.stack, "hot_used": jnp.where(at, self.lengths[None, :, None, None], stacked)}
         return self.replace(hot_used=row, stack=stack)
 

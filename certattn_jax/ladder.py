@@ -257,7 +257,15 @@ def _rung3_per_head(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: St
 
 
 def rung4_exact_layer(q: jax.Array, cache: TieredKVCache, ctx: StepContext):
-    """Exact dense attention for every head (the dense path's computation): out [B, H, G, d] f32, bounds."""
+    """Exact dense attention for every head (the dense path's computation): out [B, H, G, d] f32, bounds. With
+    the gather kernel (`select.fetch_by_kernel`, the check rung 3's gather passed: the same slots), the layer's
+    tier 2 is read by one launch of the kernel (`_rung3_gathered` with every head flagged: the originals bit for
+    bit, so the same output) instead of XLA's host transfer: a kernel reading pinned host memory is device work
+    that a CUDA graph can hold, a host transfer is not (docs/performance.md, twenty-fifth session)."""
+    need = jnp.ones((cache.batch, cache.num_kv_heads), bool)
+    shape = (*need.shape, cache.num_blocks, cache.block_size, cache.head_dim)
+    if select.fetch_by_kernel(cache.host_k, jax.ShapeDtypeStruct(shape, cache.dtype)):
+        return _rung3_gathered(q, cache, need, ctx)
     k, v = exact_keys_values(cache)
     return _exact_attention(q, k, v, cache, ctx)
 

@@ -263,7 +263,7 @@ class TieredModelCache:
         for f in DEVICE_FIELDS:
             if base is not None and getattr(view, f) is getattr(base, f):
                 continue
-            if base is not None and _stack_updated(view, base, f):
+            if base is not None and _stack_updated(view, base, f, getattr(s, f)):
                 updates[f] = view.stack[f]  # already the whole model's array: no read and write of the row
             else:
                 updates[f] = _set_layer(getattr(s, f), layer, getattr(view, f))
@@ -440,11 +440,19 @@ def _layer_of(stacked: jax.Array, layer: int | jax.Array) -> jax.Array:
     return jax.lax.dynamic_index_in_dim(stacked, layer, axis=0, keepdims=False)
 
 
-def _stack_updated(view: TieredKVCache, base: TieredKVCache, field: str) -> bool:
-    """Whether the update of `field` from base to view also updated the view's stack (STACK_TRACKED_FIELDS):
-    then the view's stacked array is the model's array with the row set."""
-    return (field in STACK_TRACKED_FIELDS and view.stack is not None and base.stack is not None
-            and view.stack.get(field) is not base.stack.get(field))
+def _stack_updated(view: TieredKVCache, base: TieredKVCache, field: str, stored: jax.Array) -> bool:
+    """Whether the update of `field` from base to view also updated the view's stack, so that the view's stacked
+    array is the model's array `stored` with the layer's row set: only with `cache.HOT_USED_STACKED` (the one
+    updater that keeps the stack in step, `with_hot_used_marked`; STACK_TRACKED_FIELDS), and only where base's
+    stack is `stored` itself -- a view of an older state of the model (several views written back in turn) would
+    otherwise put back its snapshot of the other layers' rows. Outside a trace (a view through `jax.jit` comes
+    back with new arrays) the identity also fails when nothing was updated, which is why the switch must be on:
+    the row is written back instead."""
+    from certattn_jax import cache as cache_module
+
+    return (cache_module.HOT_USED_STACKED and field in STACK_TRACKED_FIELDS and view.stack is not None
+            and base.stack is not None and base.stack.get(field) is stored
+            and view.stack.get(field) is not stored)
 
 
 def _set_layer(stacked: jax.Array, layer: int | jax.Array, value: jax.Array) -> jax.Array:

@@ -143,6 +143,16 @@ _CHECKS_LOCK = threading.Lock()
 _THREAD = threading.local()  # .background: this thread runs `start_in_background`'s checks
 
 
+_CHECK_RUNS: list[dict] = []  # every check this process ran: {"what", "config", "seconds", "background"}
+
+
+def check_runs() -> list[dict]:
+    """The kernel checks this process ran so far (not those read from the verdict file or awaited): what, its
+    configuration, wall seconds, and whether a background thread ran it -- which check is the long pole of a
+    cold process's first decode compile (`seconds_checking` says how long callers waited in all)."""
+    return [dict(r) for r in _CHECK_RUNS]
+
+
 def seconds_checking() -> float:
     """Wall seconds this process's callers have been held up by kernel self-checks so far: running one, or
     waiting for one started in the background (benchmarks report the share of a compile that was checking: a
@@ -214,8 +224,16 @@ def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str 
             _store_verdict(path, key, {"what": what, "config": config, "problem": found,
                                        "device": jax.devices()[0].device_kind, "jax": jax.__version__})
 
+    def timed_problem() -> str | None:
+        t0 = time.perf_counter()
+        try:
+            return problem()
+        finally:
+            _CHECK_RUNS.append({"what": what, "config": dict(config), "seconds": round(time.perf_counter() - t0, 3),
+                                "background": bool(getattr(_THREAD, "background", False))})
+
     try:
-        return _timed(lambda: _run_once(key, problem, keep))[1]
+        return _timed(lambda: _run_once(key, timed_problem, keep))[1]
     except Exception as e:  # noqa: BLE001
         if getattr(_THREAD, "background", False):  # the foreground runs the check again (a transient error, e.g.
             raise  # memory taken by the prefill beside it, must not decide)

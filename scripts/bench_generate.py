@@ -26,6 +26,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   tier1_bps_rule         certified: how the fast pass splits the blocks (`tier1_pass.FAST_PASS_BPS`)
   layer_unroll           certified: layers per iteration of the rung-0 pass's loop (`llama.LAYER_UNROLL`)
   rung0_select           certified: the certify kernel's candidate selection (`certify_rung0.DEFAULT_SELECT`)
+  selftest_checks        the kernel self-checks the row's process ran: what, configuration, seconds, background
   hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
                          (`cache.HOT_USED_STACKED`, CERTATTN_HOT_USED_STACKED)
   decode_tokens_per_s    new tokens per second of the warm decode loop
@@ -88,6 +89,12 @@ def _rung0_select() -> str:
     from pallas_kernels import certify_rung0
 
     return certify_rung0.DEFAULT_SELECT
+
+
+def _selftest_runs() -> list[dict]:
+    from pallas_kernels import selftest
+
+    return selftest.check_runs()
 
 
 def _hot_used_stacked() -> bool:
@@ -208,6 +215,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # (verdicts not yet on disk: pallas_kernels/selftest.py), running one or waiting for one that the
             # prefill started in the background; 0 when every verdict was kept or had come in by then
             "selftest_s": round(checking, 3),
+            # each check the row's process ran (what, configuration, seconds, in the background or not)
+            "selftest_checks": _selftest_runs(),
             "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
             "decode_loop": loop, "launches_per_step": launches["launches"],
             "cond_branch_launches": launches["cond_branch_launches"],

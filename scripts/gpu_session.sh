@@ -460,6 +460,11 @@ for s in "$@"; do
       step ahu_off_2 80 "$G --caches certified --out $W/ahu_off_2.json"
       step ahu_cb_on_2 80 "XLA_FLAGS=$F CERTATTN_HOT_USED_STACKED=1 $G --caches certified dense --out $W/ahu_cb_on_2.json"
       step ahu_cb_off_2 80 "XLA_FLAGS=$F $G --caches certified --out $W/ahu_cb_off_2.json" ;;
+    host_write)  # twenty-sixth session: can a kernel write tier 2 in pinned host memory in place (the flush's write;
+      # the last host transfer of the rare-step conditional that keeps a decode step's predicate reads)? Then the
+      # write inside a conditional, with and without conditionals in the command buffers
+      P="python3 scripts/probe_host_write.py"
+      step host_write 120 "$P --out $W/probe_host_write.json && $P --in-cond --mib 64 --out $W/probe_host_write_cond.json && XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE $P --in-cond --mib 64 --out $W/probe_host_write_cond_cb.json" ;;
     ab_unroll4k)  # the same at 4K, the best count of ab_unroll (U) against 1
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 4096"
       step abu4_1_1 90 "$G --caches dense certified --out $W/abu4_1_1.json"

@@ -88,6 +88,18 @@ def test_probe_conditionals_smoke(tmp_path):
     assert all("extra_us_vs_plain" in r for r in result["forms"]) and "xla_flags" in result
 
 
+def test_probe_host_write_smoke(tmp_path):
+    """The tier-2 write probe runs (interpreted here) and both writes land where asked (its `correct` compares
+    with numpy, so a kernel writing the wrong block fails it)."""
+    out = tmp_path / "probe_host_write.json"
+    cmd = [sys.executable, str(ROOT / "scripts/probe_host_write.py"), "--smoke", "--in-cond", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                   timeout=300)
+    result = json.loads(out.read_text())
+    assert [r["variant"] for r in result["rows"]] == ["xla_dus", "kernel_alias"] and result["in_cond"]
+    assert all(r.get("correct") is True and "us_per_write" in r for r in result["rows"]), result["rows"]
+
+
 def test_probe_eval_compile_smoke(tmp_path):
     out = tmp_path / "probe_eval_compile.json"
     cmd = [sys.executable, str(ROOT / "scripts/probe_eval_compile.py"), "--model", "tiny", "--capacity", "64",

@@ -203,7 +203,15 @@ def test_rung_2_promotes_values_of_an_outlier_block():
     assert np.all(_errors(out, _reference(q, k, v)) <= np.asarray(cert.error_bound))
 
 
-def test_rung_3_exact_head_and_rung_4_exact_layer():
+@pytest.mark.parametrize("fetch_kernel", [None, True], ids=["default", "gather kernel"])
+def test_rung_3_exact_head_and_rung_4_exact_layer(monkeypatch, fetch_kernel):
+    """Rungs 3 and 4 forced: sound, and rung 4 is the dense path's output -- also when its tier-2 read is the
+    gather kernel (interpreted here), which must copy the originals bit for bit."""
+    from certattn_jax import select
+
+    monkeypatch.setattr(select, "FETCH_KERNEL", fetch_kernel)
+    # a fresh jit: the module-level one's cache does not key the fetch switch (read while tracing)
+    cert_attn = jax.jit(lambda q, cache, policy: certified_attention(q, cache, policy))
     q, k, v = _data(5)
     cache = TieredKVCache.from_dense(k, v, POLICY)
     ref = _reference(q, k, v)
@@ -456,6 +464,59 @@ def test_prefetch_makes_every_heads_candidates_resident_like_rung_1_would(slots)
         for f in ("hot_ids", "hot_k", "hot_v"):
             np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f"{f} {step}")
     assert np.mean(at_rung0) > 0.5, at_rung0  # the prefetching cache answered mostly at rung 0 meanwhile
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["row", "stacked LRU record"])
+def test_layer_views_write_their_lru_record_back_through_jit_and_in_turn(monkeypatch, stacked):
+    """A layer view stepped by the ladder and written back (`with_layer`) stores exactly its layer's `hot_used`,
+    with or without CERTATTN_HOT_USED_STACKED: after a `jax.jit` boundary (which returns new arrays: identity says
+    nothing there), for several views of one state written back in turn (the second must not put back its
+    snapshot of the first's row), and for a traced negative layer index (the row a write of it updates)."""
+    from certattn_jax import cache as cache_module
+    from certattn_jax.model_cache import TieredModelCache
+
+    monkeypatch.setattr(cache_module, "HOT_USED_STACKED", stacked)
+    policy = dataclasses.replace(POLICY, k_max=2, hot_slots=4, eps=0.002, abs_tol=0.0)
+    rng = np.random.default_rng(11)
+    layers = []
+    for _ in range(3):
+        k = jnp.asarray(rng.standard_normal((1, 64, 2, 32)), jnp.float32)
+        c = TieredKVCache.from_dense(k, k, policy)
+        for _ in range(3):  # hot sets filled by rung 1
+            c = certified_attention_step(jnp.asarray(rng.standard_normal((1, 4, 32)) * 3, jnp.float32), c, policy)[2]
+        layers.append(c)
+    model = TieredModelCache.from_layers(layers, num_q_heads=4, policy=policy)
+    model = model.replace(store=model.store.replace(lengths=model.store.lengths + 7))  # a mark is a new value
+    q = jnp.asarray(rng.standard_normal((1, 4, 32)), jnp.float32)
+
+    def expect(model, rows):
+        want = np.asarray(model.store.hot_used).copy()
+        for layer, row in rows.items():
+            want[layer] = np.asarray(row)
+        return want
+
+    view = model.layer_view(1)
+    # a fresh jit (a lambda): traces are cached per function, and the switch is read while tracing (in a process
+    # it is constant: CERTATTN_HOT_USED_STACKED is read at import)
+    jitted = jax.jit(lambda q, c: certified_attention_step(q, c, policy))
+    for step in (certified_attention_step, lambda q, c, _: jitted(q, c)):
+        c = step(q, view, policy)[2]
+        assert np.any(np.asarray(c.hot_used) != np.asarray(view.hot_used))  # the step marked some slot
+        np.testing.assert_array_equal(np.asarray(model.with_layer(1, c, view).store.hot_used),
+                                      expect(model, {1: c.hot_used}))
+    v0, v1, _ = model.layers
+    c0, c1 = (certified_attention_step(q, v, policy)[2] for v in (v0, v1))
+    np.testing.assert_array_equal(np.asarray(model.with_layer(0, c0, v0).with_layer(1, c1, v1).store.hot_used),
+                                  expect(model, {0: c0.hot_used, 1: c1.hot_used}))
+
+    @jax.jit
+    def at(model, i):
+        v = model.layer_view(i)
+        c = certified_attention_step(q, v, policy)[2]
+        return model.with_layer(i, c, v).store.hot_used, c.hot_used
+
+    stored, row = at(model, jnp.int32(-1))
+    np.testing.assert_array_equal(np.asarray(stored), expect(model, {2: row}))
 
 
 @pytest.mark.parametrize("fast,slots,refresh", [(False, 0, "deferred"),

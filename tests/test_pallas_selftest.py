@@ -241,11 +241,16 @@ def test_the_time_spent_checking_is_counted_and_a_kept_verdict_costs_none(monkey
         return None
 
     before = selftest.seconds_checking()
+    runs = len(selftest.check_runs())
     assert selftest._trusted("kernel B", dict(block_size=16), slow_check, "")
     spent = selftest.seconds_checking() - before
     assert 0.05 <= spent < 5.0, spent
     assert selftest._trusted("kernel B", dict(block_size=16), slow_check, "")
     assert selftest.seconds_checking() - before == spent
+    # the check that ran is listed once, with its time, in the foreground (the file's verdict is not a run)
+    (run,) = selftest.check_runs()[runs:]
+    assert run["what"] == "kernel B" and run["config"] == {"block_size": 16} and not run["background"]
+    assert 0.05 <= run["seconds"] <= spent + 1e-3
 
 
 def test_an_unknown_layout_setting_is_an_error_naming_it():
@@ -351,12 +356,15 @@ def test_a_check_in_progress_is_awaited_not_run_twice(monkeypatch, tmp_path):
         return "out off by 3"
 
     before = selftest.seconds_checking()
+    runs = len(selftest.check_runs())
     (t,) = selftest.start_in_background(lambda: selftest._trusted("kernel C", dict(block_size=8), slow_check, ""))
     assert started.wait(10)
     with pytest.warns(RuntimeWarning, match="off by 3"):  # the warning reaches the foreground caller
         assert not selftest._trusted("kernel C", dict(block_size=8), slow_check, "jnp instead")
     t.join(10)
     assert len(calls) == 1
+    (run,) = selftest.check_runs()[runs:]  # one run, by the background thread; the foreground awaited it
+    assert run["what"] == "kernel C" and run["background"] and run["seconds"] >= 0.3
     waited = selftest.seconds_checking() - before
     assert 0.0 < waited < 0.3 + 5.0, waited
 
@@ -439,6 +447,7 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
         for t in threads:
             t.join(30)
         assert [len(v) for v in asked.values()] == [1, 1, 1, 1] and warmed == [1]
+        assert asked["rung0"][0]["layer_view"] is True  # the form a model's decode step runs, checked as such
         layer = model_cache.TieredModelCache.init(num_layers=2, batch=1, capacity=64, num_kv_heads=2,
                                                   num_q_heads=4, head_dim=32, dtype=jnp.float32,
                                                   policy=policy).layer_view(0)
