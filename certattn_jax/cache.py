@@ -271,14 +271,24 @@ class TieredKVCache:
     # ------------------------------------------------------------------ shape facts
     @property
     def is_stacked_view(self) -> bool:
-        """A model cache's layer view that still holds its stack: kernels read its layer of the stacked arrays in
-        place (`tier1_arrays`, `slot_arrays`)."""
+        """A model cache's layer view that still holds its stack."""
         return self.stack is not None and self.layer is not None
+
+    @property
+    def kernels_read_stack_in_place(self) -> bool:
+        """A layer view whose kernels read its layer of the stacked arrays in place (`tier1_arrays`,
+        `slot_arrays`): one that holds its stack, where a compiled kernel can address the whole stacked tier 1
+        (`pallas_kernels.backend.arrays_fit`: 1-byte codes of 2**31 to 2**32 bytes are not, the lowering's
+        32-bit offsets wrap there). Otherwise the kernels get the layer's own arrays (a slice: a copy per
+        layer-step, correct)."""
+        from pallas_kernels import backend
+
+        return self.is_stacked_view and backend.arrays_fit(*(self.stack[f] for f in TIER1_FIELDS))
 
     def tier1_arrays(self, in_place: bool = True) -> tuple[tuple[jax.Array, ...], jax.Array | None]:
         """(k_codes, k_scale, k_zero, v_codes, v_scale, v_zero), layer: a layer view's stacked arrays and its layer
         (for a kernel that reads the layer in place: in_place), else this cache's own arrays and None."""
-        if in_place and self.is_stacked_view:
+        if in_place and self.kernels_read_stack_in_place:
             return tuple(self.stack[f] for f in TIER1_FIELDS), self.layer
         return tuple(getattr(self, f) for f in TIER1_FIELDS), None
 
@@ -286,7 +296,7 @@ class TieredKVCache:
         """(hot_k, hot_v, hot_ids, res_k, res_v): a layer view's stacked arrays (in_place; the caller reads layer
         `layer` of them, as `tier1_arrays`), else this cache's own."""
         names = ("hot_k", "hot_v", "hot_ids", "res_k", "res_v")
-        if in_place and self.is_stacked_view:
+        if in_place and self.kernels_read_stack_in_place:
             return tuple(self.stack[f] for f in names)
         return tuple(getattr(self, f) for f in names)
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from certattn_jax import bounds, quant, select
-from certattn_jax.cache import TieredKVCache
+from certattn_jax.cache import TIER1_FIELDS, TieredKVCache
 from certattn_jax.kv_cache import masked_attention_f32
 from certattn_jax.policy import CertPolicy, rung0_impl, tier1_impl
 
@@ -342,7 +342,7 @@ def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
         cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, k_max,
         hot_slots=cache.k_max if cache.k_max != k_max else 0,
         tuning=certify_rung0.tuning(certify_rung0.padded_blocks(cache.num_blocks)),
-        select=certify_rung0.DEFAULT_SELECT, layer_view=cache.is_stacked_view)
+        select=certify_rung0.DEFAULT_SELECT, layer_view=cache.kernels_read_stack_in_place)
 
 
 def uses_fused_rung0(cache: TieredKVCache, policy: CertPolicy) -> bool:
@@ -487,13 +487,16 @@ def rung0_fused(q: jax.Array, cache: TieredKVCache, policy: CertPolicy, split: b
 
 def tier1_kernel_runs(cache: TieredKVCache, impl: str) -> bool:
     """Whether `tier1_partials` takes the Pallas kernel for this cache: impl "pallas" (or "auto" on a GPU:
-    `policy.tier1_impl`), shapes it supports, and a compiled kernel that passed its known-answer check for this
-    configuration (`pallas_kernels.selftest`)."""
-    from pallas_kernels import selftest
+    `policy.tier1_impl`), shapes it supports, codes it can address (the arrays it would read: a layer view's
+    stacked ones where it reads them in place, else the cache's own; `pallas_kernels.backend.arrays_fit`), and a
+    compiled kernel that passed its known-answer check for this configuration (`pallas_kernels.selftest`)."""
+    from pallas_kernels import backend, selftest
     from pallas_kernels import tier1_pass as kernel
 
+    own_arrays = (getattr(cache, f) for f in TIER1_FIELDS)
     return (tier1_impl(impl) == "pallas"
             and kernel.supports(cache.block_size, cache.head_dim, cache.group_size, cache.value_bits)
+            and (cache.kernels_read_stack_in_place or backend.arrays_fit(*own_arrays))
             and selftest.tier1_trusted(cache.block_size, cache.head_dim, cache.group_size, cache.key_bits,
                                        cache.value_bits))
 

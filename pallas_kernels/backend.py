@@ -36,3 +36,28 @@ def supports_sizes(*sizes: int) -> bool:
     """Whether a kernel whose tensors have these sizes runs here: compiled (Triton) tensors need powers of two;
     interpret mode takes any size."""
     return interpret() or all(n > 0 and n & (n - 1) == 0 for n in sizes)
+
+
+# Pallas's Triton lowering computes a ref's element offsets in 32-bit integers unless the whole array is larger
+# than 2**32 bytes (`jax._src.pallas.triton.lowering._compute_offsets_from_indices`, jax 0.10-0.11), and Triton
+# adds a 32-bit offset to a pointer as a signed number. A 1-byte array (INT8 key codes, packed INT4 value codes)
+# of more than 2**31 elements but at most 2**32 bytes therefore wraps: offsets past 2**31 - 1 turn negative, and a
+# kernel reads (or writes) the wrong bytes. For a model's stacked codes (the 8B shape: 32 KiB of key codes per
+# token) that is 64K-128K tokens x batch: a silent wrong answer that no small known-answer check would see.
+# Wider elements never reach it (2**31 elements of 2 bytes are 2**32 bytes). tests/test_pallas_offsets.py pins
+# the rule against the lowering.
+_I32_OFFSETS_UP_TO_BYTES = 2**32
+
+
+def offsets_fit(shape: tuple[int, ...], dtype: Any) -> bool:
+    """Whether a compiled kernel can address every element of an array of this shape and dtype (see above): its
+    offsets fit the lowering's 32-bit integers, or the lowering takes 64-bit ones."""
+    size = 1
+    for n in shape:
+        size *= int(n)
+    return size <= 2**31 or size * jax.numpy.dtype(dtype).itemsize > _I32_OFFSETS_UP_TO_BYTES
+
+
+def arrays_fit(*arrays: Any) -> bool:
+    """`offsets_fit` for every array (anything with .shape and .dtype: arrays, ShapeDtypeStructs, tracers)."""
+    return all(offsets_fit(tuple(a.shape), a.dtype) for a in arrays)

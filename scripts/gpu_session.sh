@@ -465,6 +465,9 @@ for s in "$@"; do
       # write inside a conditional, with and without conditionals in the command buffers
       P="python3 scripts/probe_host_write.py"
       step host_write 120 "$P --out $W/probe_host_write.json && $P --in-cond --mib 64 --out $W/probe_host_write_cond.json && XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE $P --in-cond --mib 64 --out $W/probe_host_write_cond_cb.json" ;;
+    big_offsets)  # twenty-sixth session: a compiled kernel reading rows of a 3 GiB uint8 array (32-bit offsets, which
+      # should wrap past 2**31) and of a 5 GiB one (64-bit): what `backend.offsets_fit` guards the product against
+      step big_offsets 120 "python3 scripts/probe_large_offsets.py --out $W/probe_large_offsets.json" ;;
     ab_unroll4k)  # the same at 4K, the best count of ab_unroll (U) against 1
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 4096"
       step abu4_1_1 90 "$G --caches dense certified --out $W/abu4_1_1.json"

@@ -100,6 +100,15 @@ def test_probe_host_write_smoke(tmp_path):
     assert all(r.get("correct") is True and "us_per_write" in r for r in result["rows"]), result["rows"]
 
 
+def test_probe_large_offsets_smoke(tmp_path):
+    out = tmp_path / "probe_large_offsets.json"
+    cmd = [sys.executable, str(ROOT / "scripts/probe_large_offsets.py"), "--smoke", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                   timeout=300)
+    (case,) = json.loads(out.read_text())["cases"]
+    assert case["rows_ok"] == [True] * 3 and case["offsets_fit"]
+
+
 def test_probe_eval_compile_smoke(tmp_path):
     out = tmp_path / "probe_eval_compile.json"
     cmd = [sys.executable, str(ROOT / "scripts/probe_eval_compile.py"), "--model", "tiny", "--capacity", "64",
