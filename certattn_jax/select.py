@@ -35,11 +35,15 @@ FETCH_KERNEL: bool | None = switch_from_env("CERTATTN_FETCH_KERNEL")
 
 
 def fetch_by_kernel(host: jax.Array, dst: jax.Array) -> bool:
-    """Whether a fetch from tier 2 `host` into slots `dst` runs the gather kernel (FETCH_KERNEL above)."""
+    """Whether a fetch from tier 2 `host` into slots `dst` runs the gather kernel (FETCH_KERNEL above; never on
+    arrays a compiled kernel cannot address, `pallas_kernels.backend.arrays_fit`: a 1-byte cache dtype of 2-4
+    GiB)."""
+    from pallas_kernels import backend, selftest
+
+    if not backend.arrays_fit(host, dst):
+        return False
     if FETCH_KERNEL is not None:
         return FETCH_KERNEL
-    from pallas_kernels import selftest
-
     return selftest.runs_compiled_kernels() and selftest.gather_trusted(
         int(host.shape[-2]), int(host.shape[-1]), str(host.dtype), str(dst.dtype))
 

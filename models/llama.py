@@ -488,9 +488,10 @@ _GEMM_WEIGHTS = ("wq", "wk", "wv", "wqkv", "wo", "w_gate", "w_up", "w_gate_up", 
 
 def _row(name: str, w: jax.Array, i: jax.Array, in_place: bool) -> jax.Array | StackedWeight:
     """Layer i's weight `name` of the stacked weights: for a GEMM when in_place (the "kernel" weights mode) and the
-    kernel tiles it here, the stacked array and i, multiplied in place by `_dot`; else the row (a copy)."""
+    kernel tiles it here and can address it (`pallas_kernels.backend.arrays_fit`: 1-byte weights of 2-4 GiB
+    cannot), the stacked array and i, multiplied in place by `_dot`; else the row (a copy)."""
     if (in_place and name in _GEMM_WEIGHTS and w.ndim == 3
-            and stacked_kernel.supports(w.shape[1], w.shape[2])):
+            and stacked_kernel.supports(w.shape[1], w.shape[2]) and pallas_backend.arrays_fit(w)):
         return StackedWeight(w, i)
     return jax.lax.dynamic_index_in_dim(w, i, keepdims=False)
 

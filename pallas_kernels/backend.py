@@ -44,8 +44,9 @@ def supports_sizes(*sizes: int) -> bool:
 # of more than 2**31 elements but at most 2**32 bytes therefore wraps: offsets past 2**31 - 1 turn negative, and a
 # kernel reads (or writes) the wrong bytes. For a model's stacked codes (the 8B shape: 32 KiB of key codes per
 # token) that is 64K-128K tokens x batch: a silent wrong answer that no small known-answer check would see.
-# Wider elements never reach it (2**31 elements of 2 bytes are 2**32 bytes). tests/test_pallas_offsets.py pins
-# the rule against the lowering.
+# Wider elements never reach it (2**31 elements of 2 bytes are 2**32 bytes); the shipped caches and weights are
+# 2-4 bytes wide, but the gather and stacked-weight kernels check too (a float8 cache or weights would be 1 byte).
+# tests/test_pallas_offsets.py pins the rule against the lowering.
 _I32_OFFSETS_UP_TO_BYTES = 2**32
 
 

@@ -96,7 +96,7 @@ def test_a_model_whose_stacked_codes_the_kernels_cannot_address_reads_each_layer
 
 
 def test_codes_the_tier1_kernel_cannot_address_at_all_take_the_jnp_path():
-    """One layer's codes of 2**31 to 2**32 bytes (batch 16 at 128K of the 8B shape: 2 GiB of key codes): the
+    """One layer's codes of 2**31 to 2**32 bytes (batch 18 at 128K of the 8B shape: 2.25 GiB of key codes): the
     tier-1 kernel does not run on them (the jnp path does, correctly)."""
     policy = CertPolicy(block_size=64, group_size=32, k_max=8, tier1="pallas")
     cache = jax.eval_shape(lambda: TieredKVCache.init(batch=18, capacity=128 * 1024, num_kv_heads=8, head_dim=128,
@@ -105,3 +105,23 @@ def test_codes_the_tier1_kernel_cannot_address_at_all_take_the_jnp_path():
     fits = jax.eval_shape(lambda: TieredKVCache.init(batch=1, capacity=128 * 1024, num_kv_heads=8, head_dim=128,
                                                      dtype=jnp.bfloat16, policy=dataclasses.replace(policy)))
     assert step.tier1_kernel_runs(fits, "pallas")
+
+
+def test_the_gather_kernel_and_the_stacked_weight_kernel_refuse_what_they_cannot_address(monkeypatch):
+    """The other kernels' inputs are wide in every shipped configuration, but a 1-byte cache dtype (float8) or
+    1-byte weights of 2-4 GiB would wrap too: the gather kernel is not used for such a tier 2 (even when forced),
+    and the stacked-weight GEMM reads such a weight's row instead (a copy)."""
+    from certattn_jax import select
+    from models import llama
+
+    monkeypatch.setattr(select, "FETCH_KERNEL", True)
+    host = jax.ShapeDtypeStruct((32, 1, 8, 1536, 64, 128), jnp.float8_e4m3fn)  # 3 GiB of 1-byte tier 2
+    dst = jax.ShapeDtypeStruct((1, 8, 16, 64, 128), jnp.float8_e4m3fn)
+    assert not select.fetch_by_kernel(host, dst)
+    assert select.fetch_by_kernel(jax.ShapeDtypeStruct(host.shape, jnp.bfloat16), dst)
+    big = jax.ShapeDtypeStruct((32, 4096, 28672), jnp.float8_e4m3fn)  # the 8B w_gate_up in 1-byte elements
+    row = jax.eval_shape(lambda w: llama._row("w_gate_up", w, jnp.int32(3), True), big)
+    assert not isinstance(row, llama.StackedWeight) and row.shape == (4096, 28672)
+    wide = jax.eval_shape(lambda w: llama._row("w_gate_up", w, jnp.int32(3), True),
+                          jax.ShapeDtypeStruct(big.shape, jnp.bfloat16))
+    assert isinstance(wide, llama.StackedWeight) == llama.stacked_kernel.supports(4096, 28672)
