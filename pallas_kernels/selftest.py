@@ -474,9 +474,10 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
     whose passes walk two chunks (the second one ragged) unless the chunk is the small-cache setting's; with the
     counted candidate selection (select "count", default `certify_rung0.DEFAULT_SELECT`, which the run uses), also
     on a cache whose one chunk takes it. layer_view: run the kernels as a model's decode step runs them, on a
-    layer view of stacked arrays (`as_layer_view`: both kernels read layer 1 in place, the other layers' arrays
-    empty, so a read of the wrong layer changes the answer), instead of on the cache's own arrays: the two are
-    different compiled code, each checked where it is used (one compile of the kernels per size, not two)."""
+    layer view of stacked arrays (`as_layer_view`: both kernels read the layer in place, the other layers' arrays
+    empty, so a read of the wrong layer changes the answer; as the first, a middle and the last layer), instead of
+    on the cache's own arrays: the two are different compiled code, each checked where it is used (one compile of
+    the kernels per size, not two)."""
     from certattn_jax import ladder, step
     from pallas_kernels import certify_rung0
 
@@ -505,25 +506,34 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
             return step.evaluate_stage(ctx, [ladder.select_and_promote(ctx, cache, policy).hot], q.dtype, policy)
 
         ref = jax.jit(jnp_rung0)(q, cache)
-        got = jax.jit(lambda q, cache: run(q, cache, policy).stage)(q, as_layer_view(cache) if layer_view else cache)
-        problem = _rung0_stage_problem(got, ref)
-        return f"{problem} (stacked layer view)" if problem is not None and layer_view else problem
+        fused = jax.jit(lambda q, cache: run(q, cache, policy).stage)
+        if not layer_view:
+            return _rung0_stage_problem(fused(q, cache), ref)
+        # the cache as each layer of the stack in turn, the others empty: first, middle and last (a traced index:
+        # one compile, three runs)
+        for at in range(_VIEW_LAYERS):
+            problem = _rung0_stage_problem(fused(q, as_layer_view(cache, at)), ref)
+            if problem is not None:
+                return f"{problem} (stacked layer view, layer {at} of {_VIEW_LAYERS})"
+        return None
 
     return _eagerly(check)
 
 
-def as_layer_view(cache):
-    """`cache` as layer 1 of a 3-layer model's stacked cache (`TieredModelCache.layer_view`'s form; 3 layers, like
-    a real model's 30 or 32 not a power of two, which a kernel's stacked block must take), layers 0 and 2 zero
-    (hot ids -1: an empty hot set)."""
+_VIEW_LAYERS = 3  # like a real model's 30 or 32 layers not a power of two, which a kernel's stacked block must take
+
+
+def as_layer_view(cache, layer: int = 1):
+    """`cache` as layer `layer` of a 3-layer model's stacked cache (`TieredModelCache.layer_view`'s form), the
+    other layers zero (hot ids -1: an empty hot set)."""
     from certattn_jax.cache import DEVICE_FIELDS
 
     def stacked(name):
         x = getattr(cache, name)
         other = jnp.full_like(x, -1) if name == "hot_ids" else jnp.zeros_like(x)
-        return jnp.stack([other, x, other])
+        return jnp.stack([x if i == layer else other for i in range(_VIEW_LAYERS)])
 
-    return cache.replace(layer=jnp.asarray(1, jnp.int32), stack={f: stacked(f) for f in DEVICE_FIELDS})
+    return cache.replace(layer=jnp.asarray(layer, jnp.int32), stack={f: stacked(f) for f in DEVICE_FIELDS})
 
 
 def _rung0_stage_problem(got, ref) -> str | None:

@@ -143,6 +143,14 @@ def _wrong_layer(q, cache, policy):
     return step.rung0_fused(q, cache, policy)
 
 
+def _last_layer_clipped(q, cache, policy):
+    """Never reads the last layer of a stack (an index clipped one short): right at every other layer."""
+    if cache.stack is not None:
+        last = cache.stack["k_codes"].shape[0] - 1
+        cache = cache.replace(layer=jnp.minimum(cache.layer, last - 1))
+    return step.rung0_fused(q, cache, policy)
+
+
 def _certify_reads_layer0(q, cache, policy):
     """Only the certify kernel reads the wrong layer's hot ids (layer 0, empty), the tier-1 pass the right one."""
     from pallas_kernels import certify_rung0 as ck
@@ -162,13 +170,14 @@ def _certify_reads_layer0(q, cache, policy):
 @pytest.mark.parametrize("bad,what", [(_halved_bound, "bound"), (_shifted_out, "out off by"),
                                       (_scaled_e_val(1 - 3e-4), "e_val smaller"),
                                       (_scaled_e_val(1.01), "e_val off by"),
-                                      (_wrong_layer, "(stacked layer view)"),
-                                      (_certify_reads_layer0, "(stacked layer view)")])
+                                      (_wrong_layer, "stacked layer view, layer 1 of 3"),
+                                      (_certify_reads_layer0, "stacked layer view, layer 1 of 3"),
+                                      (_last_layer_clipped, "stacked layer view, layer 2 of 3")])
 def test_a_wrong_fused_rung0_is_caught(bad, what):
     """Caught: a bound or E_val below the jnp rung 0's beyond float32 reordering (even within TOLERANCE), an output
     or a bound term off by more than TOLERANCE (too large as well), in either form; a kernel that reads another
     layer of a model's stacked arrays than its view's, by the layer-view form (what a model's decode step runs)."""
-    stacked_only = "layer view" in what
+    stacked_only = "layer view" in what  # the layer-view form checks the first, a middle and the last layer
     problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad, layer_view=True)
     assert problem is not None and what in problem, problem
     problem = selftest.rung0_disagreement(32, 32, 32, 8, 4, 4, run=bad)
