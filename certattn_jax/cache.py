@@ -461,7 +461,7 @@ class TieredKVCache:
         graph (docs/performance.md, twenty-fifth session). The view's own row stays the layer's value, for the
         rungs that read it; both agree (STACK_TRACKED_FIELDS)."""
         row = jnp.where(used, self.lengths[:, None, None], self.hot_used)
-        if not HOT_USED_STACKED or self.stack is None or self.layer is None or "hot_used" not in self.stack:
+        if not (HOT_USED_STACKED and self.is_stacked_view and "hot_used" in self.stack):
             return self.replace(hot_used=row)
         stacked = self.stack["hot_used"]
         L = stacked.shape[0]

@@ -195,10 +195,16 @@ def rung3_exact_heads(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: 
     (elsewhere 0, inf, inf). With the gather kernel (`select.fetch_by_kernel`), one launch reads the flagged heads'
     tier 2 and one dense attention answers them all (`_rung3_gathered`); else a loop over the heads reads each
     flagged head whole (a conditional per head)."""
-    shape = (*need.shape, cache.num_blocks, cache.block_size, cache.head_dim)
-    if select.fetch_by_kernel(cache.host_k, jax.ShapeDtypeStruct(shape, cache.dtype)):
+    if _gathers_whole_heads(cache):
         return _rung3_gathered(q, cache, need, ctx)
     return _rung3_per_head(q, cache, need, ctx)
+
+
+def _gathers_whole_heads(cache: TieredKVCache) -> bool:
+    """Whether rungs 3 and 4 read whole heads of tier 2 with the gather kernel (`_rung3_gathered`: every block of
+    each head into device slots [B, H, nb, Bk, d], the pair the kernel's check covers)."""
+    slots = (cache.batch, cache.num_kv_heads, cache.num_blocks, cache.block_size, cache.head_dim)
+    return select.fetch_by_kernel(cache.host_k, jax.ShapeDtypeStruct(slots, cache.dtype))
 
 
 def _rung3_gathered(q: jax.Array, cache: TieredKVCache, need: jax.Array, ctx: StepContext):
@@ -262,10 +268,8 @@ def rung4_exact_layer(q: jax.Array, cache: TieredKVCache, ctx: StepContext):
     tier 2 is read by one launch of the kernel (`_rung3_gathered` with every head flagged: the originals bit for
     bit, so the same output) instead of XLA's host transfer: a kernel reading pinned host memory is device work
     that a CUDA graph can hold, a host transfer is not (docs/performance.md, twenty-fifth session)."""
-    need = jnp.ones((cache.batch, cache.num_kv_heads), bool)
-    shape = (*need.shape, cache.num_blocks, cache.block_size, cache.head_dim)
-    if select.fetch_by_kernel(cache.host_k, jax.ShapeDtypeStruct(shape, cache.dtype)):
-        return _rung3_gathered(q, cache, need, ctx)
+    if _gathers_whole_heads(cache):
+        return _rung3_gathered(q, cache, jnp.ones((cache.batch, cache.num_kv_heads), bool), ctx)
     k, v = exact_keys_values(cache)
     return _exact_attention(q, k, v, cache, ctx)
 

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _device_timing import write_json  # noqa: E402
 
 
 def write_kernel(ids_ref, blk_ref, x_ref, o_ref):
@@ -162,9 +164,7 @@ def main() -> None:
                 row["error"] = f"{type(e).__name__}: {str(e)[:600]}"
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _device_timing import write_json  # noqa: E402
 
 
 def read_rows(x, interpret: bool):
@@ -75,9 +77,7 @@ def main() -> None:
             case["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         out["cases"].append(case)
         print(json.dumps(case), flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":
