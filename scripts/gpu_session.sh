@@ -465,6 +465,12 @@ for s in "$@"; do
       # write inside a conditional, with and without conditionals in the command buffers
       P="python3 scripts/probe_host_write.py"
       step host_write 120 "$P --out $W/probe_host_write.json && $P --in-cond --mib 64 --out $W/probe_host_write_cond.json && XLA_FLAGS=--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE $P --in-cond --mib 64 --out $W/probe_host_write_cond_cb.json" ;;
+    at8b)  # twenty-sixth session: which GEMM fusions the 8B certified decode compile autotunes that dense does not
+      # (~10 s of its XLA compile is autotuning, 2026-12-04); dense and certified each in a process of its own,
+      # XLA's autotune results dumped after each compile (prefill programs included in both)
+      for c in dense certified; do
+        step at8b_$c 200 "XLA_FLAGS=--xla_gpu_dump_autotune_results_to=$W/autotune_8b_$c.textproto $B --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches $c --out $W/at8b_$c.json"
+      done ;;
     big_offsets)  # twenty-sixth session: a compiled kernel reading rows of a 3 GiB uint8 array (32-bit offsets, which
       # should wrap past 2**31) and of a 5 GiB one (64-bit): what `backend.offsets_fit` guards the product against
       step big_offsets 120 "python3 scripts/probe_large_offsets.py --out $W/probe_large_offsets.json" ;;
