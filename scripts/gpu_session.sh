@@ -471,6 +471,9 @@ for s in "$@"; do
       for c in dense certified; do
         step at8b_$c 200 "XLA_FLAGS=--xla_gpu_dump_autotune_results_to=$W/autotune_8b_$c.textproto $B --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches $c --out $W/at8b_$c.json"
       done ;;
+    lower8b_prof)  # twenty-sixth session: where the 8B certified decode loop's 4 s of tracing + lowering go (dense:
+      # 0.4 s): one row under cProfile (main thread: the trace and the Pallas -> Triton lowering; inflated by it)
+      step lower8b_prof 200 "python3 -m cProfile -o $W/lower8b.pstats scripts/bench_generate.py --row llama3.1-8b certified 8192 --new-tokens 8 --tier1 pallas > $W/lower8b_row.txt && python3 -c \"import pstats; s = pstats.Stats('$W/lower8b.pstats'); s.sort_stats('cumulative').print_stats(120); s.sort_stats('tottime').print_stats(40)\" > $W/lower8b_top.txt" ;;
     big_offsets)  # twenty-sixth session: a compiled kernel reading rows of a 3 GiB uint8 array (32-bit offsets, which
       # should wrap past 2**31) and of a 5 GiB one (64-bit): what `backend.offsets_fit` guards the product against
       step big_offsets 120 "python3 scripts/probe_large_offsets.py --out $W/probe_large_offsets.json" ;;
