@@ -234,7 +234,8 @@ def _nested(cond, body, advance, state, params, config):
 _COMPILED: dict[Any, Any] = {}
 # seconds of the last decode-loop build (`compiled_decode_loop`): "lower_s" tracing and lowering (the Pallas
 # kernels to Triton IR included), "xla_compile_s" XLA's compile (the kernels' Triton compile and GEMM autotuning
-# included); a build repeated after a failed self-check overwrites them
+# included), "started_at" its time.perf_counter() at the start; a build repeated after a failed self-check
+# overwrites them
 LAST_BUILD_SECONDS: dict[str, float] = {}
 
 
@@ -258,7 +259,7 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
             lowered = fn.lower(*args)
             t1 = time.perf_counter()
             compiled = _compile_with_options(lowered, options)
-            LAST_BUILD_SECONDS.update(lower_s=t1 - t0, xla_compile_s=time.perf_counter() - t1)
+            LAST_BUILD_SECONDS.update(lower_s=t1 - t0, xla_compile_s=time.perf_counter() - t1, started_at=t0)
             return compiled
 
         # on a fresh GPU the kernels' self-checks (started at the prefill) still run: compile beside them, keep

@@ -143,13 +143,15 @@ _CHECKS_LOCK = threading.Lock()
 _THREAD = threading.local()  # .background: this thread runs `start_in_background`'s checks
 
 
-_CHECK_RUNS: list[dict] = []  # every check this process ran: {"what", "config", "seconds", "background"}
+_CHECK_RUNS: list[dict] = []  # every check this process ran: {"what", "config", "start_s", "seconds", "background"}
+_IMPORTED_AT = time.perf_counter()  # the origin of a check run's start_s
 
 
 def check_runs() -> list[dict]:
     """The kernel checks this process ran so far (not those read from the verdict file or awaited): what, its
-    configuration, wall seconds, and whether a background thread ran it -- which check is the long pole of a
-    cold process's first decode compile (`seconds_checking` says how long callers waited in all)."""
+    configuration, when it started (seconds after this module's import), wall seconds, and whether a background
+    thread ran it -- which check is the long pole of a cold process's first decode compile, and whether it ran
+    beside the prefill or queued behind a compile (`seconds_checking` says how long callers waited in all)."""
     return [dict(r) for r in _CHECK_RUNS]
 
 
@@ -229,7 +231,8 @@ def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str 
         try:
             return problem()
         finally:
-            _CHECK_RUNS.append({"what": what, "config": dict(config), "seconds": round(time.perf_counter() - t0, 3),
+            _CHECK_RUNS.append({"what": what, "config": dict(config), "start_s": round(t0 - _IMPORTED_AT, 3),
+                                "seconds": round(time.perf_counter() - t0, 3),
                                 "background": bool(getattr(_THREAD, "background", False))})
 
     try:

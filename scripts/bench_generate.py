@@ -26,7 +26,11 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   tier1_bps_rule         certified: how the fast pass splits the blocks (`tier1_pass.FAST_PASS_BPS`)
   layer_unroll           certified: layers per iteration of the rung-0 pass's loop (`llama.LAYER_UNROLL`)
   rung0_select           certified: the certify kernel's candidate selection (`certify_rung0.DEFAULT_SELECT`)
-  selftest_checks        the kernel self-checks the row's process ran: what, configuration, seconds, background
+  selftest_checks        the kernel self-checks the row's process ran: what, configuration, start (start_s), seconds,
+                         background
+  cold_run_start_s, decode_build_start_s   on start_s's clock (seconds after the self-checks' import): when the
+                         cold run's prefill and its decode build began (a check that starts after the build waited
+                         for something: the timeline of a cold compile)
   hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
                          (`cache.HOT_USED_STACKED`, CERTATTN_HOT_USED_STACKED)
   decode_tokens_per_s    new tokens per second of the warm decode loop
@@ -184,6 +188,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
                 "prefill_chunk": prefill_chunk}
     record = mode == "certified"  # the rung histogram says whether the slow pass ran (a tiny per-step write)
     checking = selftest.seconds_checking()
+    cold_at = time.perf_counter()
     cold = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     checking = selftest.seconds_checking() - checking  # one-time kernel self-checks inside the cold run's compiles
     build_s = dict(gen.LAST_BUILD_SECONDS)
@@ -217,6 +222,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "selftest_s": round(checking, 3),
             # each check the row's process ran (what, configuration, seconds, in the background or not)
             "selftest_checks": _selftest_runs(),
+            # the same clock as selftest_checks' start_s: when the cold run (its prefill) and its decode build began
+            "cold_run_start_s": round(cold_at - selftest._IMPORTED_AT, 3),
+            "decode_build_start_s": round(build_s.get("started_at", float("nan")) - selftest._IMPORTED_AT, 3),
             "decode_tokens_per_s": round(warm.tokens_per_s, 2), "decode_steps": warm.num_steps,
             "decode_loop": loop, "launches_per_step": launches["launches"],
             "cond_branch_launches": launches["cond_branch_launches"],
