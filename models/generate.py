@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from certattn_jax import kernel_checks
+from certattn_jax import kernel_checks, xla_options
 from certattn_jax.env import choice_from_env, switch_from_env
 from certattn_jax.kv_cache import KVCache, commit_arrays
 from certattn_jax.model_cache import CacheSpec, cache_spec
@@ -73,10 +73,11 @@ def command_buffer_scheduling(backend: str | None = None) -> str:
     return mode
 
 
-def decode_compiler_options(backend: str | None = None) -> dict[str, str]:
-    """XLA options the decode loop is compiled with (`jax.stages.Lowered.compile(compiler_options=...)`)."""
+def decode_compiler_options(backend: str | None = None) -> dict[str, Any]:
+    """XLA options the decode loop is compiled with (`jax.stages.Lowered.compile(compiler_options=...)`): the
+    command-buffer scheduling mode and `certattn_jax.xla_options.compile_options` (the fusion autotuner)."""
     mode = command_buffer_scheduling(backend)
-    return {} if mode == "xla" else {_SCHEDULING_OPTION: mode}
+    return {**({} if mode == "xla" else {_SCHEDULING_OPTION: mode}), **xla_options.compile_options(backend)}
 
 
 def _compile_with_options(lowered: Any, options: dict[str, str]) -> Any:

@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from certattn_jax import quant
+from certattn_jax import quant, xla_options
 from pallas_kernels import backend
 
 # Relative to the largest magnitude of each output: the kernel and the reference agree to ~1e-6 (float32 sums
@@ -376,7 +376,7 @@ def _inputs(block_size: int, head_dim: int, group_size: int, key_bits: int, valu
     v = rng.normal(size=(L, B, H, nb, Bk, d)) + 0.5
     # jitted: one compile instead of an op-by-op dispatch (each op its own first-time compile: ~2.7 s on the CPU
     # against 0.3 s, and this runs on a fresh machine's first decode, inside its wait for the checks)
-    kc, ks, kz, vc, vs, vz = jax.jit(lambda k, v: (*quant.quantize_keys(k, key_bits),
+    kc, ks, kz, vc, vs, vz = xla_options.jit(lambda k, v: (*quant.quantize_keys(k, key_bits),
                                                    *quant.quantize_values(v, group_size, value_bits)))(
         jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32))
     q = jnp.asarray(rng.normal(size=(B, H, G, d)) / np.sqrt(d), jnp.float32)
@@ -413,8 +413,8 @@ def tier1_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
     def check() -> str | None:
         for name, args, kw in _layouts(block_size, head_dim, group_size, key_bits, value_bits):
             # jitted: one compile each instead of an op-by-op dispatch of the reference on a GPU
-            got = jax.jit(lambda *a, kw=kw: run(*a, **kw))(*args)
-            want = jax.jit(lambda *a, kw=kw: t1.tier1_pass_reference(*a, **kw))(*args)
+            got = xla_options.jit(lambda *a, kw=kw: run(*a, **kw))(*args)
+            want = xla_options.jit(lambda *a, kw=kw: t1.tier1_pass_reference(*a, **kw))(*args)
             for field in t1.Tier1Partials._fields:
                 w = getattr(want, field)
                 if w is None:
@@ -464,7 +464,7 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
         return cache.replace(hot_ids=ids, hot_k=hot(kj).astype(cache.hot_k.dtype),
                              hot_v=hot(vj).astype(cache.hot_v.dtype))
 
-    return jnp.asarray(q, jnp.bfloat16), jax.jit(build)(kj, vj, jnp.asarray(ids)), policy
+    return jnp.asarray(q, jnp.bfloat16), xla_options.jit(build)(kj, vj, jnp.asarray(ids)), policy
 
 
 def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
@@ -508,8 +508,8 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
             ctx = step.build_context(q, cache, policy)
             return step.evaluate_stage(ctx, [ladder.select_and_promote(ctx, cache, policy).hot], q.dtype, policy)
 
-        ref = jax.jit(jnp_rung0)(q, cache)
-        fused = jax.jit(lambda q, cache: run(q, cache, policy).stage)
+        ref = xla_options.jit(jnp_rung0)(q, cache)
+        fused = xla_options.jit(lambda q, cache: run(q, cache, policy).stage)
         if not layer_view:
             return _rung0_stage_problem(fused(q, cache), ref)
         # the cache as each layer of the stack in turn, the others empty: first, middle and last (a traced index:
@@ -622,7 +622,7 @@ def warm_compiler(interpret: bool = False) -> None:
         o_ref[...] = x_ref[...] + 1.0
 
     shape = jax.ShapeDtypeStruct((16, 128), jnp.float32)
-    jax.jit(pl.pallas_call(add_one, out_shape=shape, interpret=interpret)).lower(shape).compile()
+    xla_options.jit(pl.pallas_call(add_one, out_shape=shape, interpret=interpret)).lower(shape).compile()
 
 
 @functools.cache
@@ -660,9 +660,9 @@ def gather_disagreement(block_size: int, head_dim: int, host_dtype: str, dst_dty
         place = (lambda x: x) if backend.interpret() else tiers.to_host
         hk, hv = (place(x) for x in host)
         layer = jnp.asarray(1, jnp.int32)
-        cases = [("one layer of a stacked tier 2", jax.jit(run)(dk[1], dv[1], hk, hv, ids[1], layer),
+        cases = [("one layer of a stacked tier 2", xla_options.jit(run)(dk[1], dv[1], hk, hv, ids[1], layer),
                   gb.gather_reference(dk[1], dv[1], *host, ids[1], layer)),  # the jnp reference, on device copies
-                 ("every layer", jax.jit(run)(dk, dv, hk, hv, ids), gb.gather_reference(dk, dv, *host, ids))]
+                 ("every layer", xla_options.jit(run)(dk, dv, hk, hv, ids), gb.gather_reference(dk, dv, *host, ids))]
         for name, got, ref in cases:
             for which, g, r in zip(("keys", "values"), got, ref, strict=True):
                 g, r = np.asarray(g.astype(jnp.float32)), np.asarray(r.astype(jnp.float32))
@@ -710,7 +710,7 @@ def write_disagreement(block_size: int, head_dim: int, dtype: str, run: Callable
                 for _ in range(2))
         r = jnp.asarray([block_size - 1, 1], jnp.int32)
         args = (*res, v_min, v_max, v_norm_max, value_stats, v_err_max, k, v, r, jnp.asarray(1, jnp.int32))
-        got, ref = jax.jit(run)(*args), wt.write_token_reference(*args)
+        got, ref = xla_options.jit(run)(*args), wt.write_token_reference(*args)
         for name, g, w in zip(("res_k", "res_v", "v_min", "v_max"), got[:4], ref[:4], strict=False):
             g, w = np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32))
             if g.shape != w.shape or not np.array_equal(g, w):

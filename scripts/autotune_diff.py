@@ -2,8 +2,9 @@
 
     python scripts/autotune_diff.py autotune_8b_dense.textproto autotune_8b_certified.textproto --out diff.json
 
-Each file is XLA's AutotuneResults text proto: one `results { device: ... hlo: "<fusion fingerprint>" result {
-... } }` entry per autotuned fusion (GEMM fusions, their Triton tilings or cuBLAS). Reports per file the entry count
+Each file is XLA's autotune dump in text form: one entry per autotuned fusion, keyed by the fusion's HLO (older
+XLA: `results { hlo: ... result { triton / gemm ... } }`, GEMMs only; jax 0.11's: `entries { key { target {
+hlo_fingerprint } } value { optimal_config { backend: ... } } }`, plain fusions too). Reports per file the entry count
 and, for the second file, the entries whose `hlo` key the first lacks, with the chosen backend of each (what the
 extra autotuning time of the second program's compile went into).
 """
@@ -17,17 +18,23 @@ from pathlib import Path
 
 
 def entries(text: str) -> dict[str, str]:
-    """{hlo key: the entry's text} of an AutotuneResults text proto (top-level `results { ... }` blocks)."""
+    """{fusion key: the entry's text} of a dump: the older AutotuneResults format (top-level `results { ... hlo:
+    "..." }` blocks) or the newer autotuner's (`entries { key { target { hlo_fingerprint: "..." } } value { ... } }`,
+    jax 0.11's XLA, which also picks an emitter for plain fusions)."""
     out: dict[str, str] = {}
-    for m in re.finditer(r"^results \{\n(.*?)^\}", text, flags=re.S | re.M):
+    for m in re.finditer(r"^(?:results|entries) \{\n(.*?)^\}", text, flags=re.S | re.M):
         body = m.group(1)
-        key = re.search(r'^\s*hlo: "((?:[^"\\]|\\.)*)"', body, flags=re.M)
+        key = re.search(r'^\s*(?:hlo|hlo_fingerprint): "((?:[^"\\]|\\.)*)"', body, flags=re.M)
         if key:
             out[key.group(1)] = body
     return out
 
 
 def backend_of(body: str) -> str:
+    """The chosen backend: the newer format's `backend: NAME`, else the older format's result kind."""
+    named = re.search(r"^\s*backend: (\w+)", body, flags=re.M)
+    if named:
+        return named.group(1)
     for name in ("triton", "gemm", "cudnn", "algorithm", "custom_kernel_fusion", "other"):
         if re.search(rf"^\s*{name}\s*\{{", body, flags=re.M):
             return name
@@ -45,7 +52,14 @@ def main() -> int:
     by_backend: dict[str, int] = {}
     for body in extra.values():
         by_backend[backend_of(body)] = by_backend.get(backend_of(body), 0) + 1
+    def count(found: dict[str, str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for body in found.values():
+            out[backend_of(body)] = out.get(backend_of(body), 0) + 1
+        return out
+
     report = {"base": args.base, "other": args.other, "base_entries": len(base), "other_entries": len(other),
+              "base_by_backend": count(base), "other_by_backend": count(other),
               "only_in_other": len(extra), "only_in_other_by_backend": by_backend,
               "only_in_other_keys": [k[:400] for k in extra]}
     text = json.dumps(report, indent=1)

@@ -31,6 +31,8 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   cold_run_start_s, decode_build_start_s   on start_s's clock (seconds after the self-checks' import): when the
                          cold run's prefill and its decode build began (a check that starts after the build waited
                          for something: the timeline of a cold compile)
+  fusion_autotuner       the decode loop's and the kernel self-checks' XLA fusion autotuner (`certattn_jax.xla_options`,
+                         CERTATTN_FUSION_AUTOTUNER; None: XLA's own setting)
   hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
                          (`cache.HOT_USED_STACKED`, CERTATTN_HOT_USED_STACKED)
   decode_tokens_per_s    new tokens per second of the warm decode loop
@@ -99,6 +101,12 @@ def _selftest_runs() -> list[dict]:
     from pallas_kernels import selftest
 
     return selftest.check_runs()
+
+
+def _fusion_autotuner() -> bool | None:
+    from certattn_jax import xla_options
+
+    return xla_options.fusion_autotuner_on()
 
 
 def _hot_used_stacked() -> bool:
@@ -258,7 +266,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "device": jax.devices()[0].device_kind,
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             # the decode loop's command-buffer scheduling ("xla": XLA's own setting, XLA_FLAGS included)
-            "command_buffer_scheduling": gen.command_buffer_scheduling()}
+            "command_buffer_scheduling": gen.command_buffer_scheduling(),
+            # the decode loop's and the self-checks' XLA fusion autotuner (certattn_jax.xla_options; None: XLA's)
+            "fusion_autotuner": _fusion_autotuner()}
 
 
 def main(argv=None) -> int:

@@ -471,6 +471,15 @@ for s in "$@"; do
       for c in dense certified; do
         step at8b_$c 200 "XLA_FLAGS=--xla_gpu_dump_autotune_results_to=$W/autotune_8b_$c.textproto $B --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches $c --out $W/at8b_$c.json"
       done ;;
+    ab_fat)  # twenty-sixth session: XLA's fusion autotuner off (the new default on a GPU, certattn_jax.xla_options)
+      # against on, for the decode loop and the kernel self-checks: compile seconds and tokens/s, 8B 8K and SmolLM2
+      # 1K, dense and certified, every process checking its kernels afresh (no verdicts kept), alternated
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      GS="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 90} --new-tokens 64 --models smollm2 --prompts 1024"
+      step fat8_off $((60 + 70)) "$G8 --caches dense certified --out $W/fat8_off.json"
+      step fat8_on 130 "CERTATTN_FUSION_AUTOTUNER=1 $G8 --caches certified dense --out $W/fat8_on.json"
+      step fats_off 130 "$GS --caches dense certified --out $W/fats_off.json"
+      step fats_on 130 "CERTATTN_FUSION_AUTOTUNER=1 $GS --caches certified dense --out $W/fats_on.json" ;;
     lower8b_prof)  # twenty-sixth session: where the 8B certified decode loop's 4 s of tracing + lowering go (dense:
       # 0.4 s): one row under cProfile (main thread: the trace and the Pallas -> Triton lowering; inflated by it)
       step lower8b_prof 200 "python3 -m cProfile -o $W/lower8b.pstats scripts/bench_generate.py --row llama3.1-8b certified 8192 --new-tokens 8 --tier1 pallas > $W/lower8b_row.txt && python3 -c \"import pstats; s = pstats.Stats('$W/lower8b.pstats'); s.sort_stats('cumulative').print_stats(120); s.sort_stats('tottime').print_stats(40)\" > $W/lower8b_top.txt" ;;

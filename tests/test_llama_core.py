@@ -211,12 +211,17 @@ def test_decode_loop_command_buffer_scheduling(monkeypatch):
     monkeypatch.delenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", raising=False)
     monkeypatch.setenv("XLA_FLAGS", "")
     option = "xla_gpu_command_buffer_scheduling_mode"
-    assert gen.decode_compiler_options("gpu") == {option: "CONCURRENT"}
+    monkeypatch.setenv("CERTATTN_FUSION_AUTOTUNER", "auto")  # (its own option: test_fusion_autotuner_option)
+
+    def scheduling(backend):
+        return {k: v for k, v in gen.decode_compiler_options(backend).items() if k == option}
+
+    assert scheduling("gpu") == {option: "CONCURRENT"}
     assert gen.decode_compiler_options("cpu") == {}
     monkeypatch.setenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", "serialize")
-    assert gen.decode_compiler_options("gpu") == {option: "SERIALIZE"}
+    assert scheduling("gpu") == {option: "SERIALIZE"}
     monkeypatch.setenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", "xla")
-    assert gen.decode_compiler_options("gpu") == {}
+    assert scheduling("gpu") == {}
     monkeypatch.setenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", "CONCURRENT")
     monkeypatch.setenv("XLA_FLAGS", f"--{option}=SERIALIZE")
     assert gen.command_buffer_scheduling("gpu") == "xla"
@@ -230,3 +235,28 @@ def test_decode_loop_command_buffer_scheduling(monkeypatch):
     with pytest.warns(RuntimeWarning, match=option):
         compiled = gen._compile_with_options(lowered, {option: "NOT_A_MODE"})
     assert float(compiled(jnp.ones(2))[0]) == 2.0
+
+
+def test_fusion_autotuner_option(monkeypatch):
+    """The decode loop and the kernels' self-checks turn XLA's fusion autotuner off on a GPU (auto), on with
+    CERTATTN_FUSION_AUTOTUNER=1; nothing off a GPU or where XLA_FLAGS names the option; XLA knows the option by
+    name; a bad value is an error naming the variable."""
+    from certattn_jax import xla_options
+
+    option = xla_options.FUSION_AUTOTUNER_OPTION
+    monkeypatch.delenv("CERTATTN_FUSION_AUTOTUNER", raising=False)
+    monkeypatch.delenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert xla_options.compile_options("gpu") == {option: False}
+    assert gen.decode_compiler_options("gpu")[option] is False
+    assert xla_options.compile_options("cpu") == {} and option not in gen.decode_compiler_options("cpu")
+    monkeypatch.setenv("CERTATTN_FUSION_AUTOTUNER", "1")
+    assert xla_options.compile_options("gpu") == {option: True}
+    monkeypatch.setenv("XLA_FLAGS", f"--{option}=false")
+    assert xla_options.compile_options("gpu") == {} and xla_options.fusion_autotuner_on("gpu") is None
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv("CERTATTN_FUSION_AUTOTUNER", "maybe")
+    with pytest.raises(ValueError, match="CERTATTN_FUSION_AUTOTUNER"):
+        xla_options.compile_options("gpu")
+    # an option this XLA does not know is left out rather than failing every compile that asks for it
+    assert xla_options._known(option, False) and not xla_options._known("xla_no_such_option_here", False)

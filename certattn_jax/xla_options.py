@@ -1,0 +1,60 @@
+"""XLA compile options the product's GPU programs ask for, decided in one place.
+
+XLA's fusion autotuner (`xla_gpu_experimental_enable_fusion_autotuner`, on by default in jax 0.11's XLA) times
+every plain fusion of a program with both its native emitter and the Triton block-level emitter. Measured on an
+H100 (twenty-sixth session, `results/gpu_2026-12-06f/`, `scripts/autotune_diff.py`): the 8B certified decode
+process autotuned 910 fusions against dense's 296 -- the certified step's glue (bounds, selection, the ladder's
+branches) -- and kept the native emitter for 821 of them; the kernels' known-answer checks, which compile jnp
+references of whole rungs, autotune theirs too (the fused rung 0's check ran 36 s beside the decode compile).
+CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: auto turns it off on a GPU for the programs that ask (`compile_options`:
+the decode loop, the kernel self-checks); an XLA_FLAGS that names the option always wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from certattn_jax.env import switch_from_env
+
+FUSION_AUTOTUNER_OPTION = "xla_gpu_experimental_enable_fusion_autotuner"
+
+
+def fusion_autotuner_on(backend: str | None = None) -> bool | None:
+    """Whether the programs that ask compile with XLA's fusion autotuner on `backend` (default: JAX's default):
+    True / False, or None where this module leaves XLA's own setting (off a GPU, or XLA_FLAGS names it)."""
+    if (backend or jax.default_backend()) != "gpu" or FUSION_AUTOTUNER_OPTION in os.environ.get("XLA_FLAGS", ""):
+        return None
+    chosen = switch_from_env("CERTATTN_FUSION_AUTOTUNER")
+    return False if chosen is None else chosen
+
+
+def compile_options(backend: str | None = None) -> dict[str, Any]:
+    """The options (`jax.jit(..., compiler_options=...)`, `Lowered.compile(compiler_options=...)`) for `backend`:
+    empty where nothing is asked, or where this XLA does not know the option (`_known`)."""
+    on = fusion_autotuner_on(backend)
+    if on is None or not _known(FUSION_AUTOTUNER_OPTION, on):
+        return {}
+    return {FUSION_AUTOTUNER_OPTION: on}
+
+
+@functools.cache
+def _known(option: str, value: Any) -> bool:
+    """Whether XLA compiles a trivial program with option=value (an option renamed in another jax release would
+    otherwise fail every compile that asks for it)."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options={option: value}).lower(jnp.zeros((), jnp.float32)).compile()
+    except Exception:  # noqa: BLE001 -- XLA's error type differs across jax releases
+        return False
+    return True
+
+
+def jit(fun, **kwargs):
+    """`jax.jit(fun, **kwargs)` with `compile_options()` (for programs compiled once per process, e.g. the kernels'
+    self-checks)."""
+    options = compile_options()
+    return jax.jit(fun, compiler_options=options, **kwargs) if options else jax.jit(fun, **kwargs)
