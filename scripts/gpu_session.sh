@@ -485,7 +485,8 @@ for s in "$@"; do
       step lower8b_prof 200 "python3 -m cProfile -o $W/lower8b.pstats scripts/bench_generate.py --row llama3.1-8b certified 8192 --new-tokens 8 --tier1 pallas > $W/lower8b_row.txt && python3 -c \"import pstats; s = pstats.Stats('$W/lower8b.pstats'); s.sort_stats('cumulative').print_stats(120); s.sort_stats('tottime').print_stats(40)\" > $W/lower8b_top.txt" ;;
     big_offsets)  # twenty-sixth session: a compiled kernel reading rows of a 3 GiB uint8 array (32-bit offsets, which
       # should wrap past 2**31) and of a 5 GiB one (64-bit): what `backend.offsets_fit` guards the product against
-      step big_offsets 120 "python3 scripts/probe_large_offsets.py --out $W/probe_large_offsets.json" ;;
+      # one case per process: an illegal address (the 3 GiB case, twenty-sixth session) poisons the CUDA context
+      step big_offsets 150 "for r in 5 3 2; do python3 scripts/probe_large_offsets.py --rows \$r --out $W/probe_large_offsets_\$r.json; done" ;;
     ab_unroll4k)  # the same at 4K, the best count of ab_unroll (U) against 1
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 4096"
       step abu4_1_1 90 "$G --caches dense certified --out $W/abu4_1_1.json"

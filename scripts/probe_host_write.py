@@ -124,7 +124,11 @@ def main() -> None:
             return tiers.to_host(x) if host_kind else jax.device_put(x, dev)
 
         variants = {"xla_dus": lambda x, b, i: dus_write(x, b, i, host_kind is not None),
-                    "kernel_alias": lambda x, b, i: kernel_write(x, b, i, interpret)}
+                    # the kernel's result annotated back into host memory: inside a loop or a conditional the
+                    # carried tier 2 must keep its memory kind (without it jax refuses the program: device result
+                    # against a pinned-host carry, the twenty-sixth session's first run)
+                    "kernel_alias": lambda x, b, i: (tiers.to_host if host_kind else (lambda y: y))(
+                        kernel_write(x, b, i, interpret))}
         whole = re.compile(rf"\[{N},{Bk},{d}\]")
         for name, fn in variants.items():
             row = {"variant": name, "mib": mib, "blocks_total": N}

@@ -46,7 +46,9 @@ def read_rows(x, interpret: bool):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--row-bytes", type=int, default=2**30)
-    ap.add_argument("--rows", type=int, nargs="+", default=[3, 5], help="array rows per case")
+    ap.add_argument("--rows", type=int, nargs="+", default=[3, 5],
+                    help="array rows per case (on a GPU run one case per process: a case that reads an illegal "
+                         "address leaves the CUDA context unusable for the next)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
