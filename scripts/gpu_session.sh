@@ -480,6 +480,16 @@ for s in "$@"; do
       step fat8_on 130 "CERTATTN_FUSION_AUTOTUNER=1 $G8 --caches certified dense --out $W/fat8_on.json"
       step fats_off 130 "$GS --caches dense certified --out $W/fats_off.json"
       step fats_on 130 "CERTATTN_FUSION_AUTOTUNER=1 $GS --caches certified dense --out $W/fats_on.json" ;;
+    ab_fat_short)  # the same with the SmolLM2 pair certified only (a short device budget)
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      GS="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 90} --new-tokens 64 --models smollm2 --prompts 1024"
+      step fat8_off 130 "$G8 --caches dense certified --out $W/fat8_off.json"
+      step fat8_on 130 "CERTATTN_FUSION_AUTOTUNER=1 $G8 --caches certified dense --out $W/fat8_on.json"
+      step fats_off 70 "$GS --caches certified --out $W/fats_off.json"
+      step fats_on 70 "CERTATTN_FUSION_AUTOTUNER=1 $GS --caches certified --out $W/fats_on.json" ;;
+    dec128_cert)  # the 8B 128K certified decode row alone, with the offsets guard (its rung histogram against
+      # 2026-12-04's 12,188 rung-3 / 5,824 rung-4 of 196,608 head-steps)
+      step dec128_cert 240 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches certified --impls einsum --out $W/dec128_certified.json" ;;
     lower8b_prof)  # twenty-sixth session: where the 8B certified decode loop's 4 s of tracing + lowering go (dense:
       # 0.4 s): one row under cProfile (main thread: the trace and the Pallas -> Triton lowering; inflated by it)
       step lower8b_prof 200 "python3 -m cProfile -o $W/lower8b.pstats scripts/bench_generate.py --row llama3.1-8b certified 8192 --new-tokens 8 --tier1 pallas > $W/lower8b_row.txt && python3 -c \"import pstats; s = pstats.Stats('$W/lower8b.pstats'); s.sort_stats('cumulative').print_stats(120); s.sort_stats('tottime').print_stats(40)\" > $W/lower8b_top.txt" ;;
