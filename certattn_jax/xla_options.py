@@ -6,8 +6,9 @@ H100 (twenty-sixth session, `results/gpu_2026-12-06f/`, `scripts/autotune_diff.p
 process autotuned 910 fusions against dense's 296 -- the certified step's glue (bounds, selection, the ladder's
 branches) -- and kept the native emitter for 821 of them; the kernels' known-answer checks, which compile jnp
 references of whole rungs, autotune theirs too (the fused rung 0's check ran 36 s beside the decode compile).
-CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: auto turns it off on a GPU for the programs that ask (`compile_options`:
-the decode loop, the kernel self-checks); an XLA_FLAGS that names the option always wins.
+CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: auto leaves it on or turns it off on a GPU per kind of program
+(`AUTO_OFF`: the decode loop, the kernel self-checks, whose programs run once and whose speed does not matter);
+an XLA_FLAGS that names the option always wins.
 """
 
 from __future__ import annotations
@@ -22,21 +23,29 @@ import jax.numpy as jnp
 from certattn_jax.env import switch_from_env
 
 FUSION_AUTOTUNER_OPTION = "xla_gpu_experimental_enable_fusion_autotuner"
+PROGRAMS = ("decode", "checks")
+# Where CERTATTN_FUSION_AUTOTUNER is auto: whether each kind of program turns the fusion autotuner off
+AUTO_OFF = {"decode": True, "checks": True}
 
 
-def fusion_autotuner_on(backend: str | None = None) -> bool | None:
-    """Whether the programs that ask compile with XLA's fusion autotuner on `backend` (default: JAX's default):
-    True / False, or None where this module leaves XLA's own setting (off a GPU, or XLA_FLAGS names it)."""
+def fusion_autotuner_on(backend: str | None = None, program: str = "decode") -> bool | None:
+    """Whether `program` (one of PROGRAMS) compiles with XLA's fusion autotuner on `backend` (default: JAX's
+    default): True / False, or None where this module leaves XLA's own setting (off a GPU, XLA_FLAGS names the
+    option, or auto where AUTO_OFF keeps it)."""
+    if program not in PROGRAMS:
+        raise ValueError(f"program must be one of {PROGRAMS}, got {program!r}")
     if (backend or jax.default_backend()) != "gpu" or FUSION_AUTOTUNER_OPTION in os.environ.get("XLA_FLAGS", ""):
         return None
     chosen = switch_from_env("CERTATTN_FUSION_AUTOTUNER")
-    return False if chosen is None else chosen
+    if chosen is None:
+        return False if AUTO_OFF[program] else None
+    return chosen
 
 
-def compile_options(backend: str | None = None) -> dict[str, Any]:
-    """The options (`jax.jit(..., compiler_options=...)`, `Lowered.compile(compiler_options=...)`) for `backend`:
-    empty where nothing is asked, or where this XLA does not know the option (`_known`)."""
-    on = fusion_autotuner_on(backend)
+def compile_options(backend: str | None = None, program: str = "decode") -> dict[str, Any]:
+    """The options (`jax.jit(..., compiler_options=...)`, `Lowered.compile(compiler_options=...)`) for `program`
+    on `backend`: empty where nothing is asked, or where this XLA does not know the option (`_known`)."""
+    on = fusion_autotuner_on(backend, program)
     if on is None or not _known(FUSION_AUTOTUNER_OPTION, on):
         return {}
     return {FUSION_AUTOTUNER_OPTION: on}
@@ -54,7 +63,7 @@ def _known(option: str, value: Any) -> bool:
 
 
 def jit(fun, **kwargs):
-    """`jax.jit(fun, **kwargs)` with `compile_options()` (for programs compiled once per process, e.g. the kernels'
-    self-checks)."""
-    options = compile_options()
+    """`jax.jit(fun, **kwargs)` with the kernel self-checks' `compile_options` (programs compiled and run once per
+    process)."""
+    options = compile_options(program="checks")
     return jax.jit(fun, compiler_options=options, **kwargs) if options else jax.jit(fun, **kwargs)

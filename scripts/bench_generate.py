@@ -31,8 +31,8 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   cold_run_start_s, decode_build_start_s   on start_s's clock (seconds after the self-checks' import): when the
                          cold run's prefill and its decode build began (a check that starts after the build waited
                          for something: the timeline of a cold compile)
-  fusion_autotuner       the decode loop's and the kernel self-checks' XLA fusion autotuner (`certattn_jax.xla_options`,
-                         CERTATTN_FUSION_AUTOTUNER; None: XLA's own setting)
+  fusion_autotuner       {"decode", "checks"}: the decode loop's and the kernel self-checks' XLA fusion autotuner
+                         (`certattn_jax.xla_options`, CERTATTN_FUSION_AUTOTUNER; None: XLA's own setting)
   hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
                          (`cache.HOT_USED_STACKED`, CERTATTN_HOT_USED_STACKED)
   decode_tokens_per_s    new tokens per second of the warm decode loop
@@ -103,10 +103,10 @@ def _selftest_runs() -> list[dict]:
     return selftest.check_runs()
 
 
-def _fusion_autotuner() -> bool | None:
+def _fusion_autotuner() -> dict[str, bool | None]:
     from certattn_jax import xla_options
 
-    return xla_options.fusion_autotuner_on()
+    return {program: xla_options.fusion_autotuner_on(program=program) for program in xla_options.PROGRAMS}
 
 
 def _hot_used_stacked() -> bool:
