@@ -1,14 +1,15 @@
 """XLA compile options the product's GPU programs ask for, decided in one place.
 
 XLA's fusion autotuner (`xla_gpu_experimental_enable_fusion_autotuner`, on by default in jax 0.11's XLA) times
-every plain fusion of a program with both its native emitter and the Triton block-level emitter. Measured on an
-H100 (twenty-sixth session, `results/gpu_2026-12-06f/`, `scripts/autotune_diff.py`): the 8B certified decode
-process autotuned 910 fusions against dense's 296 -- the certified step's glue (bounds, selection, the ladder's
-branches) -- and kept the native emitter for 821 of them; the kernels' known-answer checks, which compile jnp
-references of whole rungs, autotune theirs too (the fused rung 0's check ran 36 s beside the decode compile).
-CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: auto leaves it on or turns it off on a GPU per kind of program
-(`AUTO_OFF`: the decode loop, the kernel self-checks, whose programs run once and whose speed does not matter);
-an XLA_FLAGS that names the option always wins.
+every plain fusion of a program with both its native emitter and the Triton block-level emitter. On an H100
+(twenty-sixth session, `results/gpu_2026-12-06f/`, `scripts/autotune_diff.py`) the 8B certified decode process
+autotuned 910 fusions against dense's 296 -- the certified step's glue (bounds, selection, the ladder's branches)
+-- and kept the native emitter for 821 of them. Turning it off for the decode loop and the kernel self-checks
+was measured in one call (docs/performance.md, twenty-sixth session): 8B 8K certified compile 31.1 s against
+33.5 s with it, but SmolLM2 1K 27.3 s against 21.4 s, decode speed within 2 %: no clear gain, so auto keeps
+XLA's setting (`AUTO_OFF`) and the switch stays for experiments. CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: on /
+off for the programs that ask (the decode loop, `compile_options(program="decode")`; the kernel self-checks,
+`jit`), auto as `AUTO_OFF` says per kind of program; an XLA_FLAGS that names the option always wins.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from certattn_jax.env import switch_from_env
 
 FUSION_AUTOTUNER_OPTION = "xla_gpu_experimental_enable_fusion_autotuner"
 PROGRAMS = ("decode", "checks")
-# Where CERTATTN_FUSION_AUTOTUNER is auto: whether each kind of program turns the fusion autotuner off
-AUTO_OFF = {"decode": True, "checks": True}
+# Where CERTATTN_FUSION_AUTOTUNER is auto: whether each kind of program turns the fusion autotuner off (neither:
+# the one-call A/B of the twenty-sixth session found no clear gain; module docstring)
+AUTO_OFF = {"decode": False, "checks": False}
 
 
 def fusion_autotuner_on(backend: str | None = None, program: str = "decode") -> bool | None:
