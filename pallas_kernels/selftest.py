@@ -27,7 +27,9 @@ fifth session). Verdicts are therefore kept on disk (`verdict_cache_path`: CERTA
 ~/.cache/certattn_jax/kernel_selftest.json; "off" disables it), keyed by what the verdict depends on: the device
 kind and its platform version (driver / CUDA), the jax and jaxlib versions, a hash of this package's sources
 (kernels and references) and the configuration. A machine checks each configuration once; a failed check is
-kept too (the warning repeats, the fallback holds, nothing recompiles). A check that cannot run here (the kernel
+kept too (the warning repeats, the fallback holds, nothing recompiles). A process also remembers the verdicts it
+reached (`_PROCESS_VERDICTS`), so without a file too each check runs at most once per process. A check that cannot
+run here (the kernel
 does not compile on this device or jax, or fails at run time) counts as failed in the caller's thread -- warn, take
 jnp -- but is not kept: the next process checks again. In a background thread an error decides nothing (the
 foreground runs the check again).
@@ -143,6 +145,10 @@ _CHECKS_LOCK = threading.Lock()
 _THREAD = threading.local()  # .background: this thread runs `start_in_background`'s checks
 
 
+# verdicts this process reached ({"problem": str | None} by verdict key): a check that finished in the background
+# is not run again by the foreground that asks later, also where no verdict file is kept (CERTATTN_SELFTEST_CACHE
+# off, twenty-sixth session: the fused rung 0's check ran twice, 7 s in the foreground)
+_PROCESS_VERDICTS: dict[str, dict] = {}
 _CHECK_RUNS: list[dict] = []  # every check this process ran: {"what", "config", "start_s", "seconds", "background"}
 _IMPORTED_AT = time.perf_counter()  # the origin of a check run's start_s
 
@@ -205,7 +211,11 @@ def _run_once(key: str, problem: Callable[[], str | None],
 
 
 def _kept_verdict(what: str, config: dict[str, int | str]) -> dict | None:
-    """The verdict kept on disk for this check ({"problem": str | None, ...}), or None (none kept, or no file)."""
+    """The verdict this process already reached for this check, else the one kept on disk ({"problem": str |
+    None, ...}), or None (none reached or kept)."""
+    reached = _PROCESS_VERDICTS.get(_verdict_key(what, config))
+    if reached is not None:
+        return reached
     path = verdict_cache_path()
     if path is None:
         return None
@@ -222,6 +232,7 @@ def _checked(what: str, config: dict[str, int | str], problem: Callable[[], str 
     key = _verdict_key(what, config)
 
     def keep(found: str | None) -> None:
+        _PROCESS_VERDICTS[key] = {"problem": found}
         if path is not None:
             _store_verdict(path, key, {"what": what, "config": config, "problem": found,
                                        "device": jax.devices()[0].device_kind, "jax": jax.__version__})

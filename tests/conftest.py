@@ -19,6 +19,18 @@ import pytest  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_kernel_verdicts():
+    """Each test reaches its own kernel verdicts: those a process reached are remembered (a check is not run
+    twice per process, `pallas_kernels.selftest._PROCESS_VERDICTS`), which would hand one test's verdict -- a
+    kernel made wrong on purpose, say -- to the next."""
+    from pallas_kernels import selftest
+
+    selftest._PROCESS_VERDICTS.clear()
+    yield
+    selftest._PROCESS_VERDICTS.clear()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """After each test module, drop the compiled programs it left behind (jit caches, generate's compiled decode

@@ -208,7 +208,7 @@ def test_an_untrusted_fused_rung0_sends_the_ladder_to_the_jnp_rung0(monkeypatch)
 def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatch, tmp_path):
     """A configuration is checked once per machine and code: the verdict is read back from the file (no second
     check), a failure included (it still warns and sends the caller to jnp); another configuration, a damaged
-    file or a changed source digest checks again; "off" always checks."""
+    file or a changed source digest checks again; "off" (no file) checks once per process."""
     path = tmp_path / "verdicts.json"
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(path))
     monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
@@ -231,10 +231,12 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
     monkeypatch.setattr(selftest, "_sources_digest", lambda: "edited")
     assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 3
     path.write_text("{not json")
+    selftest._PROCESS_VERDICTS.clear()  # another process: the damaged file holds no verdict
     assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 4
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", "off")
+    selftest._PROCESS_VERDICTS.clear()  # another process, no file: it checks, once
     assert selftest._trusted("kernel A", cfg, check(None), "")
-    assert selftest._trusted("kernel A", cfg, check(None), "") and len(calls) == 6
+    assert selftest._trusted("kernel A", cfg, check("never asked"), "") and len(calls) == 5
 
 
 def test_the_time_spent_checking_is_counted_and_a_kept_verdict_costs_none(monkeypatch, tmp_path):
@@ -666,3 +668,31 @@ def test_a_compile_built_on_a_kernel_that_then_fails_its_check_is_rebuilt_withou
     finally:
         for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted):
             fn.cache_clear()
+
+
+def test_a_check_finished_in_the_background_is_not_run_again_without_a_verdict_file(monkeypatch):
+    """A verdict the background reached before anyone asked is the foreground's verdict too, also where no file
+    keeps verdicts (on the GPU, SmolLM2's fused rung 0 check ran a second time, 7 s, in the foreground: twenty-sixth
+    session); so is a failure (it still warns, in the foreground)."""
+    monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", "off")
+    monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
+    calls = []
+
+    def check(found):
+        def run():
+            calls.append(found)
+            return found
+        return run
+
+    for what, found in (("kernel D", None), ("kernel E", "out off by 4")):
+        threads = selftest.start_in_background(lambda what=what, found=found: selftest._trusted(
+            what, dict(block_size=8), check(found), ""))
+        for t in threads:
+            t.join(10)
+        runs = len(calls)
+        if found is None:
+            assert selftest._trusted(what, dict(block_size=8), check("never asked"), "")
+        else:
+            with pytest.warns(RuntimeWarning, match="off by 4"):
+                assert not selftest._trusted(what, dict(block_size=8), check(None), "jnp instead")
+        assert len(calls) == runs == (1 if found is None else 2)
