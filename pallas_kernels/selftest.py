@@ -29,10 +29,9 @@ kind and its platform version (driver / CUDA), the jax and jaxlib versions, a ha
 (kernels and references) and the configuration. A machine checks each configuration once; a failed check is
 kept too (the warning repeats, the fallback holds, nothing recompiles). A process also remembers the verdicts it
 reached (`_PROCESS_VERDICTS`), so without a file too each check runs at most once per process. A check that cannot
-run here (the kernel
-does not compile on this device or jax, or fails at run time) counts as failed in the caller's thread -- warn, take
-jnp -- but is not kept: the next process checks again. In a background thread an error decides nothing (the
-foreground runs the check again).
+run here (the kernel does not compile on this device or jax, or fails at run time) counts as failed in the
+caller's thread -- warn, take jnp -- but is not kept: the next process checks again. In a background thread an
+error decides nothing (the foreground runs the check again).
 
 An ahead-of-time compile need not wait for checks still running (`compile_while_checking`, used by the decode loop
 of `models.generate`): inside `optimistic_verdicts` a predicate whose verdict is not known yet answers True and is
