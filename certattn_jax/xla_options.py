@@ -10,6 +10,8 @@ was measured in one call (docs/performance.md, twenty-sixth session): 8B 8K cert
 XLA's setting (`AUTO_OFF`) and the switch stays for experiments. CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: on /
 off for the programs that ask (the decode loop, `compile_options(program="decode")`; the kernel self-checks,
 `jit`), auto as `AUTO_OFF` says per kind of program; an XLA_FLAGS that names the option always wins.
+The kernel self-checks' programs also compile without any autotuning on a GPU (`checks_autotune_off`,
+CERTATTN_CHECKS_AUTOTUNE=1 keeps XLA's): their speed does not matter, their compile time does.
 """
 
 from __future__ import annotations
@@ -44,13 +46,34 @@ def fusion_autotuner_on(backend: str | None = None, program: str = "decode") -> 
     return chosen
 
 
+AUTOTUNE_LEVEL_OPTION = "xla_gpu_autotune_level"
+
+
+def checks_autotune_off(backend: str | None = None) -> bool:
+    """Whether the kernel self-checks' programs compile without any XLA autotuning on `backend`
+    (`xla_gpu_autotune_level=0`): on a GPU unless CERTATTN_CHECKS_AUTOTUNE=1 or XLA_FLAGS names the level.
+    Why: a check's programs (its inputs' quantization, the jnp reference of a rung, the kernel's program) are run
+    once on a tiny cache, so their speed is worthless, while their compile -- GEMM and fusion autotuning on the GPU
+    that the decode loop's compile is autotuning on at the same time -- is the 8B decode compile's long pole (the
+    fused rung 0's check 36-53 s beside it, twenty-sixth session). What a check compares does not depend on it:
+    the Pallas kernels' own compile takes no autotuning, and the reference's GEMM tiling changes only its float
+    rounding, far inside the check's tolerance."""
+    if (backend or jax.default_backend()) != "gpu" or AUTOTUNE_LEVEL_OPTION in os.environ.get("XLA_FLAGS", ""):
+        return False
+    return not switch_from_env("CERTATTN_CHECKS_AUTOTUNE")
+
+
 def compile_options(backend: str | None = None, program: str = "decode") -> dict[str, Any]:
     """The options (`jax.jit(..., compiler_options=...)`, `Lowered.compile(compiler_options=...)`) for `program`
-    on `backend`: empty where nothing is asked, or where this XLA does not know the option (`_known`)."""
+    on `backend`: the fusion autotuner's setting where one is asked (`fusion_autotuner_on`) and, for the checks,
+    no autotuning (`checks_autotune_off`); each only where this XLA knows the option (`_known`)."""
+    options: dict[str, Any] = {}
     on = fusion_autotuner_on(backend, program)
-    if on is None or not _known(FUSION_AUTOTUNER_OPTION, on):
-        return {}
-    return {FUSION_AUTOTUNER_OPTION: on}
+    if on is not None and _known(FUSION_AUTOTUNER_OPTION, on):
+        options[FUSION_AUTOTUNER_OPTION] = on
+    if program == "checks" and checks_autotune_off(backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
+        options[AUTOTUNE_LEVEL_OPTION] = 0
+    return options
 
 
 @functools.cache

@@ -32,7 +32,8 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          cold run's prefill and its decode build began (a check that starts after the build waited
                          for something: the timeline of a cold compile)
   fusion_autotuner       {"decode", "checks"}: the decode loop's and the kernel self-checks' XLA fusion autotuner
-                         (`certattn_jax.xla_options`, CERTATTN_FUSION_AUTOTUNER; None: XLA's own setting)
+                         (`certattn_jax.xla_options`, CERTATTN_FUSION_AUTOTUNER; None: XLA's own setting), and
+                         "checks_autotune_off": the self-checks compiled without autotuning (CERTATTN_CHECKS_AUTOTUNE)
   hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
                          (`cache.HOT_USED_STACKED`, CERTATTN_HOT_USED_STACKED)
   decode_tokens_per_s    new tokens per second of the warm decode loop
@@ -106,7 +107,8 @@ def _selftest_runs() -> list[dict]:
 def _fusion_autotuner() -> dict[str, bool | None]:
     from certattn_jax import xla_options
 
-    return {program: xla_options.fusion_autotuner_on(program=program) for program in xla_options.PROGRAMS}
+    return {**{program: xla_options.fusion_autotuner_on(program=program) for program in xla_options.PROGRAMS},
+            "checks_autotune_off": xla_options.checks_autotune_off()}
 
 
 def _hot_used_stacked() -> bool:

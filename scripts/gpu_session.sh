@@ -487,6 +487,14 @@ for s in "$@"; do
       step fat8_on 130 "CERTATTN_FUSION_AUTOTUNER=1 $G8 --caches certified dense --out $W/fat8_on.json"
       step fats_off 70 "$GS --caches certified --out $W/fats_off.json"
       step fats_on 70 "CERTATTN_FUSION_AUTOTUNER=1 $GS --caches certified --out $W/fats_on.json" ;;
+    ab_checks_at)  # twenty-sixth session (CPU-built, not yet run): the kernel self-checks compiled without autotuning
+      # (the default now, certattn_jax.xla_options.checks_autotune_off) against with it (CERTATTN_CHECKS_AUTOTUNE=1):
+      # the fused rung 0 check's seconds (call 1: 36 s) and the 8B certified compile; every process checks afresh
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified"
+      step cat_off_1 110 "$G8 --out $W/cat_off_1.json"
+      step cat_on_1 110 "CERTATTN_CHECKS_AUTOTUNE=1 $G8 --out $W/cat_on_1.json"
+      step cat_off_2 110 "$G8 --out $W/cat_off_2.json"
+      step cat_on_2 110 "CERTATTN_CHECKS_AUTOTUNE=1 $G8 --out $W/cat_on_2.json" ;;
     dec128_cert)  # the 8B 128K certified decode row alone, with the offsets guard (its rung histogram against
       # 2026-12-04's 12,188 rung-3 / 5,824 rung-4 of 196,608 head-steps)
       step dec128_cert 240 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches certified --impls einsum --out $W/dec128_certified.json" ;;

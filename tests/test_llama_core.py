@@ -244,6 +244,7 @@ def test_fusion_autotuner_option(monkeypatch):
     from certattn_jax import xla_options
 
     option = xla_options.FUSION_AUTOTUNER_OPTION
+    monkeypatch.setenv("CERTATTN_CHECKS_AUTOTUNE", "1")  # (its own option: the next test)
     monkeypatch.delenv("CERTATTN_FUSION_AUTOTUNER", raising=False)
     monkeypatch.delenv("CERTATTN_COMMAND_BUFFER_SCHEDULING", raising=False)
     monkeypatch.setenv("XLA_FLAGS", "")
@@ -272,3 +273,34 @@ def test_fusion_autotuner_option(monkeypatch):
         xla_options.compile_options("gpu")
     # an option this XLA does not know is left out rather than failing every compile that asks for it
     assert xla_options._known(option, False) and not xla_options._known("xla_no_such_option_here", False)
+
+
+def test_the_kernel_checks_compile_without_autotuning_on_a_gpu(monkeypatch):
+    """The self-checks' programs (run once, on tiny inputs) take no XLA autotuning on a GPU unless asked
+    (CERTATTN_CHECKS_AUTOTUNE=1) or XLA_FLAGS names the level; the decode loop keeps XLA's; nothing off a GPU; the
+    checks' jit compiles and runs with the options (here: the CPU, where none are asked)."""
+    from certattn_jax import xla_options
+
+    level = xla_options.AUTOTUNE_LEVEL_OPTION
+    for name in ("CERTATTN_CHECKS_AUTOTUNE", "CERTATTN_FUSION_AUTOTUNER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert xla_options.compile_options("gpu", "checks") == {level: 0}
+    assert level not in xla_options.compile_options("gpu", "decode")
+    assert level not in gen.decode_compiler_options("gpu")
+    assert xla_options.compile_options("cpu", "checks") == {}
+    monkeypatch.setenv("CERTATTN_FUSION_AUTOTUNER", "0")
+    assert xla_options.compile_options("gpu", "checks") == {level: 0, xla_options.FUSION_AUTOTUNER_OPTION: False}
+    monkeypatch.delenv("CERTATTN_FUSION_AUTOTUNER")
+    monkeypatch.setenv("CERTATTN_CHECKS_AUTOTUNE", "1")
+    assert xla_options.compile_options("gpu", "checks") == {}
+    monkeypatch.setenv("CERTATTN_CHECKS_AUTOTUNE", "auto")
+    monkeypatch.setenv("XLA_FLAGS", f"--{level}=2")
+    assert xla_options.compile_options("gpu", "checks") == {}
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv("CERTATTN_CHECKS_AUTOTUNE", "sometimes")
+    with pytest.raises(ValueError, match="CERTATTN_CHECKS_AUTOTUNE"):
+        xla_options.checks_autotune_off("gpu")
+    monkeypatch.delenv("CERTATTN_CHECKS_AUTOTUNE")
+    assert xla_options._known(level, 0)  # XLA knows the option by name
+    assert float(xla_options.jit(lambda x: x * 2)(jnp.ones(()))) == 2.0

@@ -205,6 +205,16 @@ def test_an_untrusted_fused_rung0_sends_the_ladder_to_the_jnp_rung0(monkeypatch)
         selftest.rung0_trusted.cache_clear()
 
 
+def _recording_checks(calls: list):
+    """check(found): a check that records `found` in `calls` when it runs and returns it as its verdict."""
+    def check(found):
+        def run():
+            calls.append(found)
+            return found
+        return run
+    return check
+
+
 def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatch, tmp_path):
     """A configuration is checked once per machine and code: the verdict is read back from the file (no second
     check), a failure included (it still warns and sends the caller to jnp); another configuration, a damaged
@@ -213,12 +223,7 @@ def test_verdicts_are_kept_on_disk_per_machine_code_and_configuration(monkeypatc
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(path))
     monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
     calls = []
-
-    def check(found):
-        def run():
-            calls.append(found)
-            return found
-        return run
+    check = _recording_checks(calls)
 
     cfg = dict(block_size=16, head_dim=32)
     assert selftest._trusted("kernel A", cfg, check(None), "")
@@ -677,12 +682,7 @@ def test_a_check_finished_in_the_background_is_not_run_again_without_a_verdict_f
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", "off")
     monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
     calls = []
-
-    def check(found):
-        def run():
-            calls.append(found)
-            return found
-        return run
+    check = _recording_checks(calls)
 
     for what, found in (("kernel D", None), ("kernel E", "out off by 4")):
         threads = selftest.start_in_background(lambda what=what, found=found: selftest._trusted(
