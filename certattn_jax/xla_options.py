@@ -16,7 +16,6 @@ CERTATTN_CHECKS_AUTOTUNE=1 keeps XLA's): their speed does not matter, their comp
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -55,9 +54,12 @@ def checks_autotune_off(backend: str | None = None) -> bool:
     Why: a check's programs (its inputs' quantization, the jnp reference of a rung, the kernel's program) are run
     once on a tiny cache, so their speed is worthless, while their compile -- GEMM and fusion autotuning on the GPU
     that the decode loop's compile is autotuning on at the same time -- is the 8B decode compile's long pole (the
-    fused rung 0's check 36-53 s beside it, twenty-sixth session). What a check compares does not depend on it:
-    the Pallas kernels' own compile takes no autotuning, and the reference's GEMM tiling changes only its float
-    rounding, far inside the check's tolerance."""
+    fused rung 0's check 36-53 s beside it, twenty-sixth session). What a check is for does not depend on it: the
+    Pallas kernels' code is fixed when jax lowers them, before any option applies, and XLA does not autotune a
+    kernel, so the check runs the code the decode loop runs; the reference's GEMM tiling changes only its float
+    rounding, far inside the check's tolerance. (The plain XLA fusions around the kernels in a check's program are
+    then always emitted natively; the decode loop's may take Triton's emitter -- XLA's code, not ours, and not
+    what the checks are there to verify.)"""
     if (backend or jax.default_backend()) != "gpu" or AUTOTUNE_LEVEL_OPTION in os.environ.get("XLA_FLAGS", ""):
         return False
     return not switch_from_env("CERTATTN_CHECKS_AUTOTUNE")
@@ -76,15 +78,29 @@ def compile_options(backend: str | None = None, program: str = "decode") -> dict
     return options
 
 
-@functools.cache
+_KNOWN: dict[tuple[str, Any], bool] = {}
+
+
 def _known(option: str, value: Any) -> bool:
     """Whether XLA compiles a trivial program with option=value (an option renamed in another jax release would
-    otherwise fail every compile that asks for it)."""
+    otherwise fail every compile that asks for it). Only a definite answer is remembered: a compile that failed
+    for another reason (the device out of memory beside a prefill, say) is asked again next time."""
+    if (option, value) in _KNOWN:
+        return _KNOWN[option, value]
     try:
         jax.jit(lambda x: x + 1, compiler_options={option: value}).lower(jnp.zeros((), jnp.float32)).compile()
-    except Exception:  # noqa: BLE001 -- XLA's error type differs across jax releases
+    except Exception as e:  # noqa: BLE001 -- XLA's error type differs across jax releases
+        if option in str(e) or "compile option" in str(e).lower():
+            _KNOWN[option, value] = False
         return False
+    _KNOWN[option, value] = True
     return True
+
+
+# a typo in a switch fails here, at import, naming the variable (not later inside a background kernel check,
+# where it would quietly mark every kernel untrusted)
+for _name in ("CERTATTN_FUSION_AUTOTUNER", "CERTATTN_CHECKS_AUTOTUNE"):
+    switch_from_env(_name)
 
 
 def jit(fun, **kwargs):

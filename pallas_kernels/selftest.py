@@ -182,10 +182,14 @@ def _run_once(key: str, problem: Callable[[], str | None],
     """(ran, problem()) with each key's check run at most once at a time in this process: a caller that finds
     the same check in progress (another thread, e.g. a background start) waits for its verdict instead. A check
     that raised hands its waiters nothing: they run it again (and see the error themselves). `keep(found)` (the
-    verdict file's update) runs before the check stops being "in progress", so a later caller finds one or the
-    other."""
+    verdict file's update, and this process's memo) runs before the check stops being "in progress", so a later
+    caller finds one or the other; a verdict this process already reached is returned without running (read under
+    the lock: a check that finished since the caller looked is not run again)."""
     while True:
         with _CHECKS_LOCK:
+            reached = _PROCESS_VERDICTS.get(key)
+            if reached is not None:
+                return False, reached["problem"]
             fut = _CHECKS.get(key)
             owner = fut is None
             if owner:

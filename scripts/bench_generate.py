@@ -199,6 +199,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     record = mode == "certified"  # the rung histogram says whether the slow pass ran (a tiny per-step write)
     checking = selftest.seconds_checking()
     cold_at = time.perf_counter()
+    gen.LAST_BUILD_SECONDS.clear()  # (a build this process made before would otherwise be reported)
     cold = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     checking = selftest.seconds_checking() - checking  # one-time kernel self-checks inside the cold run's compiles
     build_s = dict(gen.LAST_BUILD_SECONDS)

@@ -304,3 +304,53 @@ def test_the_kernel_checks_compile_without_autotuning_on_a_gpu(monkeypatch):
     monkeypatch.delenv("CERTATTN_CHECKS_AUTOTUNE")
     assert xla_options._known(level, 0)  # XLA knows the option by name
     assert float(xla_options.jit(lambda x: x * 2)(jnp.ones(()))) == 2.0
+
+
+def test_the_kernel_checks_compile_through_their_options(monkeypatch):
+    """The self-checks' programs are compiled by `xla_options.jit` (a check built with a plain jax.jit would not
+    get the checks' options), and that jit passes the options to XLA (here the GPU's set, which XLA:CPU accepts)."""
+    from certattn_jax import xla_options
+    from pallas_kernels import selftest
+
+    level, fusion = xla_options.AUTOTUNE_LEVEL_OPTION, xla_options.FUSION_AUTOTUNER_OPTION
+    gpu_options = {level: 0, fusion: False}
+    monkeypatch.setattr(xla_options, "compile_options", lambda backend=None, program="decode": dict(gpu_options))
+    seen = []
+    real_jit = jax.jit
+
+    def spying_jit(fun, **kwargs):
+        seen.append(kwargs.get("compiler_options"))
+        return real_jit(fun, **kwargs)
+
+    monkeypatch.setattr(xla_options.jax, "jit", spying_jit)
+    assert float(xla_options.jit(lambda x: x * 2)(jnp.ones(()))) == 2.0 and seen == [gpu_options]
+    seen.clear()
+    assert selftest.write_disagreement(16, 32, "bfloat16") is None  # a whole check (interpreted kernel here)
+    assert seen and all(options == gpu_options for options in seen), seen
+
+
+def test_xla_option_switches_fail_at_import_and_only_definite_answers_are_kept(monkeypatch):
+    """A typo in CERTATTN_CHECKS_AUTOTUNE / CERTATTN_FUSION_AUTOTUNER fails when the module is imported, naming
+    the variable; `_known` keeps a definite answer but asks again after a failure for another reason."""
+    import importlib
+
+    from certattn_jax import xla_options
+
+    for name in ("CERTATTN_CHECKS_AUTOTUNE", "CERTATTN_FUSION_AUTOTUNER"):
+        monkeypatch.setenv(name, "perhaps")
+        with pytest.raises(ValueError, match=name):
+            importlib.reload(xla_options)
+        monkeypatch.delenv(name)
+    importlib.reload(xla_options)
+    option = "xla_gpu_autotune_level"
+    xla_options._KNOWN.clear()
+    real_zeros = xla_options.jnp.zeros
+
+    def out_of_memory(*a, **k):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+    monkeypatch.setattr(xla_options.jnp, "zeros", out_of_memory)
+    assert not xla_options._known(option, 0) and (option, 0) not in xla_options._KNOWN
+    monkeypatch.setattr(xla_options.jnp, "zeros", real_zeros)
+    assert xla_options._known(option, 0) and xla_options._KNOWN[option, 0]
+    assert not xla_options._known("xla_no_such_option_here", 0) and not xla_options._KNOWN["xla_no_such_option_here", 0]

@@ -696,3 +696,15 @@ def test_a_check_finished_in_the_background_is_not_run_again_without_a_verdict_f
             with pytest.warns(RuntimeWarning, match="off by 4"):
                 assert not selftest._trusted(what, dict(block_size=8), check(None), "jnp instead")
         assert len(calls) == runs == (1 if found is None else 2)
+
+
+def test_a_verdict_reached_meanwhile_is_not_run_again(monkeypatch):
+    """`_run_once` reads this process's verdicts under its lock: a check that finished after the caller looked
+    for a kept verdict (and before it asked to run one) is not run a second time."""
+    key = "a key of kernel F"
+    monkeypatch.setitem(selftest._PROCESS_VERDICTS, key, {"problem": "out off by 5"})
+
+    def never():
+        raise AssertionError("the check ran again")
+
+    assert selftest._run_once(key, never) == (False, "out off by 5")
