@@ -6,10 +6,10 @@ every plain fusion of a program with both its native emitter and the Triton bloc
 autotuned 910 fusions against dense's 296 -- the certified step's glue (bounds, selection, the ladder's branches)
 -- and kept the native emitter for 821 of them. Turning it off for the decode loop and the kernel self-checks
 was measured in one call (docs/performance.md, twenty-sixth session): 8B 8K certified compile 31.1 s against
-33.5 s with it, but SmolLM2 1K 27.3 s against 21.4 s, decode speed within 2 %: no clear gain, so auto keeps
-XLA's setting (`AUTO_OFF`) and the switch stays for experiments. CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: on /
-off for the programs that ask (the decode loop, `compile_options(program="decode")`; the kernel self-checks,
-`jit`), auto as `AUTO_OFF` says per kind of program; an XLA_FLAGS that names the option always wins.
+33.5 s with it, but SmolLM2 1K 27.3 s against 21.4 s, decode speed within 2 %: no clear gain, so unless asked
+XLA's setting stays. CERTATTN_FUSION_AUTOTUNER=1 / 0 / auto: on / off / XLA's, for the programs that ask (the
+decode loop, `compile_options(program="decode")`; the kernel self-checks, `jit`); an XLA_FLAGS that names the
+option always wins.
 The kernel self-checks' programs also compile without any autotuning on a GPU (`checks_autotune_off`,
 CERTATTN_CHECKS_AUTOTUNE=1 keeps XLA's): their speed does not matter, their compile time does.
 """
@@ -26,23 +26,15 @@ from certattn_jax.env import switch_from_env
 
 FUSION_AUTOTUNER_OPTION = "xla_gpu_experimental_enable_fusion_autotuner"
 PROGRAMS = ("decode", "checks")
-# Where CERTATTN_FUSION_AUTOTUNER is auto: whether each kind of program turns the fusion autotuner off (neither:
-# the one-call A/B of the twenty-sixth session found no clear gain; module docstring)
-AUTO_OFF = {"decode": False, "checks": False}
 
 
-def fusion_autotuner_on(backend: str | None = None, program: str = "decode") -> bool | None:
-    """Whether `program` (one of PROGRAMS) compiles with XLA's fusion autotuner on `backend` (default: JAX's
-    default): True / False, or None where this module leaves XLA's own setting (off a GPU, XLA_FLAGS names the
-    option, or auto where AUTO_OFF keeps it)."""
-    if program not in PROGRAMS:
-        raise ValueError(f"program must be one of {PROGRAMS}, got {program!r}")
+def fusion_autotuner_on(backend: str | None = None) -> bool | None:
+    """Whether the programs that ask compile with XLA's fusion autotuner on `backend` (default: JAX's default):
+    True / False as CERTATTN_FUSION_AUTOTUNER says, or None where XLA's own setting stays (auto, off a GPU, or
+    XLA_FLAGS names the option)."""
     if (backend or jax.default_backend()) != "gpu" or FUSION_AUTOTUNER_OPTION in os.environ.get("XLA_FLAGS", ""):
         return None
-    chosen = switch_from_env("CERTATTN_FUSION_AUTOTUNER")
-    if chosen is None:
-        return False if AUTO_OFF[program] else None
-    return chosen
+    return switch_from_env("CERTATTN_FUSION_AUTOTUNER")
 
 
 AUTOTUNE_LEVEL_OPTION = "xla_gpu_autotune_level"
@@ -69,8 +61,10 @@ def compile_options(backend: str | None = None, program: str = "decode") -> dict
     """The options (`jax.jit(..., compiler_options=...)`, `Lowered.compile(compiler_options=...)`) for `program`
     on `backend`: the fusion autotuner's setting where one is asked (`fusion_autotuner_on`) and, for the checks,
     no autotuning (`checks_autotune_off`); each only where this XLA knows the option (`_known`)."""
+    if program not in PROGRAMS:
+        raise ValueError(f"program must be one of {PROGRAMS}, got {program!r}")
     options: dict[str, Any] = {}
-    on = fusion_autotuner_on(backend, program)
+    on = fusion_autotuner_on(backend)
     if on is not None and _known(FUSION_AUTOTUNER_OPTION, on):
         options[FUSION_AUTOTUNER_OPTION] = on
     if program == "checks" and checks_autotune_off(backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):

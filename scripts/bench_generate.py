@@ -31,7 +31,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   cold_run_start_s, decode_build_start_s   on start_s's clock (seconds after the self-checks' import): when the
                          cold run's prefill and its decode build began (a check that starts after the build waited
                          for something: the timeline of a cold compile)
-  fusion_autotuner       {"decode", "checks"}: the decode loop's and the kernel self-checks' XLA fusion autotuner
+  fusion_autotuner       "decode_and_checks": the decode loop's and the kernel self-checks' XLA fusion autotuner
                          (`certattn_jax.xla_options`, CERTATTN_FUSION_AUTOTUNER; None: XLA's own setting), and
                          "checks_autotune_off": the self-checks compiled without autotuning (CERTATTN_CHECKS_AUTOTUNE)
   hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
@@ -107,7 +107,7 @@ def _selftest_runs() -> list[dict]:
 def _fusion_autotuner() -> dict[str, bool | None]:
     from certattn_jax import xla_options
 
-    return {**{program: xla_options.fusion_autotuner_on(program=program) for program in xla_options.PROGRAMS},
+    return {"decode_and_checks": xla_options.fusion_autotuner_on(),
             "checks_autotune_off": xla_options.checks_autotune_off()}
 
 
