@@ -491,6 +491,7 @@ for s in "$@"; do
       # (the default now, certattn_jax.xla_options.checks_autotune_off) against with it (CERTATTN_CHECKS_AUTOTUNE=1):
       # the fused rung 0 check's seconds (call 1: 36 s) and the 8B certified compile; every process checks afresh
       G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified"
+      step cat_dense 110 "${G8/--caches certified/--caches dense} --out $W/cat_dense.json"
       step cat_off_1 110 "$G8 --out $W/cat_off_1.json"
       step cat_on_1 110 "CERTATTN_CHECKS_AUTOTUNE=1 $G8 --out $W/cat_on_1.json"
       step cat_off_2 110 "$G8 --out $W/cat_off_2.json"
