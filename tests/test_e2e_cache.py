@@ -1046,12 +1046,20 @@ def test_a_kernel_switch_from_the_environment_is_checked_by_name(monkeypatch, ra
 
 
 @pytest.mark.xdist_group("layer-schedules")
-@pytest.mark.parametrize("schedule", ["adaptive", "straight-looped"])
-def test_the_nested_decode_loop_decodes_like_the_plain_one(params, schedule, monkeypatch):
+@pytest.mark.parametrize("schedule,stacked_lru", [("adaptive", False), ("straight-looped", False),
+                                                  ("adaptive", True)])
+def test_the_nested_decode_loop_decodes_like_the_plain_one(params, schedule, stacked_lru, monkeypatch, request):
     """`models.generate`'s "nested" loop (an inner loop of first passes that leaves rare steps -- an escalating
     head, a flush, pending hot-set blocks -- to the plain step, undoing their first pass) decodes exactly what the
     plain loop decodes: the same tokens, certificates and cache, over steps that escalate (the hot set starts
-    empty) and cross block boundaries (flushes)."""
+    empty) and cross block boundaries (flushes); also with the layer views recording their hot slots' use in the
+    whole stack (CERTATTN_HOT_USED_STACKED: the undo must restore the stacked LRU record too)."""
+    from certattn_jax import cache as cache_module
+
+    if stacked_lru:  # read while tracing: traces kept from other tests must not answer
+        monkeypatch.setattr(cache_module, "HOT_USED_STACKED", True)
+        jax.clear_caches()
+        request.addfinalizer(jax.clear_caches)  # nor must this test's traces answer later ones
     policy = dataclasses.replace(POLICY, eps=0.05, abs_tol=0.0)
     rng = np.random.default_rng(8)
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]
