@@ -57,16 +57,38 @@ def checks_autotune_off(backend: str | None = None) -> bool:
     return not switch_from_env("CERTATTN_CHECKS_AUTOTUNE")
 
 
+COMMAND_BUFFER_OPTION = "xla_gpu_enable_command_buffer"
+# XLA's default command-buffer contents (xla/debug_options_flags.cc, jax 0.11) plus conditionals and while loops.
+# Through compiler options the list is spelled out: the "+CONDITIONAL" form is for XLA_FLAGS only.
+CONTROL_FLOW_COMMAND_BUFFERS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
+
+
+def decode_control_flow_graphs(backend: str | None = None) -> bool:
+    """Whether the decode loop compiles with conditionals and while loops inside its command buffers (CUDA graphs
+    whose conditional nodes the device decides: no predicate read by the host) on `backend`:
+    CERTATTN_DECODE_CONTROL_FLOW_GRAPHS=1 / 0 / auto (auto: off, until measured), never off a GPU or where
+    XLA_FLAGS names the option. Only a loop body without loop-dependent slices and without host transfers can
+    become one graph node (docs/performance.md, twenty-fifth session): the nested decode loop with the stacked LRU
+    record is such a body."""
+    if (backend or jax.default_backend()) != "gpu" or COMMAND_BUFFER_OPTION in os.environ.get("XLA_FLAGS", ""):
+        return False
+    return bool(switch_from_env("CERTATTN_DECODE_CONTROL_FLOW_GRAPHS"))
+
+
 def compile_options(backend: str | None = None, program: str = "decode") -> dict[str, Any]:
     """The options (`jax.jit(..., compiler_options=...)`, `Lowered.compile(compiler_options=...)`) for `program`
-    on `backend`: the fusion autotuner's setting where one is asked (`fusion_autotuner_on`) and, for the checks,
-    no autotuning (`checks_autotune_off`); each only where this XLA knows the option (`_known`)."""
+    on `backend`: the fusion autotuner's setting where one is asked (`fusion_autotuner_on`); for the decode loop,
+    control flow inside its command buffers where asked (`decode_control_flow_graphs`); for the checks, no
+    autotuning (`checks_autotune_off`); each only where this XLA knows the option (`_known`)."""
     if program not in PROGRAMS:
         raise ValueError(f"program must be one of {PROGRAMS}, got {program!r}")
     options: dict[str, Any] = {}
     on = fusion_autotuner_on(backend)
     if on is not None and _known(FUSION_AUTOTUNER_OPTION, on):
         options[FUSION_AUTOTUNER_OPTION] = on
+    if (program == "decode" and decode_control_flow_graphs(backend)
+            and _known(COMMAND_BUFFER_OPTION, CONTROL_FLOW_COMMAND_BUFFERS)):
+        options[COMMAND_BUFFER_OPTION] = CONTROL_FLOW_COMMAND_BUFFERS
     if program == "checks" and checks_autotune_off(backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
         options[AUTOTUNE_LEVEL_OPTION] = 0
     return options
@@ -93,7 +115,7 @@ def _known(option: str, value: Any) -> bool:
 
 # a typo in a switch fails here, at import, naming the variable (not later inside a background kernel check,
 # where it would quietly mark every kernel untrusted)
-for _name in ("CERTATTN_FUSION_AUTOTUNER", "CERTATTN_CHECKS_AUTOTUNE"):
+for _name in ("CERTATTN_FUSION_AUTOTUNER", "CERTATTN_CHECKS_AUTOTUNE", "CERTATTN_DECODE_CONTROL_FLOW_GRAPHS"):
     switch_from_env(_name)
 
 

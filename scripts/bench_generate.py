@@ -34,6 +34,8 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
   fusion_autotuner       "decode_and_checks": the decode loop's and the kernel self-checks' XLA fusion autotuner
                          (`certattn_jax.xla_options`, CERTATTN_FUSION_AUTOTUNER; None: XLA's own setting), and
                          "checks_autotune_off": the self-checks compiled without autotuning (CERTATTN_CHECKS_AUTOTUNE)
+  decode_control_flow_graphs   the decode loop compiled with conditionals and while loops inside its command
+                         buffers (`xla_options.decode_control_flow_graphs`; XLA_FLAGS may also ask: xla_flags)
   hot_used_stacked       certified: layer views record their hot slots' use in the whole stack
                          (`cache.HOT_USED_STACKED`, CERTATTN_HOT_USED_STACKED)
   decode_tokens_per_s    new tokens per second of the warm decode loop
@@ -109,6 +111,12 @@ def _fusion_autotuner() -> dict[str, bool | None]:
 
     return {"decode_and_checks": xla_options.fusion_autotuner_on(),
             "checks_autotune_off": xla_options.checks_autotune_off()}
+
+
+def _control_flow_graphs() -> bool:
+    from certattn_jax import xla_options
+
+    return xla_options.decode_control_flow_graphs()
 
 
 def _hot_used_stacked() -> bool:
@@ -271,7 +279,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # the decode loop's command-buffer scheduling ("xla": XLA's own setting, XLA_FLAGS included)
             "command_buffer_scheduling": gen.command_buffer_scheduling(),
             # the decode loop's and the self-checks' XLA fusion autotuner (certattn_jax.xla_options; None: XLA's)
-            "fusion_autotuner": _fusion_autotuner()}
+            "fusion_autotuner": _fusion_autotuner(),
+            # control flow inside the decode loop's command buffers (CERTATTN_DECODE_CONTROL_FLOW_GRAPHS)
+            "decode_control_flow_graphs": _control_flow_graphs()}
 
 
 def main(argv=None) -> int:

@@ -463,13 +463,14 @@ for s in "$@"; do
     ab_nest_cb)  # twenty-seventh session: the nested decode loop (an inner loop of rung-0 first passes, no
       # conditional in its body) with the stacked LRU record (no loop-dependent slice in the layer loop) and
       # +CONDITIONAL,+WHILE: can the whole common-step loop become one CUDA graph, as dense's does (0 predicate
-      # reads per step)? SmolLM2 1K and 4K against the defaults, dense in the same processes, then the trace
+      # reads per step)? SmolLM2 1K and 4K against the defaults, dense in the same processes, then the trace;
+      # anc_1k_opt asks for the graphs through the product's option (the decode loop only) instead of XLA_FLAGS
       F="--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE"
       NS="CERTATTN_DECODE_LOOP_NESTED=1 CERTATTN_HOT_USED_STACKED=1"
       G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2"
       step anc_1k_def 95 "$G --prompts 1024 --caches dense certified --out $W/anc_1k_def.json"
       step anc_1k_ncb 95 "XLA_FLAGS=$F $NS $G --prompts 1024 --caches certified dense --out $W/anc_1k_ncb.json"
-      step anc_1k_scb 80 "XLA_FLAGS=$F CERTATTN_HOT_USED_STACKED=1 $G --prompts 1024 --caches certified --out $W/anc_1k_scb.json"
+      step anc_1k_opt 80 "CERTATTN_DECODE_CONTROL_FLOW_GRAPHS=1 $NS $G --prompts 1024 --caches certified --out $W/anc_1k_opt.json"
       step anc_4k_def 95 "$G --prompts 4096 --caches dense certified --out $W/anc_4k_def.json"
       step anc_4k_ncb 95 "XLA_FLAGS=$F $NS $G --prompts 4096 --caches certified dense --out $W/anc_4k_ncb.json"
       step anc_trace 110 "XLA_FLAGS=$F $NS python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified --steps 16 --out $W/anc_trace.json" ;;

@@ -347,3 +347,29 @@ def test_xla_option_switches_fail_at_import_and_only_definite_answers_are_kept(m
     monkeypatch.setattr(xla_options.jnp, "zeros", real_zeros)
     assert xla_options._known(option, 0) and xla_options._KNOWN[option, 0]
     assert not xla_options._known("xla_no_such_option_here", 0) and not xla_options._KNOWN["xla_no_such_option_here", 0]
+
+
+def test_the_decode_loop_can_ask_for_control_flow_in_its_graphs(monkeypatch):
+    """CERTATTN_DECODE_CONTROL_FLOW_GRAPHS=1 compiles the decode loop (only) with conditionals and while loops
+    inside its command buffers on a GPU, XLA's default contents spelled out (the "+" form is refused through
+    compiler options); off by default, off a GPU and where XLA_FLAGS names the option; XLA knows the value."""
+    from certattn_jax import xla_options
+
+    option = xla_options.COMMAND_BUFFER_OPTION
+    for name in ("CERTATTN_DECODE_CONTROL_FLOW_GRAPHS", "CERTATTN_FUSION_AUTOTUNER", "CERTATTN_CHECKS_AUTOTUNE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert option not in gen.decode_compiler_options("gpu")
+    monkeypatch.setenv("CERTATTN_DECODE_CONTROL_FLOW_GRAPHS", "1")
+    assert gen.decode_compiler_options("gpu")[option] == xla_options.CONTROL_FLOW_COMMAND_BUFFERS
+    assert {"CONDITIONAL", "WHILE", "FUSION"} <= set(xla_options.CONTROL_FLOW_COMMAND_BUFFERS.split(","))
+    assert option not in xla_options.compile_options("gpu", "checks")
+    assert gen.decode_compiler_options("cpu") == {}
+    monkeypatch.setenv("XLA_FLAGS", f"--{option}=+CONDITIONAL")
+    assert option not in gen.decode_compiler_options("gpu")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert xla_options._known(option, xla_options.CONTROL_FLOW_COMMAND_BUFFERS)
+    assert not xla_options._known(option, "+CONDITIONAL,+WHILE")
+    monkeypatch.setenv("CERTATTN_DECODE_CONTROL_FLOW_GRAPHS", "sometimes")
+    with pytest.raises(ValueError, match="CERTATTN_DECODE_CONTROL_FLOW_GRAPHS"):
+        gen.decode_compiler_options("gpu")
