@@ -463,7 +463,7 @@ for s in "$@"; do
     ab_nest_cb)  # twenty-seventh session: the nested decode loop (an inner loop of rung-0 first passes, no
       # conditional in its body) with the stacked LRU record (no loop-dependent slice in the layer loop) and
       # +CONDITIONAL,+WHILE: can the whole common-step loop become one CUDA graph, as dense's does (0 predicate
-      # reads per step)? SmolLM2 1K and 4K against the defaults, dense in the same processes, then the trace;
+      # reads per step)? SmolLM2 1K and 4K against the defaults, dense in the same processes (anc_trace traces it);
       # anc_1k_opt asks for the graphs through the product's option (the decode loop only) instead of XLA_FLAGS
       F="--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE"
       NS="CERTATTN_DECODE_LOOP_NESTED=1 CERTATTN_HOT_USED_STACKED=1"
@@ -472,7 +472,10 @@ for s in "$@"; do
       step anc_1k_ncb 95 "XLA_FLAGS=$F $NS $G --prompts 1024 --caches certified dense --out $W/anc_1k_ncb.json"
       step anc_1k_opt 80 "CERTATTN_DECODE_CONTROL_FLOW_GRAPHS=1 $NS $G --prompts 1024 --caches certified --out $W/anc_1k_opt.json"
       step anc_4k_def 95 "$G --prompts 4096 --caches dense certified --out $W/anc_4k_def.json"
-      step anc_4k_ncb 95 "XLA_FLAGS=$F $NS $G --prompts 4096 --caches certified dense --out $W/anc_4k_ncb.json"
+      step anc_4k_ncb 95 "XLA_FLAGS=$F $NS $G --prompts 4096 --caches certified dense --out $W/anc_4k_ncb.json" ;;
+    anc_trace)  # ab_nest_cb's configuration traced: predicate reads and host graph launches per step
+      F="--xla_gpu_enable_command_buffer=+CONDITIONAL,+WHILE"
+      NS="CERTATTN_DECODE_LOOP_NESTED=1 CERTATTN_HOT_USED_STACKED=1"
       step anc_trace 110 "XLA_FLAGS=$F $NS python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches certified --steps 16 --out $W/anc_trace.json" ;;
     host_write)  # twenty-sixth session: can a kernel write tier 2 in pinned host memory in place (the flush's write;
       # the last host transfer of the rare-step conditional that keeps a decode step's predicate reads)? Then the
