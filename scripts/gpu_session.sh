@@ -513,6 +513,21 @@ for s in "$@"; do
       step cat_on_1 110 "CERTATTN_CHECKS_AUTOTUNE=1 $G8 --out $W/cat_on_1.json"
       step cat_off_2 110 "$G8 --out $W/cat_off_2.json"
       step cat_on_2 110 "CERTATTN_CHECKS_AUTOTUNE=1 $G8 --out $W/cat_on_2.json" ;;
+    ab_fat2)  # twenty-seventh session: with the checks compiled without autotuning (the default since the A/B
+      # ab_checks_at), XLA's fusion autotuner off for the decode loop (CERTATTN_FUSION_AUTOTUNER=0) against XLA's
+      # setting: 8B 8K certified compile (19.2-19.5 s against dense 4.3 s: target 18.6) and speed; SmolLM2 1K the
+      # same; every process checks its kernels afresh; dense in the first row of each model; alternated
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      GS="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 90} --new-tokens 64 --models smollm2 --prompts 1024"
+      step fat2_8_dense 60 "$G8 --caches dense --out $W/fat2_8_dense.json"
+      step fat2_8_off_1 80 "CERTATTN_FUSION_AUTOTUNER=0 $G8 --caches certified --out $W/fat2_8_off_1.json"
+      step fat2_8_xla_1 80 "$G8 --caches certified --out $W/fat2_8_xla_1.json"
+      step fat2_8_off_2 80 "CERTATTN_FUSION_AUTOTUNER=0 $G8 --caches certified --out $W/fat2_8_off_2.json"
+      step fat2_8_xla_2 80 "$G8 --caches certified --out $W/fat2_8_xla_2.json"
+      step fat2_s_xla_1 70 "$GS --caches dense certified --out $W/fat2_s_xla_1.json"
+      step fat2_s_off_1 60 "CERTATTN_FUSION_AUTOTUNER=0 $GS --caches certified --out $W/fat2_s_off_1.json"
+      step fat2_s_xla_2 60 "$GS --caches certified --out $W/fat2_s_xla_2.json"
+      step fat2_s_off_2 60 "CERTATTN_FUSION_AUTOTUNER=0 $GS --caches certified --out $W/fat2_s_off_2.json" ;;
     dec128_cert)  # the 8B 128K certified decode row alone, with the offsets guard (its rung histogram against
       # 2026-12-04's 12,188 rung-3 / 5,824 rung-4 of 196,608 head-steps)
       step dec128_cert 240 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches certified --impls einsum --out $W/dec128_certified.json" ;;
