@@ -14,8 +14,7 @@ splits in float32 and rounds once to x's dtype. Every product and sum is float32
 widened exactly; the MMA's products of two 8-bit-mantissa
 values are exact in float32), like XLA's GEMMs; only the summation order differs from `stacked_matmul_reference`.
 M == 1 multiplies on vectors (reduced every k step, or with `tile_acc` summed into a tile and reduced once) unless
-`dot` is set; M > 1 (or `dot`) uses `jnp.dot` on rows padded to 16 (Triton's smallest dot; one row is broadcast to
-16 inside the kernel, no padding launch), whose loads Triton's
+`dot` is set; M > 1 (or `dot`) uses `jnp.dot` on rows padded to 16 (Triton's smallest dot), whose loads Triton's
 software pipeliner can keep `num_stages` deep. `unroll` k tiles are loaded before any of them is used (more bytes
 in flight per program).
 """
@@ -30,7 +29,6 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from certattn_jax.env import switch_from_env
 from pallas_kernels import backend
 
 __all__ = ["stacked_matmul", "stacked_matmul_reference", "default_tiling", "supports", "tuned_settings", "TUNED"]
@@ -120,8 +118,8 @@ def stacked_matmul(x: jax.Array, w: jax.Array, layer: jax.Array | int, *, block_
     stages and, compiled, the MMA path for a row; block_n
     must divide N and splits * block_k must divide K. tile_acc (M == 1): accumulate
     the products in a [block_k, block_n] tile and reduce over k once at the end (else every k step reduces).
-    dot (M == 1): multiply on the MMA path with the row broadcast to 16 rows in the kernel. unroll: k tiles loaded
-    per loop step (must divide the K // (splits * block_k) steps of a program)."""
+    dot (M == 1): multiply on the MMA path with the row padded to 16. unroll: k tiles loaded per loop step
+    (must divide the K // (splits * block_k) steps of a program)."""
     if x.ndim != 2 or w.ndim != 3:
         raise ValueError(f"stacked_matmul takes x [M, K] and w [L, K, N], got {x.shape} and {w.shape}")
     M, K = x.shape
@@ -144,24 +142,16 @@ def stacked_matmul(x: jax.Array, w: jax.Array, layer: jax.Array | int, *, block_
                          f"not divide K={K}, N={N}")
     layer = jnp.clip(jnp.asarray(layer, jnp.int32).reshape(1), 0, L - 1)
     rows = M if M == 1 and not dot else max(_MIN_DOT_ROWS, 1 << (M - 1).bit_length())
-    # One row on the MMA path: the kernel broadcasts it to the dot's rows in registers (each output row is then
-    # that row's product, bit for bit: an MMA output element depends on its own row of the left operand only),
-    # instead of a padding launch before every GEMM (~4 per SmolLM2 layer-step on the decode chain: the
-    # twenty-fifth session's trace counted ~99 pad launches per certified step, 157 us of its 666 us busy).
-    # (CERTATTN_STACKED_PAD_ROW=1: the padding launch again, for an A/B on the GPU)
-    broadcast = M == 1 and not switch_from_env("CERTATTN_STACKED_PAD_ROW")
-    xp = x if rows == M or broadcast else jnp.pad(x, ((0, rows - M), (0, 0)))
-    partials = _call(xp, w, layer, rows=rows, block_n=block_n, block_k=block_k, splits=splits,
-                     num_warps=num_warps, num_stages=num_stages, tile_acc=tile_acc and rows == 1, unroll=unroll,
-                     interpret=interpret)
+    xp = x if rows == M else jnp.pad(x, ((0, rows - M), (0, 0)))
+    partials = _call(xp, w, layer, block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps,
+                     num_stages=num_stages, tile_acc=tile_acc and rows == 1, unroll=unroll, interpret=interpret)
     return jnp.sum(partials[:, :M], axis=0).astype(x.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "block_n", "block_k", "splits", "num_warps", "num_stages",
+@functools.partial(jax.jit, static_argnames=("block_n", "block_k", "splits", "num_warps", "num_stages",
                                              "tile_acc", "unroll", "interpret"))
-def _call(x, w, layer, *, rows, block_n, block_k, splits, num_warps, num_stages, tile_acc, unroll, interpret):
-    """partials [splits, rows, N] float32 of x [rows or 1, K] @ w[layer] (one row of x is broadcast to `rows`)."""
-    x_rows, K = x.shape
+def _call(x, w, layer, *, block_n, block_k, splits, num_warps, num_stages, tile_acc, unroll, interpret):
+    rows, K = x.shape
     L, _, N = w.shape
     k_split = K // splits
     kernel = functools.partial(_kernel_tile_acc if tile_acc else _kernel, block_k=block_k,
@@ -170,7 +160,7 @@ def _call(x, w, layer, *, rows, block_n, block_k, splits, num_warps, num_stages,
         kernel,
         grid=(N // block_n, splits),
         in_specs=[pl.BlockSpec((1,), lambda n, s: (0,)),
-                  pl.BlockSpec((x_rows, k_split), lambda n, s: (0, s)),
+                  pl.BlockSpec((rows, k_split), lambda n, s: (0, s)),
                   pl.BlockSpec((L, k_split, block_n), lambda n, s: (0, s, n))],
         out_specs=pl.BlockSpec((None, rows, block_n), lambda n, s: (s, 0, n)),
         out_shape=jax.ShapeDtypeStruct((splits, rows, N), jnp.float32),
@@ -193,8 +183,6 @@ def _kernel(layer_ref, x_ref, w_ref, o_ref, *, block_k, steps, vector, unroll):
                 acc = acc + jnp.sum(xk[:, None] * w.astype(jnp.float32), axis=0)[None, :]
             else:  # bf16/fp16 operands, float32 products and sums (the MMA): the same values as widening first
                 xk = x_ref[:, pl.ds(k0, block_k)]
-                if xk.shape[0] != rows:  # one row, broadcast to the dot's rows (see `stacked_matmul`)
-                    xk = jnp.broadcast_to(xk, (rows, block_k))
                 acc = acc + jnp.dot(xk, w.astype(xk.dtype), preferred_element_type=jnp.float32)
         return acc
 

@@ -106,33 +106,3 @@ def test_a_tuning_file_overrides_the_table(tmp_path, monkeypatch):
     monkeypatch.setenv(sm.TUNING_ENV, str(bad))
     with pytest.raises(ValueError, match="CERTATTN_STACKED_TUNING"):
         sm.tuned_settings(1, 64, 32)
-
-
-def test_one_row_on_the_mma_path_is_broadcast_in_the_kernel_not_padded(monkeypatch):
-    """M == 1 on the MMA path: the row reaches the kernel unpadded (no padding launch before the GEMM: a pad is a
-    launch of its own on a decode step's chain) and the product equals, bit for bit, row 0 of the product of the
-    row zero-padded to 16 rows (what the kernel computed before; CERTATTN_STACKED_PAD_ROW=1 pads again)."""
-    from jax.extend.core import jaxprs_in_params
-
-    x, w = _inputs(11, 1, 192, 128)
-    tiling = dict(block_k=32, splits=2, dot=True)
-
-    def primitives(jaxpr):
-        for eqn in jaxpr.eqns:
-            yield eqn.primitive.name
-            if eqn.primitive.name != "pallas_call":
-                for sub in jaxprs_in_params(eqn.params):
-                    yield from primitives(sub)
-
-    def names():
-        return list(primitives(jax.make_jaxpr(lambda x, w: stacked_matmul(x, w, jnp.int32(1), **tiling))(x, w).jaxpr))
-
-    assert "pallas_call" in names() and "pad" not in names(), names()
-    monkeypatch.setenv("CERTATTN_STACKED_PAD_ROW", "1")
-    assert "pad" in names()
-    monkeypatch.delenv("CERTATTN_STACKED_PAD_ROW")
-    padded = jnp.pad(x, ((0, 15), (0, 0)))
-    for layer in range(w.shape[0]):
-        got = stacked_matmul(x, w, jnp.int32(layer), **tiling)
-        want = stacked_matmul(padded, w, jnp.int32(layer), **tiling)[:1]
-        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
