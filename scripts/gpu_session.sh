@@ -514,14 +514,6 @@ for s in "$@"; do
       step cat_off_2 110 "$G8 --out $W/cat_off_2.json"
       step cat_on_2 110 "CERTATTN_CHECKS_AUTOTUNE=1 $G8 --out $W/cat_on_2.json" ;;
     mm_tests) step mm_tests 90 "python3 -m pytest -q -x tests/test_pallas_stacked_matmul.py" ;;  # compiled
-    ab_padrow)  # twenty-seventh session: the stacked-weight GEMM's one row broadcast inside the kernel (the default
-      # now) against the padding launch before each GEMM (CERTATTN_STACKED_PAD_ROW=1), SmolLM2 1K, alternated. If
-      # XLA fuses each pad into its producer (the norm, the gated product), no launch is saved: equal rows
-      G="python3 scripts/bench_generate.py --timeout 80 --new-tokens 64 --models smollm2 --prompts 1024"
-      step apr_new_1 95 "$G --caches dense certified --out $W/apr_new_1.json"
-      step apr_pad_1 80 "CERTATTN_STACKED_PAD_ROW=1 $G --caches certified --out $W/apr_pad_1.json"
-      step apr_new_2 80 "$G --caches certified --out $W/apr_new_2.json"
-      step apr_pad_2 80 "CERTATTN_STACKED_PAD_ROW=1 $G --caches certified --out $W/apr_pad_2.json" ;;
     ab_fat8)  # twenty-seventh session: with the checks compiled without autotuning (the default since the A/B
       # ab_checks_at), XLA's fusion autotuner off for the decode loop (CERTATTN_FUSION_AUTOTUNER=0) against XLA's
       # setting: 8B 8K certified compile (19.2-19.5 s against dense 4.3 s: target 18.6) and speed (SmolLM2 1K:
