@@ -524,6 +524,11 @@ for s in "$@"; do
       step fat2_8_xla_1 80 "$G8 --caches certified --out $W/fat2_8_xla_1.json"
       step fat2_8_off_2 80 "CERTATTN_FUSION_AUTOTUNER=0 $G8 --caches certified --out $W/fat2_8_off_2.json"
       step fat2_8_xla_2 80 "$G8 --caches certified --out $W/fat2_8_xla_2.json" ;;
+    ab_fat8_short)  # ab_fat8 with one row each (a short device budget)
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      step fat2_8_dense 60 "$G8 --caches dense --out $W/fat2_8_dense.json"
+      step fat2_8_off_1 80 "CERTATTN_FUSION_AUTOTUNER=0 $G8 --caches certified --out $W/fat2_8_off_1.json"
+      step fat2_8_xla_1 80 "$G8 --caches certified --out $W/fat2_8_xla_1.json" ;;
     ab_fats)  # the same A/B for SmolLM2 1K
       GS="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 90} --new-tokens 64 --models smollm2 --prompts 1024"
       step fat2_s_xla_1 70 "$GS --caches dense certified --out $W/fat2_s_xla_1.json"
