@@ -484,28 +484,36 @@ def _rung0_case(block_size: int, head_dim: int, group_size: int, key_bits: int, 
 def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
                        k_max: int, run: Callable | None = None, hot_slots: int = 0,
                        tuning: tuple[int, int] | None = None, select: str | None = None,
-                       layer_view: bool = False) -> str | None:
+                       layer_view: bool = False, picks: str | None = None) -> str | None:
     """None when the fused rung 0 (`run`, default `step.rung0_fused`) agrees with the jnp rung 0 on a small random
     cache of this configuration (hot_slots: a hot set larger than k_max), else what disagrees. Evaluated eagerly
     in a thread. tuning: the certify kernel's (chunk width, warps) to check (`certify_rung0.tuning`), on a cache
     whose passes walk two chunks (the second one ragged) unless the chunk is the small-cache setting's; with the
     counted candidate selection (select "count", default `certify_rung0.DEFAULT_SELECT`, which the run uses), also
-    on a cache whose one chunk takes it. layer_view: run the kernels as a model's decode step runs them, on a
-    layer view of stacked arrays (`as_layer_view`: both kernels read the layer in place, the other layers' arrays
-    empty, so a read of the wrong layer changes the answer; as the first, a middle and the last layer), instead of
-    on the cache's own arrays: the two are different compiled code, each checked where it is used (one compile of
-    the kernels per size, not two)."""
+    on a cache whose one chunk takes it. picks ("count" / "loop", with a setting other than the small-cache one
+    and the counted selection): only the cache on which the kernel picks its candidates that way -- the one
+    regime a cache of a given block count runs (`certify_rung0.counts_picks`) -- instead of both (half the
+    check's compiles: the 8B shape's fused check ran 30-36 s beside its decode compile, twenty-seventh session).
+    layer_view: run the kernels as a model's decode step runs them, on a layer view of stacked arrays
+    (`as_layer_view`: both kernels read the layer in place, the other layers' arrays empty, so a read of the
+    wrong layer changes the answer; as the first, a middle and the last layer), instead of on the cache's own
+    arrays: the two are different compiled code, each checked where it is used (one compile of the kernels per
+    size, not two)."""
     from certattn_jax import ladder, step
     from pallas_kernels import certify_rung0
 
+    if picks not in (None, "count", "loop"):
+        raise ValueError(f"picks must be 'count', 'loop' or None, got {picks!r}")
     run = run or step.rung0_fused
     sizes = [3]
     if tuning is not None:
         run = functools.partial(run, tuning=tuning)
         if tuning != certify_rung0.BASE_TUNING:
-            sizes = [tuning[0] + tuning[0] // 2 + 3]
-            if (select or certify_rung0.DEFAULT_SELECT) == "count":  # also a cache whose one chunk counts
-                sizes.append(min(tuning[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4)
+            walked = tuning[0] + tuning[0] // 2 + 3  # two chunks, the second ragged: candidates picked by the loop
+            counted = min(tuning[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4  # one chunk that counts
+            sizes = [walked]
+            if (select or certify_rung0.DEFAULT_SELECT) == "count":
+                sizes = {"loop": [walked], "count": [counted], None: [walked, counted]}[picks]
 
     def check() -> str | None:
         for full_blocks in sizes:
@@ -576,12 +584,13 @@ def _rung0_stage_problem(got, ref) -> str | None:
 @functools.cache
 def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
                   k_max: int, hot_slots: int = 0, tuning: tuple[int, int] | None = None,
-                  select: str = "loop", layer_view: bool = False) -> bool:
+                  select: str = "loop", layer_view: bool = False, picks: str | None = None) -> bool:
     """Whether the ladder may use the compiled fused rung 0 for this configuration (module docstring; hot_slots:
     the cache's hot-set slots when more than k_max; tuning: the kernel's (chunk width, warps), default the
     small-cache setting `certify_rung0.tuning(16)`; layer_view: on a model's layer view, reading the stacked
-    arrays in place, else on a cache's own arrays: `rung0_disagreement`); True without a check where no compiled
-    kernel executes. Checked once per configuration and process."""
+    arrays in place, else on a cache's own arrays; picks: how the kernel picks its candidates on the asking
+    cache, "count" or "loop" (`certify_rung0.counts_picks`), or None for both: `rung0_disagreement`); True
+    without a check where no compiled kernel executes. Checked once per configuration and process."""
     from pallas_kernels import certify_rung0
 
     cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
@@ -596,10 +605,19 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
         keyed["rung0_chunk"] = chunk
     if select != "loop":  # another candidate selection is other compiled code
         keyed["rung0_select"] = select
+        if picks is not None and tuning != certify_rung0.BASE_TUNING:
+            # a cache runs one of the two ways to pick at its block count: a verdict on one never vouches for the
+            # other (at the small-cache setting every cache counts, and its check counts)
+            keyed["rung0_picks"] = picks
+        else:
+            picks = None
+    else:
+        picks = None
     if layer_view:  # so is the kernels' in-place read of a layer of stacked arrays
         keyed["rung0_form"] = "layer_view"
     return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **keyed),
-                    lambda: rung0_disagreement(**cfg, tuning=tuning, select=select, layer_view=layer_view),
+                    lambda: rung0_disagreement(**cfg, tuning=tuning, select=select, layer_view=layer_view,
+                                               picks=picks),
                     "The ladder uses the jnp rung 0 for this configuration instead.")
 
 

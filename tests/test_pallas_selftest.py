@@ -107,7 +107,8 @@ def test_the_fused_rung0_is_checked_with_the_policys_k_max_and_the_caches_slots(
     assert step.fused_supported(cache, 2) and step.fused_supported(cache)
     from pallas_kernels import certify_rung0
 
-    base = {"tuning": (256, 4), "select": certify_rung0.DEFAULT_SELECT}  # 4 blocks: the small-cache setting
+    base = {"tuning": (256, 4), "select": certify_rung0.DEFAULT_SELECT,  # 4 blocks: the small-cache setting,
+            "picks": "count" if certify_rung0.DEFAULT_SELECT == "count" else "loop"}  # one chunk: counted
     assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base, "layer_view": False})
     assert asked[1] == ((16, 32, 16, 8, 4, 8), {"hot_slots": 0, **base, "layer_view": False})
     # a model's layer view asks about the form its kernels run: its layer of the stacked arrays, in place
@@ -539,7 +540,14 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
         for T in (16 * 10, 16 * 200, 16 * 100, 16 * 1500):  # 10, 200, 100 and 1,500 blocks
             cache = TieredKVCache.init(batch=1, capacity=T, num_kv_heads=1, head_dim=32, policy=policy)
             assert step.fused_supported(cache, 2)
-        assert [c["tuning"] for c in calls] == [(256, 4), (128, 8), (256, 16)]  # 100 blocks: 200's verdict
+        # 100 blocks (128 columns, one chunk: the candidates counted) and 200 (256: two chunks, the loop) run
+        # the same setting two different ways: each asks a verdict of its own, on the way it runs
+        assert [c["tuning"] for c in calls] == [(256, 4), (128, 8), (128, 8), (256, 16)]
+        assert [c["picks"] for c in calls] == [None, "loop", "count", "loop"]
+        for T in (16 * 120, 16 * 250):  # 128 and 256 columns again: the verdicts reached are reused
+            cache = TieredKVCache.init(batch=1, capacity=T, num_kv_heads=1, head_dim=32, policy=policy)
+            assert step.fused_supported(cache, 2)
+        assert len(calls) == 4
     finally:
         selftest.rung0_trusted.cache_clear()
 
@@ -563,6 +571,13 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
         ran.clear()
         assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), layer_view=layer_view) is None
         assert ran == [(32, 16, 8), (16, 16, 8)]
+    # asked for one way of picking (the asking cache's), only the cache that picks that way
+    for picks, want in (("loop", [(32, 16, 8)]), ("count", [(16, 16, 8)])):
+        ran.clear()
+        assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), picks=picks) is None
+        assert ran == want, picks
+    with pytest.raises(ValueError, match="picks"):
+        real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), picks="sometimes")
     assert ck.counts_picks(16, 16) and not ck.counts_picks(32, 16)
     # and its verdict is keyed apart from the loop's
     keys = []
@@ -574,6 +589,16 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     finally:
         selftest.rung0_trusted.cache_clear()
     assert keys[0]["rung0_select"] == "count" and "rung0_select" not in keys[1]
+    # the way of picking is keyed where a setting runs both (not at the small-cache setting, where every cache
+    # counts: its kept verdicts stay valid; nor with the loop selection alone)
+    try:
+        for tuning, select in (((128, 8), "count"), ((128, 8), "loop"), (ck.BASE_TUNING, "count")):
+            selftest.rung0_trusted.cache_clear()
+            selftest.rung0_trusted(16, 32, 16, 8, 4, 2, tuning=tuning, select=select, picks="count")
+    finally:
+        selftest.rung0_trusted.cache_clear()
+    assert keys[2]["rung0_picks"] == "count" and "rung0_picks" not in keys[3] and "rung0_picks" not in keys[4]
+    del keys[2:]
     # and the layer-view form's apart from the cache's own arrays' (whose key is unchanged: kept verdicts stay)
     try:
         selftest.rung0_trusted.cache_clear()
