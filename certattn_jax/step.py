@@ -335,7 +335,8 @@ def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
     passed its known-answer check for this configuration (`pallas_kernels.selftest.rung0_trusted`): the policy's
     k_max (default: every hot slot) promoted from the cache's hot slots, in the form the kernels read this cache
     (a model's layer view: its layer of the stacked arrays in place; else the cache's own arrays), picking its
-    candidates as the kernel does at this cache's block count (counted or looped: only that way is checked)."""
+    candidates as the kernel does at this cache's block count (`certify_rung0.selection_regime`: only that way
+    is checked)."""
     from pallas_kernels import certify_rung0, selftest
 
     k_max = k_max or cache.k_max
@@ -345,7 +346,7 @@ def fused_supported(cache: TieredKVCache, k_max: int | None = None) -> bool:
         cache.block_size, cache.head_dim, cache.group_size, cache.key_bits, cache.value_bits, k_max,
         hot_slots=cache.k_max if cache.k_max != k_max else 0, tuning=tuning,
         select=certify_rung0.DEFAULT_SELECT, layer_view=cache.kernels_read_stack_in_place,
-        picks="count" if certify_rung0.counts_picks(padded, tuning[0]) else "loop")
+        picks=certify_rung0.selection_regime(padded, tuning[0]))
 
 
 def uses_fused_rung0(cache: TieredKVCache, policy: CertPolicy) -> bool:

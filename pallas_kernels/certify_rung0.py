@@ -126,6 +126,18 @@ def counts_picks(padded_block_count: int, chunk: int, select: str | None = None)
             and padded_block_count <= COUNT_SELECT_MAX_COLUMNS)
 
 
+SELECTION_REGIMES = ("count", "walk", "loop")
+
+
+def selection_regime(padded_block_count: int, chunk: int, select: str | None = None) -> str:
+    """How the kernel picks candidates at this padded block count and chunk width -- compiled code paths of
+    their own, which a self-check must run to vouch for: "count" (`counts_picks`), "walk" (the loop selection over
+    two or more chunks) or "loop" (the loop selection within one chunk)."""
+    if counts_picks(padded_block_count, chunk, select):
+        return "count"
+    return "walk" if padded_block_count > chunk else "loop"
+
+
 def tuning(padded_block_count: int) -> tuple[int, int]:
     """(chunk width, warps per program) of the kernel for `padded_blocks(nb)` block columns (`SIZE_TUNING`, or
     DEFAULT_CHUNK / DEFAULT_WARPS where set)."""

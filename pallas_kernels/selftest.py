@@ -490,10 +490,11 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
     in a thread. tuning: the certify kernel's (chunk width, warps) to check (`certify_rung0.tuning`), on a cache
     whose passes walk two chunks (the second one ragged) unless the chunk is the small-cache setting's; with the
     counted candidate selection (select "count", default `certify_rung0.DEFAULT_SELECT`, which the run uses), also
-    on a cache whose one chunk takes it. picks ("count" / "loop", with a setting other than the small-cache one
-    and the counted selection): only the cache on which the kernel picks its candidates that way -- the one
-    regime a cache of a given block count runs (`certify_rung0.counts_picks`) -- instead of both (half the
-    check's compiles: the 8B shape's fused check ran 30-36 s beside its decode compile, twenty-seventh session).
+    on a cache whose one chunk takes it. picks (`certify_rung0.SELECTION_REGIMES`): instead, only a cache on
+    which the kernel picks its candidates that way at this setting -- the one way a cache of a given block count
+    runs (`certify_rung0.selection_regime`): "count" a cache whose one chunk counts, "walk" one of two chunks
+    (the second ragged), "loop" one chunk with the loop selection (the check's compiles halved where a setting
+    ran two caches: the 8B shape's fused check ran 30-37 s beside its decode compile, twenty-seventh session).
     layer_view: run the kernels as a model's decode step runs them, on a layer view of stacked arrays
     (`as_layer_view`: both kernels read the layer in place, the other layers' arrays empty, so a read of the
     wrong layer changes the answer; as the first, a middle and the last layer), instead of on the cache's own
@@ -502,18 +503,18 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
     from certattn_jax import ladder, step
     from pallas_kernels import certify_rung0
 
-    if picks not in (None, "count", "loop"):
-        raise ValueError(f"picks must be 'count', 'loop' or None, got {picks!r}")
+    if picks not in (None, *certify_rung0.SELECTION_REGIMES):
+        raise ValueError(f"picks must be one of {certify_rung0.SELECTION_REGIMES} or None, got {picks!r}")
     run = run or step.rung0_fused
     sizes = [3]
     if tuning is not None:
         run = functools.partial(run, tuning=tuning)
         if tuning != certify_rung0.BASE_TUNING:
-            walked = tuning[0] + tuning[0] // 2 + 3  # two chunks, the second ragged: candidates picked by the loop
-            counted = min(tuning[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4  # one chunk that counts
-            sizes = [walked]
-            if (select or certify_rung0.DEFAULT_SELECT) == "count":
-                sizes = {"loop": [walked], "count": [counted], None: [walked, counted]}[picks]
+            sizes = [tuning[0] + tuning[0] // 2 + 3]  # two chunks, the second ragged
+            if (select or certify_rung0.DEFAULT_SELECT) == "count":  # also a cache whose one chunk counts
+                sizes.append(min(tuning[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4)
+    if picks is not None:
+        sizes = [_regime_full_blocks(picks, (tuning or certify_rung0.BASE_TUNING)[0], select)]
 
     def check() -> str | None:
         for full_blocks in sizes:
@@ -543,6 +544,21 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
         return None
 
     return _eagerly(check)
+
+
+def _regime_full_blocks(picks: str, chunk: int, select: str | None) -> int:
+    """Full blocks of a check cache (plus a half block) on which the kernel, at this chunk width, picks its
+    candidates the way `picks` names (`certify_rung0.selection_regime`); the smallest such where it is free."""
+    from pallas_kernels import certify_rung0
+
+    counted = min(chunk, certify_rung0.COUNT_SELECT_MAX_COLUMNS)
+    full_blocks = {"walk": chunk + chunk // 2 + 3,  # 2 x chunk columns
+                   "count": 3 if chunk == certify_rung0.BASE_TUNING[0] else counted * 3 // 4,  # one counted chunk
+                   "loop": 3 if (select or certify_rung0.DEFAULT_SELECT) == "loop" else chunk * 3 // 4}[picks]
+    padded = certify_rung0.padded_blocks(full_blocks + 1)
+    if certify_rung0.selection_regime(padded, chunk, select) != picks:  # e.g. "loop" in one chunk that counts
+        raise ValueError(f"no cache picks its candidates by {picks!r} at chunk width {chunk} (select {select!r})")
+    return full_blocks
 
 
 _VIEW_LAYERS = 3  # like a real model's 30 or 32 layers not a power of two, which a kernel's stacked block must take
@@ -589,8 +605,9 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
     the cache's hot-set slots when more than k_max; tuning: the kernel's (chunk width, warps), default the
     small-cache setting `certify_rung0.tuning(16)`; layer_view: on a model's layer view, reading the stacked
     arrays in place, else on a cache's own arrays; picks: how the kernel picks its candidates on the asking
-    cache, "count" or "loop" (`certify_rung0.counts_picks`), or None for both: `rung0_disagreement`); True
-    without a check where no compiled kernel executes. Checked once per configuration and process."""
+    cache (`certify_rung0.selection_regime`), or None for every way the setting's check cache sizes run:
+    `rung0_disagreement`); True without a check where no compiled kernel executes. Checked once per
+    configuration and process."""
     from pallas_kernels import certify_rung0
 
     cfg = dict(block_size=block_size, head_dim=head_dim, group_size=group_size, key_bits=key_bits,
@@ -605,14 +622,8 @@ def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int
         keyed["rung0_chunk"] = chunk
     if select != "loop":  # another candidate selection is other compiled code
         keyed["rung0_select"] = select
-        if picks is not None and tuning != certify_rung0.BASE_TUNING:
-            # a cache runs one of the two ways to pick at its block count: a verdict on one never vouches for the
-            # other (at the small-cache setting every cache counts, and its check counts)
-            keyed["rung0_picks"] = picks
-        else:
-            picks = None
-    else:
-        picks = None
+    if picks is not None:  # a cache picks its candidates one way at its block count: a verdict on one way never
+        keyed["rung0_picks"] = picks  # vouches for another
     if layer_view:  # so is the kernels' in-place read of a layer of stacked arrays
         keyed["rung0_form"] = "layer_view"
     return _trusted("the compiled fused rung 0", dict(cfg, **_process_layouts(), **keyed),

@@ -108,7 +108,7 @@ def test_the_fused_rung0_is_checked_with_the_policys_k_max_and_the_caches_slots(
     from pallas_kernels import certify_rung0
 
     base = {"tuning": (256, 4), "select": certify_rung0.DEFAULT_SELECT,  # 4 blocks: the small-cache setting,
-            "picks": "count" if certify_rung0.DEFAULT_SELECT == "count" else "loop"}  # one chunk: counted
+            "picks": "count" if certify_rung0.DEFAULT_SELECT == "count" else "loop"}  # in one chunk
     assert asked[0] == ((16, 32, 16, 8, 4, 2), {"hot_slots": 8, **base, "layer_view": False})
     assert asked[1] == ((16, 32, 16, 8, 4, 8), {"hot_slots": 0, **base, "layer_view": False})
     # a model's layer view asks about the form its kernels run: its layer of the stacked arrays, in place
@@ -530,6 +530,7 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     monkeypatch.setattr(ck, "DEFAULT_WARPS", None)
 
     real_check = selftest.rung0_disagreement
+    monkeypatch.setattr(ck, "DEFAULT_SELECT", "count")  # the default (an environment may choose the loop)
     monkeypatch.setenv("CERTATTN_SELFTEST_CACHE", str(tmp_path / "verdicts.json"))
     monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
     monkeypatch.setattr(ck, "supports", lambda *a: True)
@@ -543,11 +544,21 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
         # 100 blocks (128 columns, one chunk: the candidates counted) and 200 (256: two chunks, the loop) run
         # the same setting two different ways: each asks a verdict of its own, on the way it runs
         assert [c["tuning"] for c in calls] == [(256, 4), (128, 8), (128, 8), (256, 16)]
-        assert [c["picks"] for c in calls] == [None, "loop", "count", "loop"]
+        assert [c["picks"] for c in calls] == ["count", "walk", "count", "walk"]
         for T in (16 * 120, 16 * 250):  # 128 and 256 columns again: the verdicts reached are reused
             cache = TieredKVCache.init(batch=1, capacity=T, num_kv_heads=1, head_dim=32, policy=policy)
             assert step.fused_supported(cache, 2)
         assert len(calls) == 4
+        # a chunk width set by the environment: 128 columns walk two chunks of 64 (the chunk, not the count,
+        # decides); 4 warps at any size (the small-cache setting then walks too)
+        monkeypatch.setattr(ck, "DEFAULT_CHUNK", 64)
+        cache = TieredKVCache.init(batch=1, capacity=16 * 100, num_kv_heads=1, head_dim=32, policy=policy)
+        assert step.fused_supported(cache, 2) and (calls[-1]["tuning"], calls[-1]["picks"]) == ((64, 8), "walk")
+        monkeypatch.setattr(ck, "DEFAULT_CHUNK", None)
+        monkeypatch.setattr(ck, "DEFAULT_WARPS", 4)
+        cache = TieredKVCache.init(batch=1, capacity=16 * 1500, num_kv_heads=1, head_dim=32, policy=policy)
+        assert step.fused_supported(cache, 2) and (calls[-1]["tuning"], calls[-1]["picks"]) == ((256, 4), "walk")
+        monkeypatch.setattr(ck, "DEFAULT_WARPS", None)
     finally:
         selftest.rung0_trusted.cache_clear()
 
@@ -571,13 +582,27 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
         ran.clear()
         assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), layer_view=layer_view) is None
         assert ran == [(32, 16, 8), (16, 16, 8)]
-    # asked for one way of picking (the asking cache's), only the cache that picks that way
-    for picks, want in (("loop", [(32, 16, 8)]), ("count", [(16, 16, 8)])):
+    # asked for one way of picking (the asking cache's), only a cache that picks that way
+    for picks, want in (("walk", [(32, 16, 8)]), ("count", [(16, 16, 8)])):
         ran.clear()
         assert real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), picks=picks) is None
         assert ran == want, picks
     with pytest.raises(ValueError, match="picks"):
         real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), picks="sometimes")
+    with pytest.raises(ValueError, match="no cache picks"):  # one chunk of 16 columns always counts
+        real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), picks="loop")
+    # the cache each way runs on, at every chunk width (each padded block count as the kernel computes it)
+    for chunk in ck.CHUNK_CHOICES:
+        for select in ("count", "loop"):
+            for picks in ck.SELECTION_REGIMES:
+                try:
+                    blocks = selftest._regime_full_blocks(picks, chunk, select)
+                except ValueError:
+                    # no such cache: the loop selection never counts; one chunk of at most 128 columns always does
+                    assert (picks, select) == ("count", "loop") or (
+                        (picks, select) == ("loop", "count") and chunk <= ck.COUNT_SELECT_MAX_COLUMNS)
+                    continue
+                assert ck.selection_regime(ck.padded_blocks(blocks + 1), chunk, select) == picks
     assert ck.counts_picks(16, 16) and not ck.counts_picks(32, 16)
     # and its verdict is keyed apart from the loop's
     keys = []
@@ -589,15 +614,14 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     finally:
         selftest.rung0_trusted.cache_clear()
     assert keys[0]["rung0_select"] == "count" and "rung0_select" not in keys[1]
-    # the way of picking is keyed where a setting runs both (not at the small-cache setting, where every cache
-    # counts: its kept verdicts stay valid; nor with the loop selection alone)
+    # and the way of picking is keyed
     try:
-        for tuning, select in (((128, 8), "count"), ((128, 8), "loop"), (ck.BASE_TUNING, "count")):
+        for picks in ("count", "walk"):
             selftest.rung0_trusted.cache_clear()
-            selftest.rung0_trusted(16, 32, 16, 8, 4, 2, tuning=tuning, select=select, picks="count")
+            selftest.rung0_trusted(16, 32, 16, 8, 4, 2, tuning=(128, 8), select="count", picks=picks)
     finally:
         selftest.rung0_trusted.cache_clear()
-    assert keys[2]["rung0_picks"] == "count" and "rung0_picks" not in keys[3] and "rung0_picks" not in keys[4]
+    assert (keys[2]["rung0_picks"], keys[3]["rung0_picks"]) == ("count", "walk")
     del keys[2:]
     # and the layer-view form's apart from the cache's own arrays' (whose key is unchanged: kept verdicts stay)
     try:
