@@ -514,7 +514,8 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
             if (select or certify_rung0.DEFAULT_SELECT) == "count":  # also a cache whose one chunk counts
                 sizes.append(min(tuning[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4)
     if picks is not None:
-        sizes = [_regime_full_blocks(picks, (tuning or certify_rung0.BASE_TUNING)[0], select)]
+        tuning_ = tuning or certify_rung0.BASE_TUNING
+        sizes = [_regime_full_blocks(picks, tuning_[0], select, small=tuning_ == certify_rung0.BASE_TUNING)]
 
     def check() -> str | None:
         for full_blocks in sizes:
@@ -546,14 +547,16 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
     return _eagerly(check)
 
 
-def _regime_full_blocks(picks: str, chunk: int, select: str | None) -> int:
+def _regime_full_blocks(picks: str, chunk: int, select: str | None, small: bool = False) -> int:
     """Full blocks of a check cache (plus a half block) on which the kernel, at this chunk width, picks its
-    candidates the way `picks` names (`certify_rung0.selection_regime`); the smallest such where it is free."""
+    candidates the way `picks` names (`certify_rung0.selection_regime`). small: the small-cache setting, whose
+    caches count in 16-64 columns (checked on 16, as before the ways were told apart); else a counted chunk is
+    checked at the widest counted width."""
     from pallas_kernels import certify_rung0
 
     counted = min(chunk, certify_rung0.COUNT_SELECT_MAX_COLUMNS)
     full_blocks = {"walk": chunk + chunk // 2 + 3,  # 2 x chunk columns
-                   "count": 3 if chunk == certify_rung0.BASE_TUNING[0] else counted * 3 // 4,  # one counted chunk
+                   "count": 3 if small else counted * 3 // 4,  # one counted chunk
                    "loop": 3 if (select or certify_rung0.DEFAULT_SELECT) == "loop" else chunk * 3 // 4}[picks]
     padded = certify_rung0.padded_blocks(full_blocks + 1)
     if certify_rung0.selection_regime(padded, chunk, select) != picks:  # e.g. "loop" in one chunk that counts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import threading
 
 import jax
@@ -592,11 +593,11 @@ def test_the_certify_kernel_takes_its_warps_and_chunk_by_size_and_each_setting_i
     with pytest.raises(ValueError, match="no cache picks"):  # one chunk of 16 columns always counts
         real_check(16, 32, 16, 8, 4, 2, tuning=(16, 8), picks="loop")
     # the cache each way runs on, at every chunk width (each padded block count as the kernel computes it)
-    for chunk in ck.CHUNK_CHOICES:
+    for chunk, small in itertools.product(ck.CHUNK_CHOICES, (False, True)):
         for select in ("count", "loop"):
             for picks in ck.SELECTION_REGIMES:
                 try:
-                    blocks = selftest._regime_full_blocks(picks, chunk, select)
+                    blocks = selftest._regime_full_blocks(picks, chunk, select, small=small)
                 except ValueError:
                     # no such cache: the loop selection never counts; one chunk of at most 128 columns always does
                     assert (picks, select) == ("count", "loop") or (
