@@ -535,10 +535,6 @@ for s in "$@"; do
       step picks_8_dense 60 "$G8 --caches dense --out $W/picks_8_dense.json"
       step picks_8_cert 80 "$G8 --caches certified --out $W/picks_8_cert.json"
       step picks_s4k 60 "CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 50} --new-tokens 64 --models smollm2 --prompts 4096 --caches certified --out $W/picks_s4k.json" ;;
-    picks_short)  # picks without its dense row (a short device budget)
-      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
-      step picks_8_cert 80 "$G8 --caches certified --out $W/picks_8_cert.json"
-      step picks_s4k 50 "CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 45} --new-tokens 64 --models smollm2 --prompts 4096 --caches certified --out $W/picks_s4k.json" ;;
     ab_fats)  # the same A/B for SmolLM2 1K
       GS="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 90} --new-tokens 64 --models smollm2 --prompts 1024"
       step fat2_s_xla_1 70 "$GS --caches dense certified --out $W/fat2_s_xla_1.json"
