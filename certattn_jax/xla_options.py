@@ -28,11 +28,17 @@ FUSION_AUTOTUNER_OPTION = "xla_gpu_experimental_enable_fusion_autotuner"
 PROGRAMS = ("decode", "checks")
 
 
+def _left_to_xla(option: str, backend: str | None) -> bool:
+    """Whether this module leaves `option` to XLA on `backend` (default: JAX's default): off a GPU, or where
+    XLA_FLAGS names it (the user's flag always wins)."""
+    return (backend or jax.default_backend()) != "gpu" or option in os.environ.get("XLA_FLAGS", "")
+
+
 def fusion_autotuner_on(backend: str | None = None) -> bool | None:
     """Whether the programs that ask compile with XLA's fusion autotuner on `backend` (default: JAX's default):
     True / False as CERTATTN_FUSION_AUTOTUNER says, or None where XLA's own setting stays (auto, off a GPU, or
     XLA_FLAGS names the option)."""
-    if (backend or jax.default_backend()) != "gpu" or FUSION_AUTOTUNER_OPTION in os.environ.get("XLA_FLAGS", ""):
+    if _left_to_xla(FUSION_AUTOTUNER_OPTION, backend):
         return None
     return switch_from_env("CERTATTN_FUSION_AUTOTUNER")
 
@@ -52,7 +58,7 @@ def checks_autotune_off(backend: str | None = None) -> bool:
     rounding, far inside the check's tolerance. (The plain XLA fusions around the kernels in a check's program are
     then always emitted natively; the decode loop's may take Triton's emitter -- XLA's code, not ours, and not
     what the checks are there to verify.)"""
-    if (backend or jax.default_backend()) != "gpu" or AUTOTUNE_LEVEL_OPTION in os.environ.get("XLA_FLAGS", ""):
+    if _left_to_xla(AUTOTUNE_LEVEL_OPTION, backend):
         return False
     return not switch_from_env("CERTATTN_CHECKS_AUTOTUNE")
 
@@ -71,7 +77,7 @@ def decode_control_flow_graphs(backend: str | None = None) -> bool:
     stacked LRU record -- the loop body meant to become one graph -- certified SmolLM2 1K decoded 345 tokens/s
     against the plain loop's 561 with XLA's command buffers: the trace shows the inner loop's kernels launched one
     by one by the host (144 Pallas launches per step) instead of in graphs. An experiment knob, off."""
-    if (backend or jax.default_backend()) != "gpu" or COMMAND_BUFFER_OPTION in os.environ.get("XLA_FLAGS", ""):
+    if _left_to_xla(COMMAND_BUFFER_OPTION, backend):
         return False
     return bool(switch_from_env("CERTATTN_DECODE_CONTROL_FLOW_GRAPHS"))
 

@@ -77,7 +77,8 @@ def command_buffer_scheduling(backend: str | None = None) -> str:
 
 def decode_compiler_options(backend: str | None = None) -> dict[str, Any]:
     """XLA options the decode loop is compiled with (`jax.stages.Lowered.compile(compiler_options=...)`): the
-    command-buffer scheduling mode and `certattn_jax.xla_options.compile_options` (the fusion autotuner)."""
+    command-buffer scheduling mode and `certattn_jax.xla_options.compile_options` (the fusion autotuner, control
+    flow in the command buffers)."""
     mode = command_buffer_scheduling(backend)
     return {**({} if mode == "xla" else {_SCHEDULING_OPTION: mode}), **xla_options.compile_options(backend, "decode")}
 

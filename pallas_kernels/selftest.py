@@ -506,16 +506,17 @@ def rung0_disagreement(block_size: int, head_dim: int, group_size: int, key_bits
     if picks not in (None, *certify_rung0.SELECTION_REGIMES):
         raise ValueError(f"picks must be one of {certify_rung0.SELECTION_REGIMES} or None, got {picks!r}")
     run = run or step.rung0_fused
-    sizes = [3]
     if tuning is not None:
         run = functools.partial(run, tuning=tuning)
-        if tuning != certify_rung0.BASE_TUNING:
-            sizes = [tuning[0] + tuning[0] // 2 + 3]  # two chunks, the second ragged
-            if (select or certify_rung0.DEFAULT_SELECT) == "count":  # also a cache whose one chunk counts
-                sizes.append(min(tuning[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4)
+    setting = tuning or certify_rung0.BASE_TUNING
     if picks is not None:
-        tuning_ = tuning or certify_rung0.BASE_TUNING
-        sizes = [_regime_full_blocks(picks, tuning_[0], select, small=tuning_ == certify_rung0.BASE_TUNING)]
+        sizes = [_regime_full_blocks(picks, setting[0], select, small=setting == certify_rung0.BASE_TUNING)]
+    elif setting == certify_rung0.BASE_TUNING:
+        sizes = [3]
+    else:
+        sizes = [setting[0] + setting[0] // 2 + 3]  # two chunks, the second ragged
+        if (select or certify_rung0.DEFAULT_SELECT) == "count":  # also a cache whose one chunk counts
+            sizes.append(min(setting[0], certify_rung0.COUNT_SELECT_MAX_COLUMNS) * 3 // 4)
 
     def check() -> str | None:
         for full_blocks in sizes:
