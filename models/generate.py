@@ -11,6 +11,7 @@ only on the batch and the cache capacity (rounded up to `CAPACITY_BUCKET`), neve
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import os
@@ -35,6 +36,7 @@ from models.llama import (
     decode_first_pass,
     forward_hidden,
     has_decode_first_pass,
+    has_rung0_first_pass,
     logits_from_hidden,
     params_for_decoding,
 )
@@ -42,7 +44,7 @@ from models.sampling import select_next
 
 CAPACITY_BUCKET = 256
 # How many times each jitted function has been traced (tests use it to prove "compiles once").
-TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0}
+TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0, "decode_bridge": 0}
 
 CacheFactory = Callable[[int, int], KVCache]
 
@@ -118,6 +120,10 @@ class GenerationOutput:
     cache: Any
     compile_seconds: float = 0.0
     step_records: Any = None
+    # seconds of decode_seconds spent waiting for the decode loop's whole program, still compiling in the background
+    # when the decode bridge's first passes met a step they cannot answer (`decode_bridge`); compile_seconds is
+    # then the first-pass program's compile
+    compile_wait_seconds: float = 0.0
 
     @property
     def num_generated(self) -> int:
@@ -145,33 +151,25 @@ def _prefill_chunk(params: Params, config: LlamaConfig, cache: KVCache, chunk: j
     return cache, jnp.where(in_chunk[:, None], logits, last_logits)
 
 
-def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
-                 max_new: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
-                 top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain"):
-    """Sample up to max_new tokens per sequence; stops early when every sequence has hit EOS.
-
-    loop "nested" (a certified model cache, `decode_loop_kind`): while steps remain, an inner while loop runs
-    steps' first passes (`models.llama.decode_first_pass`) as long as none needs its rare path (its predicate
-    asks; the "adaptive" schedule also leaves it while it `wants_rung1_pass`); a step that does is undone there and
-    taken by the plain step (`forward_hidden`, with its conditionals) in a second inner loop, which for "adaptive"
-    goes on while the schedule wants rung 1. The same tokens, cache and records as "plain", with one host round
-    trip per common step (the first inner loop's predicate) instead of the plain step's conditionals plus the
-    loop's, and as many as the plain loop on the steps "adaptive" answers with rung 1 in its first pass.
-
-    Returns (generated [B, capacity] int32 (-1 after EOS / past the end), finished [B], steps, cache,
-    records) where records stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
-    """
-    TRACE_COUNTS["decode_loop"] += 1
+def _start(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
+           top_p: jax.Array, *, greedy: bool, record: bool) -> tuple:
+    """The decode loop's state before its first step, without the cache (which the caller adds: a program that
+    returned it would copy it): (tok [B], done [B], out [B, capacity], key, records)."""
     B = first_logits.shape[0]
     cap = cache.capacity
-    pick = functools.partial(select_next, greedy=greedy, temperature=temperature, top_p=top_p)
-
     key, sub = jax.random.split(key)
-    tok = pick(first_logits, sub)
+    tok = select_next(first_logits, sub, greedy=greedy, temperature=temperature, top_p=top_p)
     done = jnp.isin(tok, eos_ids)
     out = jnp.full((B, cap), -1, jnp.int32).at[:, 0].set(jnp.where(done, -1, tok))
     rec0 = cache.step_record()
     records = jax.tree.map(lambda x: jnp.zeros((cap,) + x.shape, x.dtype), rec0) if record else {}
+    return tok, done, out, key, records
+
+
+def _loop_parts(params: Params, config: LlamaConfig, max_new: jax.Array, eos_ids: jax.Array,
+                temperature: jax.Array, top_p: jax.Array, greedy: bool, record: bool) -> tuple[Callable, ...]:
+    """(cond, body, advance) of the decode loop over the state (step, cache, tok, done, out, key, records)."""
+    pick = functools.partial(select_next, greedy=greedy, temperature=temperature, top_p=top_p)
 
     def cond(state):
         step, _, _, done, _, _, _ = state
@@ -191,13 +189,76 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
     def body(state):
         return advance(state, *forward_hidden(params, config, state[2][:, None], state[1]))
 
-    state = (jnp.int32(0), cache, tok, done, out, key, records)
+    return cond, body, advance
+
+
+def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
+                 max_new: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
+                 top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain"):
+    """Sample up to max_new tokens per sequence; stops early when every sequence has hit EOS.
+
+    loop "nested" (a certified model cache, `decode_loop_kind`): while steps remain, an inner while loop runs
+    steps' first passes (`models.llama.decode_first_pass`) as long as none needs its rare path (its predicate
+    asks; the "adaptive" schedule also leaves it while it `wants_rung1_pass`); a step that does is undone there and
+    taken by the plain step (`forward_hidden`, with its conditionals) in a second inner loop, which for "adaptive"
+    goes on while the schedule wants rung 1. The same tokens, cache and records as "plain", with one host round
+    trip per common step (the first inner loop's predicate) instead of the plain step's conditionals plus the
+    loop's, and as many as the plain loop on the steps "adaptive" answers with rung 1 in its first pass.
+
+    Returns (generated [B, capacity] int32 (-1 after EOS / past the end), finished [B], steps, cache,
+    records) where records stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
+    """
+    TRACE_COUNTS["decode_loop"] += 1
+    state = (jnp.int32(0), cache, *_start(cache, first_logits, eos_ids, key, temperature, top_p, greedy=greedy,
+                                          record=record))
+    return _resume(params, state, max_new, eos_ids, temperature, top_p, config=config, greedy=greedy,
+                   record=record, loop=loop)
+
+
+def _resume(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array, temperature: jax.Array,
+            top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain"):
+    """`_decode_loop` from a state (step, cache, tok, done, out, key, records) on; the same outputs."""
+    cond, body, advance = _loop_parts(params, config, max_new, eos_ids, temperature, top_p, greedy, record)
     if loop == "nested":
         state = _nested(cond, body, advance, state, params, config)
     else:
         state = jax.lax.while_loop(cond, body, state)
     step, cache, _, done, out, _, records = state
     return out, done, step + 1, cache, records
+
+
+def _bridge_start(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key: jax.Array,
+                  temperature: jax.Array, top_p: jax.Array, *, greedy: bool, record: bool) -> tuple:
+    """The decode bridge's first program: `_start` (the cache only read for its shapes)."""
+    TRACE_COUNTS["decode_bridge"] += 1
+    return _start(cache, first_logits, eos_ids, key, temperature, top_p, greedy=greedy, record=record)
+
+
+def _bridge_first_passes(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array,
+                         temperature: jax.Array, top_p: jax.Array, *, config: LlamaConfig, greedy: bool,
+                         record: bool) -> tuple[tuple, jax.Array]:
+    """The decode bridge's loop: steps answered by a rung-0 first pass (`decode_first_pass(rung0=True)`) while
+    one answers; it stops before the first step that needs more (undone: the whole step takes it) or when the
+    loop is done. Returns (state, more): more is set when steps remain. Holds no rung above 0, no flush and no
+    tier-2 transfer, so it compiles in a fraction of the whole step's time."""
+    TRACE_COUNTS["decode_bridge"] += 1
+    cond, _, advance = _loop_parts(params, config, max_new, eos_ids, temperature, top_p, greedy, record)
+
+    def go(st):
+        state, redo = st
+        return cond(state) & ~redo
+
+    def first_pass(st):
+        state, _ = st
+        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1], rung0=True)
+        new = advance(state, hidden, new_cache)
+        # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
+        # it wrote at step + 1 (the token, the records) the whole step writes again
+        step, tok, done, key = (jax.lax.select(redo, state[i], new[i]) for i in (0, 2, 3, 5))
+        return (step, new[1], tok, done, new[4], key, new[6]), redo
+
+    state, _ = jax.lax.while_loop(go, first_pass, (state, jnp.bool_(False)))
+    return state, cond(state)
 
 
 def _nested(cond, body, advance, state, params, config):
@@ -235,12 +296,65 @@ def _nested(cond, body, advance, state, params, config):
     return jax.lax.while_loop(cond, outer, state)
 
 
-_COMPILED: dict[Any, Any] = {}
+_COMPILED: dict[Any, Any] = {}  # the decode loops: `_decode_loop`, or the bridge's whole program
+_BRIDGE_COMPILED: dict[Any, Any] = {}  # the decode bridge's start and first-pass programs
+_PENDING: dict[Any, concurrent.futures.Future] = {}  # whole programs still compiling in the background
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="certattn-compile")
 # seconds of the last decode-loop build (`compiled_decode_loop`): "lower_s" tracing and lowering (the Pallas
 # kernels to Triton IR included), "xla_compile_s" XLA's compile (the kernels' Triton compile and GEMM autotuning
 # included), "started_at" its time.perf_counter() at the start; a build repeated after a failed self-check
-# overwrites them
+# overwrites them. For the decode bridge these are its first-pass program's (what decoding waits for), and
+# "full_lower_s", "full_xla_compile_s", "full_ready_at" (time.perf_counter() when it was ready) the whole program's
 LAST_BUILD_SECONDS: dict[str, float] = {}
+
+# The decode bridge (CERTATTN_DECODE_BRIDGE = 1 / 0 / auto; auto: on a GPU, where compiles are long and cores
+# many). A certified decode step holds two kinds of code: the rung-0 pass that answers nearly every step, and the
+# rarely taken rest (rungs 1-4, the block flush, the hot-set refresh, their tier-2 transfers), which is most of
+# the compile (the second pass alone ~54 % of the 8B loop's, docs/performance.md, 2026-12-03). With the bridge the
+# decode loop is compiled as two programs: a small one of rung-0 first passes (`_bridge_first_passes`), which
+# decoding waits for, and the whole loop (`_resume`), compiled in a background thread meanwhile. Decoding starts
+# with the first passes; at the first step they cannot answer (undone, as in the "nested" loop) it waits for the
+# whole program if it is not ready yet and goes on with it to the end. Every step is answered by the same code
+# as without the bridge (`tests/test_e2e_cache.py`: tokens, certificates and cache equal); once the whole program
+# is compiled (a second call, any later generate) decoding runs it alone, as before. Off a GPU the two compiles
+# would share two cores: off by default.
+
+
+def decode_bridge(cache: Any) -> bool:
+    """Whether `generate` bridges this cache's decode loop (see above): a certified model cache whose schedule
+    has a rung-0 first pass (`models.llama.BRIDGE_SCHEDULES`), on a GPU unless CERTATTN_DECODE_BRIDGE says."""
+    on = switch_from_env("CERTATTN_DECODE_BRIDGE")
+    if on is None:
+        on = jax.default_backend() == "gpu"
+    return bool(on) and has_rung0_first_pass(cache) and decode_loop_kind(cache) == "plain"
+
+
+def _signature(name: str, config: LlamaConfig, greedy: bool, record: bool, loop: str, options: dict,
+               args: tuple) -> tuple:
+    """A compiled program's cache key: its name, the static settings, and its arguments' shapes, dtypes and
+    memory kinds (only shapes matter: a different max_new reuses the executable)."""
+    leaves, treedef = jax.tree.flatten(args)
+    return (name, config, greedy, record, loop, tuple(sorted(options.items())), treedef, tuple(
+        (np.shape(x), str(jnp.result_type(x)), getattr(getattr(x, "sharding", None), "memory_kind", None))
+        for x in leaves))
+
+
+def _build(fn: Callable, args: tuple, options: dict, donate: tuple[int, ...], seconds_prefix: str = "",
+           after_lowering: Callable[[], None] | None = None) -> Any:
+    """jit(fn) lowered for args and compiled with options, its seconds in LAST_BUILD_SECONDS (keys prefixed);
+    after_lowering runs between the two (the bridge starts the whole program's build there: its lowering is
+    Python and would share the interpreter with this one's)."""
+    t0 = time.perf_counter()
+    lowered = jax.jit(fn, donate_argnums=donate).lower(*args)
+    t1 = time.perf_counter()
+    if after_lowering is not None:
+        after_lowering()
+    compiled = _compile_with_options(lowered, options)
+    t2 = time.perf_counter()
+    LAST_BUILD_SECONDS.update({f"{seconds_prefix}lower_s": t1 - t0, f"{seconds_prefix}xla_compile_s": t2 - t1})
+    if not seconds_prefix:
+        LAST_BUILD_SECONDS["started_at"] = t0
+    return compiled
 
 
 def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: tuple,
@@ -250,26 +364,97 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
     args = (params, cache, first_logits [B, V], max_new, eos_ids, key, temperature, top_p); only the
     shapes matter, so a different max_new reuses the same executable.
     """
-    leaves, treedef = jax.tree.flatten(args)
     options = decode_compiler_options()
-    sig = (config, greedy, record, loop, tuple(sorted(options.items())), treedef, tuple(
-        (np.shape(x), str(jnp.result_type(x)), getattr(getattr(x, "sharding", None), "memory_kind", None))
-        for x in leaves))
+    sig = _signature("loop", config, greedy, record, loop, options, args)
     if sig not in _COMPILED:
-        def build():
-            fn = jax.jit(functools.partial(_decode_loop, config=config, greedy=greedy, record=record, loop=loop),
-                         donate_argnums=(1,))
-            t0 = time.perf_counter()
-            lowered = fn.lower(*args)
-            t1 = time.perf_counter()
-            compiled = _compile_with_options(lowered, options)
-            LAST_BUILD_SECONDS.update(lower_s=t1 - t0, xla_compile_s=time.perf_counter() - t1, started_at=t0)
-            return compiled
-
+        fn = functools.partial(_decode_loop, config=config, greedy=greedy, record=record, loop=loop)
         # on a fresh GPU the kernels' self-checks (started at the prefill) still run: compile beside them, keep
         # the program only once they confirm the kernels it uses (else it is compiled again without them)
-        _COMPILED[sig] = kernel_checks.compile_while_checking(build)
+        _COMPILED[sig] = kernel_checks.compile_while_checking(lambda: _build(fn, args, options, (1,)))
     return _COMPILED[sig]
+
+
+def _decode_loop_resumed(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array,
+                         temperature: jax.Array, top_p: jax.Array, *, config: LlamaConfig, greedy: bool,
+                         record: bool, loop: str = "plain"):
+    """The decode bridge's whole program: `_resume` (named for the decode loop it is, in profiles)."""
+    TRACE_COUNTS["decode_loop"] += 1
+    return _resume(params, state, max_new, eos_ids, temperature, top_p, config=config, greedy=greedy,
+                   record=record, loop=loop)
+
+
+def finish_background_compiles() -> None:
+    """Wait until every decode bridge's whole program compiling in the background is ready (a benchmark then
+    times the steady state; a failed build raises here)."""
+    for future in list(_PENDING.values()):
+        future.result()
+
+
+class BridgedDecode:
+    """The decode bridge's programs for one argument signature (`decode_bridge`); call it with the decode
+    loop's args to decode. Of the last call: `waited_s` seconds it waited for the whole program to finish
+    compiling, `first_pass_steps` the decode steps the first-pass program answered."""
+
+    def __init__(self, config: LlamaConfig, greedy: bool, record: bool, args: tuple, loop: str = "plain"):
+        params, cache, first_logits, max_new, eos, key, temperature, top_p = args
+        options = decode_compiler_options()
+        start_args = (cache, first_logits, eos, key, temperature, top_p)
+        start_fn = functools.partial(_bridge_start, greedy=greedy, record=record)
+        state = (jnp.int32(0), cache, *jax.eval_shape(start_fn, *start_args))
+        run_args = (params, state, max_new, eos, temperature, top_p)
+        self.full_sig = _signature("resume", config, greedy, record, loop, options, run_args)
+        self.waited_s = 0.0
+        start_sig = _signature("start", config, greedy, record, loop, {}, start_args)
+        if start_sig not in _BRIDGE_COMPILED:  # a tiny program: no options, no kernels
+            _BRIDGE_COMPILED[start_sig] = _build(start_fn, start_args, {}, (), seconds_prefix="start_")
+        self.start = _BRIDGE_COMPILED[start_sig]
+        if self.full_sig in _COMPILED:  # compiled before: decoding runs it alone
+            self.first_passes = None
+            return
+        full_fn = functools.partial(_decode_loop_resumed, config=config, greedy=greedy, record=record, loop=loop)
+
+        def start_whole_program():
+            if self.full_sig in _PENDING or self.full_sig in _COMPILED:
+                return
+
+            def build_whole():
+                compiled = kernel_checks.compile_while_checking(
+                    lambda: _build(full_fn, run_args, options, (1,), seconds_prefix="full_"))
+                LAST_BUILD_SECONDS["full_ready_at"] = time.perf_counter()
+                _COMPILED[self.full_sig] = compiled
+                return compiled
+
+            _PENDING[self.full_sig] = _BACKGROUND.submit(build_whole)
+
+        passes_sig = _signature("first_passes", config, greedy, record, loop, options, run_args)
+        if passes_sig not in _BRIDGE_COMPILED:
+            passes_fn = functools.partial(_bridge_first_passes, config=config, greedy=greedy, record=record)
+            _BRIDGE_COMPILED[passes_sig] = kernel_checks.compile_while_checking(
+                lambda: _build(passes_fn, run_args, options, (1,), after_lowering=start_whole_program))
+        else:
+            start_whole_program()
+        self.first_passes = _BRIDGE_COMPILED[passes_sig]
+
+    def whole_program(self) -> Any | None:
+        """The whole decode loop if it has finished compiling, else None."""
+        return _COMPILED.get(self.full_sig)
+
+    def __call__(self, params, cache, first_logits, max_new, eos, key, temperature, top_p):
+        """(out, done, steps, cache, records), as `_decode_loop` returns them."""
+        state = (jnp.int32(0), cache, *self.start(cache, first_logits, eos, key, temperature, top_p))
+        rest = (max_new, eos, temperature, top_p)
+        self.waited_s, self.first_pass_steps = 0.0, 0
+        full = self.whole_program()
+        if full is None:
+            state, more = self.first_passes(params, state, *rest)
+            self.first_pass_steps = int(state[0])
+            if not bool(more):  # every step answered by the first passes
+                step, cache, _, done, out, _, records = state
+                return out, done, step + 1, cache, records
+            t0 = time.perf_counter()
+            full = _PENDING[self.full_sig].result()  # (a failed background build raises here)
+            self.waited_s = time.perf_counter() - t0
+        return full(params, state, *rest)
 
 
 def _token_ids(p: Any, i: int) -> list[int]:
@@ -350,7 +535,10 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     args = (params, cache, last_logits, jnp.int32(max_new_tokens), eos_arr, jax.random.key(seed),
             jnp.float32(temperature), jnp.float32(top_p))
     t0 = time.perf_counter()
-    decode = compiled_decode_loop(config, temperature == 0.0, record_steps, args, decode_loop_kind(cache))
+    if decode_bridge(cache):  # decoding waits only for the first-pass program (see `decode_bridge`)
+        decode = BridgedDecode(config, temperature == 0.0, record_steps, args, decode_loop_kind(cache))
+    else:
+        decode = compiled_decode_loop(config, temperature == 0.0, record_steps, args, decode_loop_kind(cache))
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out, done, steps, cache, records = decode(*args)
@@ -366,7 +554,8 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
         records = jax.tree.map(lambda x: np.asarray(x)[: max(steps - 1, 0)], records)
     return GenerationOutput(tokens=tokens, finished=[bool(d) for d in done], prefill_seconds=prefill_s,
                             decode_seconds=decode_s, compile_seconds=compile_s, num_steps=steps, cache=cache,
-                            step_records=records if record_steps else None)
+                            step_records=records if record_steps else None,
+                            compile_wait_seconds=getattr(decode, "waited_s", 0.0))
 
 
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,

@@ -230,8 +230,21 @@ def has_decode_first_pass(cache: Any) -> bool:
             and hasattr(cache, "decode_fast_path") and cache.decode_fast_path() is not None)
 
 
+# Schedules whose decode step can be bridged by a rung-0 first pass (`decode_first_pass(..., rung0=True)`): every
+# certified schedule with a fast pass. For "looped" and "two-pass" (whose own fast pass includes rung 1) the rung-0
+# pass answers a step only where every head answers at rung 0, which the rung-0-1 pass would answer identically
+# (rung 1 runs only for a head that fails rung 0); any other step is redone by the plain step.
+BRIDGE_SCHEDULES = FIRST_PASS_SCHEDULES + ("looped", "two-pass")
+
+
+def has_rung0_first_pass(cache: Any) -> bool:
+    """Whether `decode_first_pass(..., rung0=True)` serves this cache (`BRIDGE_SCHEDULES`)."""
+    return (getattr(cache, "schedule", None) in BRIDGE_SCHEDULES and hasattr(cache, "undo_step")
+            and hasattr(cache, "decode_fast_path") and cache.decode_fast_path() is not None)
+
+
 def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,
-                      ) -> tuple[jax.Array, KVCache, jax.Array]:
+                      rung0: bool = False) -> tuple[jax.Array, KVCache, jax.Array]:
     """A decode step's first pass alone, without the step's top-level conditionals (each one a host round trip on
     a GPU): (hidden [B, 1, D] final-normed, cache, redo scalar bool). Where redo is clear, (hidden, cache) equal
     `forward_hidden`'s for this step. Where it is set (some head needs a rung above the pass's, or the end of the
@@ -240,18 +253,22 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     it (the pass's other writes -- the token's row and running statistics, the certificates, the hot set's usage
     marks -- are those the step writes again, value for value). A decode loop can thus ask "is a step rare"
     with its own loop predicate (`models.generate`'s "nested" loop). The "adaptive" schedule's pass is its
-    rung-0 pass (the caller asks `wants_rung1_pass` first)."""
+    rung-0 pass (the caller asks `wants_rung1_pass` first).
+    rung0: the pass is rung 0 alone for any schedule of `BRIDGE_SCHEDULES` ("looped" and "two-pass" too: a step
+    where some head needs rung 1 is then redone), in a loop over layers except for the unrolled fast passes
+    ("straight", "two-pass"); `models.generate`'s decode bridge runs it while the whole step still compiles."""
     _check_tokens(tokens, config)
-    if tokens.shape[1] != 1 or not has_decode_first_pass(cache):
+    serves = has_rung0_first_pass(cache) if rung0 else has_decode_first_pass(cache)
+    if tokens.shape[1] != 1 or not serves:
         raise ValueError("decode_first_pass: one token per sequence, with a certified model cache whose schedule "
-                         f"has a rung-0 first pass {FIRST_PASS_SCHEDULES}")
+                         f"has a rung-0 first pass {BRIDGE_SCHEDULES if rung0 else FIRST_PASS_SCHEDULES}")
     start = cache.lengths
     new_lengths = start + 1
     cos, sin = rope_cos_sin(config, start[:, None])
     x = _embed(params, tokens)
     schedule = cache.schedule
-    fast = cache.decode_fast_path(0 if schedule == "adaptive" else None)
-    layers = _layers_unrolled if schedule == "straight" else _layers_looped_stacked
+    fast = cache.decode_fast_path(0 if schedule in ("adaptive", "looped", "two-pass") else None)
+    layers = _layers_unrolled if schedule in ("straight", "two-pass") else _layers_looped_stacked
     x, c_fast = layers(params, config, x, fast, cos, sin, new_lengths)
     redo = _step_is_rare(c_fast, new_lengths)
     done = _common_step_done(c_fast, new_lengths).undo_step(redo, cache)

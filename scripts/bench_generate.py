@@ -210,7 +210,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     gen.LAST_BUILD_SECONDS.clear()  # (a build this process made before would otherwise be reported)
     cold = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     checking = selftest.seconds_checking() - checking  # one-time kernel self-checks inside the cold run's compiles
+    gen.finish_background_compiles()  # the decode bridge's whole program: the warm run times the steady state
     build_s = dict(gen.LAST_BUILD_SECONDS)
+    bridged = gen.decode_bridge(cold.cache)
     del cold.cache
     warm = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
     (decode,) = gen._COMPILED.values()
@@ -239,6 +241,15 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # (verdicts not yet on disk: pallas_kernels/selftest.py), running one or waiting for one that the
             # prefill started in the background; 0 when every verdict was kept or had come in by then
             "selftest_s": round(checking, 3),
+            # the decode bridge (models.generate.decode_bridge): compile_s is then its first-pass program's (what
+            # decoding waited for); full_compile_s the whole loop's, from the same start, compiled beside it and
+            # the first steps; compile_wait_s what the cold run's decoding then waited for it
+            "decode_bridge": bridged,
+            "full_compile_s": round(build_s["full_ready_at"] - build_s["started_at"], 3)
+            if bridged and "full_ready_at" in build_s else None,
+            "full_xla_compile_s": round(build_s["full_xla_compile_s"], 3) if bridged and
+            "full_xla_compile_s" in build_s else None,
+            "compile_wait_s": round(cold.compile_wait_seconds, 3),
             # each check the row's process ran (what, configuration, seconds, in the background or not)
             "selftest_checks": _selftest_runs(),
             # the same clock as selftest_checks' start_s: when the cold run (its prefill) and its decode build began

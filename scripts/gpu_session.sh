@@ -529,6 +529,16 @@ for s in "$@"; do
       step fat2_8_dense 60 "$G8 --caches dense --out $W/fat2_8_dense.json"
       step fat2_8_off_1 80 "CERTATTN_FUSION_AUTOTUNER=0 $G8 --caches certified --out $W/fat2_8_off_1.json"
       step fat2_8_xla_1 80 "$G8 --caches certified --out $W/fat2_8_xla_1.json" ;;
+    bridge8b)  # twenty-eighth session: the decode bridge (models.generate.decode_bridge: decoding waits only for the
+      # rung-0 first-pass program, the whole loop compiles beside it) on / off, alternated, 8B 8K, dense in the call;
+      # every process checks its kernels afresh (also this session's one-way fused check: picks); then SmolLM2 1K /
+      # 4K with the bridge (the warm run's speed must be the whole loop's, as before)
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      step b8_dense 70 "$G8 --caches dense --out $W/b8_dense.json"
+      step b8_on 80 "$G8 --caches certified --out $W/b8_on.json"
+      step b8_off 80 "CERTATTN_DECODE_BRIDGE=0 $G8 --caches certified --out $W/b8_off.json"
+      step b8_on2 80 "$G8 --caches certified --out $W/b8_on2.json"
+      step bs_smol 170 "${B/--timeout 150/--timeout 80} --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense certified --out $W/bs_smol.json" ;;
     picks)  # twenty-seventh session: the fused check on one way of picking (its cache's): the 8B 8K certified row
       # checks only the looped cache, SmolLM2 4K only the counted one; check seconds, compile, verdicts (fused used)
       G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"

@@ -40,7 +40,11 @@ def _release_compiled_programs():
     yield
     from models import generate
 
+    for future in list(generate._PENDING.values()):  # a bridge's background build must finish first
+        future.exception()
     generate._COMPILED.clear()
+    generate._BRIDGE_COMPILED.clear()
+    generate._PENDING.clear()
     jax.clear_caches()
     gc.collect()
 

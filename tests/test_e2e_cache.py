@@ -1159,3 +1159,68 @@ def test_a_looped_certified_step_runs_eagerly_like_jitted(params, schedule):
     np.testing.assert_array_equal(np.asarray(c_eager.lengths), np.asarray(c_jit.lengths))
     with pytest.raises(ValueError, match="KV cache overflow"):
         llama.forward_hidden(params, CFG, jnp.ones((1, 254), jnp.int32), c)
+
+
+@pytest.mark.xdist_group("layer-schedules")
+@pytest.mark.parametrize("schedule,eps", [("looped", 0.05), ("adaptive", 0.05), ("two-pass", 0.05), ("looped", 0.5),
+                                          ("adaptive", 0.5)])
+def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, monkeypatch):
+    """`models.generate`'s decode bridge (rung-0 first passes while the whole loop compiles in the background,
+    then the whole loop from the first step they cannot answer) decodes exactly what the one-program loop decodes:
+    tokens, certificates and cache, over steps that escalate and flush; with the whole program not yet ready at
+    the start (first passes, then the wait), and ready (a later call: the whole program alone). "looped" and
+    "two-pass" answer rung 1 in their own fast pass: the bridge's rung-0 pass must leave those steps to it.
+    eps 0.05: heads escalate from the first step (the hot set starts empty: the whole program from there); 0.5:
+    the first passes answer the steps up to the first flush, the whole program the rest (rung 1 among them)."""
+    policy = dataclasses.replace(POLICY, eps=eps, abs_tol=0.0)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]
+    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, record_steps=True, temperature=0.7, seed=3)
+    if schedule == "adaptive":
+        monkeypatch.setattr(model_cache, "_ADAPTIVE_RUNG0_STREAK", 2)
+    spec = cache_spec("certified", CFG, jnp.float32, policy, schedule=schedule)
+    monkeypatch.setattr(gen, "_COMPILED", {})
+    monkeypatch.setattr(gen, "_BRIDGE_COMPILED", {})
+    monkeypatch.setattr(gen, "_PENDING", {})
+
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "0")
+    plain = gen.generate(params, CFG, prompts, 20, cache_factory=spec, **kw)
+    assert not gen.decode_bridge(plain.cache)
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "1")
+    assert gen.decode_bridge(plain.cache)
+    called = []
+    real_passes = gen._bridge_first_passes
+
+    def counting_passes(*a, **k):
+        called.append(True)
+        return real_passes(*a, **k)
+
+    monkeypatch.setattr(gen, "_bridge_first_passes", counting_passes)
+    whole_ready = gen.BridgedDecode.whole_program
+    monkeypatch.setattr(gen.BridgedDecode, "whole_program", lambda self: None)  # not ready: the first passes run
+    bridges = []
+    real_call = gen.BridgedDecode.__call__
+    monkeypatch.setattr(gen.BridgedDecode, "__call__", lambda self, *a: bridges.append(self) or real_call(self, *a))
+    first = gen.generate(params, CFG, prompts, 20, cache_factory=spec, **kw)
+    assert called, "the bridge's first-pass program was not built"
+    if eps == 0.5:  # some steps answered by the first passes, the rest after
+        assert 0 < bridges[-1].first_pass_steps < first.num_steps - 1
+    monkeypatch.setattr(gen.BridgedDecode, "whole_program", whole_ready)
+    later = gen.generate(params, CFG, prompts, 20, cache_factory=spec, **kw)  # whole program ready: alone
+
+    rungs = np.asarray(plain.step_records.rung)
+    assert np.any(rungs >= 1) and np.any(rungs.reshape(rungs.shape[0], -1).max(axis=1) == 0)  # rare and common
+    for bridged in (first, later):
+        assert bridged.tokens == plain.tokens and bridged.num_steps == plain.num_steps
+        for field in ("rung", "k_star", "certified", "ranking_ok"):
+            np.testing.assert_array_equal(getattr(bridged.step_records, field), getattr(plain.step_records, field),
+                                          err_msg=field)
+        np.testing.assert_allclose(bridged.step_records.error_bound, plain.step_records.error_bound, rtol=1e-6)
+        for name in ("lengths", "rung0_streak", "slow_steps"):
+            np.testing.assert_array_equal(getattr(bridged.cache, name), getattr(plain.cache, name), err_msg=name)
+        for name in ("lengths", "flushed", "res_k", "res_v", "k_codes", "v_codes", "hot_ids", "hot_used",
+                     "value_stats"):
+            np.testing.assert_array_equal(np.asarray(getattr(bridged.cache.store, name)),
+                                          np.asarray(getattr(plain.cache.store, name)), err_msg=name)
+        assert bridged.cache.store.host_k.sharding.memory_kind == plain.cache.store.host_k.sharding.memory_kind
+    assert later.compile_wait_seconds == 0.0
