@@ -211,20 +211,23 @@ def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
     TRACE_COUNTS["decode_loop"] += 1
     state = (jnp.int32(0), cache, *_start(cache, first_logits, eos_ids, key, temperature, top_p, greedy=greedy,
                                           record=record))
-    return _resume(params, state, max_new, eos_ids, temperature, top_p, config=config, greedy=greedy,
-                   record=record, loop=loop)
+    return _outputs(_resume(params, state, max_new, eos_ids, temperature, top_p, config=config, greedy=greedy,
+                            record=record, loop=loop))
+
+
+def _outputs(state: tuple) -> tuple:
+    """The decode loop's outputs (out, done, steps, cache, records) from its final state."""
+    step, cache, _, done, out, _, records = state
+    return out, done, step + 1, cache, records
 
 
 def _resume(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array, temperature: jax.Array,
-            top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain"):
-    """`_decode_loop` from a state (step, cache, tok, done, out, key, records) on; the same outputs."""
+            top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain") -> tuple:
+    """`_decode_loop`'s loop from a state (step, cache, tok, done, out, key, records) on: the final state."""
     cond, body, advance = _loop_parts(params, config, max_new, eos_ids, temperature, top_p, greedy, record)
     if loop == "nested":
-        state = _nested(cond, body, advance, state, params, config)
-    else:
-        state = jax.lax.while_loop(cond, body, state)
-    step, cache, _, done, out, _, records = state
-    return out, done, step + 1, cache, records
+        return _nested(cond, body, advance, state, params, config)
+    return jax.lax.while_loop(cond, body, state)
 
 
 def _bridge_start(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key: jax.Array,
@@ -320,6 +323,12 @@ LAST_BUILD_SECONDS: dict[str, float] = {}
 # would share two cores: off by default.
 
 
+# CERTATTN_DECODE_BRIDGE_STEADY=1 (experiment, off): the bridge's first passes stay the decode loop once the whole
+# program is compiled too, which then answers only the steps they leave, one call per such step: a common step
+# waits for the device once (the first-pass loop's predicate, as dense's loop), a rare one a few times.
+BRIDGE_STEADY: bool = bool(switch_from_env("CERTATTN_DECODE_BRIDGE_STEADY"))
+
+
 def decode_bridge(cache: Any) -> bool:
     """Whether `generate` bridges this cache's decode loop (see above): a certified model cache whose schedule
     has a rung-0 first pass (`models.llama.BRIDGE_SCHEDULES`), on a GPU unless CERTATTN_DECODE_BRIDGE says."""
@@ -377,7 +386,8 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
 def _decode_loop_resumed(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array,
                          temperature: jax.Array, top_p: jax.Array, *, config: LlamaConfig, greedy: bool,
                          record: bool, loop: str = "plain"):
-    """The decode bridge's whole program: `_resume` (named for the decode loop it is, in profiles)."""
+    """The decode bridge's whole program: `_resume`, the final state (named for the decode loop it is, in
+    profiles)."""
     TRACE_COUNTS["decode_loop"] += 1
     return _resume(params, state, max_new, eos_ids, temperature, top_p, config=config, greedy=greedy,
                    record=record, loop=loop)
@@ -408,7 +418,7 @@ class BridgedDecode:
         if start_sig not in _BRIDGE_COMPILED:  # a tiny program: no options, no kernels
             _BRIDGE_COMPILED[start_sig] = _build(start_fn, start_args, {}, (), seconds_prefix="start_")
         self.start = _BRIDGE_COMPILED[start_sig]
-        if self.full_sig in _COMPILED:  # compiled before: decoding runs it alone
+        if self.full_sig in _COMPILED and not BRIDGE_STEADY:  # compiled before: decoding runs it alone
             self.first_passes = None
             return
         full_fn = functools.partial(_decode_loop_resumed, config=config, greedy=greedy, record=record, loop=loop)
@@ -445,16 +455,22 @@ class BridgedDecode:
         rest = (max_new, eos, temperature, top_p)
         self.waited_s, self.first_pass_steps = 0.0, 0
         full = self.whole_program()
-        if full is None:
+        while full is None or BRIDGE_STEADY:
+            start = int(state[0])
             state, more = self.first_passes(params, state, *rest)
-            self.first_pass_steps = int(state[0])
-            if not bool(more):  # every step answered by the first passes
-                step, cache, _, done, out, _, records = state
-                return out, done, step + 1, cache, records
-            t0 = time.perf_counter()
-            full = _PENDING[self.full_sig].result()  # (a failed background build raises here)
-            self.waited_s = time.perf_counter() - t0
-        return full(params, state, *rest)
+            self.first_pass_steps += int(state[0]) - start
+            if not bool(more):  # every remaining step answered by the first passes
+                return _outputs(state)
+            if full is None:
+                t0 = time.perf_counter()
+                full = _PENDING[self.full_sig].result()  # (a failed background build raises here)
+                self.waited_s = time.perf_counter() - t0
+            if BRIDGE_STEADY:  # the step the first passes left, alone, then the first passes again
+                one_step = jnp.minimum(jnp.asarray(max_new, jnp.int32), int(state[0]) + 2)
+                state = full(params, state, one_step, *rest[1:])
+                continue
+            break
+        return _outputs(full(params, state, *rest))
 
 
 def _token_ids(p: Any, i: int) -> list[int]:

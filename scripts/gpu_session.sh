@@ -539,6 +539,13 @@ for s in "$@"; do
       step b8_off 80 "CERTATTN_DECODE_BRIDGE=0 $G8 --caches certified --out $W/b8_off.json"
       step b8_on2 80 "$G8 --caches certified --out $W/b8_on2.json"
       step bs_smol 170 "${B/--timeout 150/--timeout 80} --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense certified --out $W/bs_smol.json" ;;
+    steady)  # twenty-eighth session: the bridge's first passes as the steady decode loop (CERTATTN_DECODE_BRIDGE_STEADY=1:
+      # one host wait per common step, the whole program one call per rare step) against the plain loop, SmolLM2 1K
+      # and 4K and 8B 8K, dense in the call; each pair in one step
+      S="${B/--timeout 150/--timeout 70} --new-tokens 64 --models smollm2"
+      step st_s1k 130 "$S --prompts 1024 --caches dense certified --out $W/st_plain_1k.json; CERTATTN_DECODE_BRIDGE_STEADY=1 $S --prompts 1024 --caches certified --out $W/st_steady_1k.json"
+      step st_s4k 130 "CERTATTN_DECODE_BRIDGE_STEADY=1 $S --prompts 4096 --caches certified --out $W/st_steady_4k.json; $S --prompts 4096 --caches dense certified --out $W/st_plain_4k.json"
+      step st_8b 90 "CERTATTN_DECODE_BRIDGE_STEADY=1 $B --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified --out $W/st_steady_8b.json" ;;
     picks)  # twenty-seventh session: the fused check on one way of picking (its cache's): the 8B 8K certified row
       # checks only the looped cache, SmolLM2 4K only the counted one; check seconds, compile, verdicts (fused used)
       G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"

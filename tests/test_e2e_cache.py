@@ -1162,16 +1162,20 @@ def test_a_looped_certified_step_runs_eagerly_like_jitted(params, schedule):
 
 
 @pytest.mark.xdist_group("layer-schedules")
-@pytest.mark.parametrize("schedule,eps", [("looped", 0.05), ("adaptive", 0.05), ("two-pass", 0.05), ("looped", 0.5),
-                                          ("adaptive", 0.5)])
-def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, monkeypatch):
+@pytest.mark.parametrize("schedule,eps,steady", [("looped", 0.05, False), ("adaptive", 0.05, False),
+                                                 ("two-pass", 0.05, False), ("looped", 0.5, False),
+                                                 ("adaptive", 0.5, False), ("looped", 0.5, True),
+                                                 ("adaptive", 0.05, True)])
+def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, steady, monkeypatch):
     """`models.generate`'s decode bridge (rung-0 first passes while the whole loop compiles in the background,
     then the whole loop from the first step they cannot answer) decodes exactly what the one-program loop decodes:
     tokens, certificates and cache, over steps that escalate and flush; with the whole program not yet ready at
     the start (first passes, then the wait), and ready (a later call: the whole program alone). "looped" and
     "two-pass" answer rung 1 in their own fast pass: the bridge's rung-0 pass must leave those steps to it.
     eps 0.05: heads escalate from the first step (the hot set starts empty: the whole program from there); 0.5:
-    the first passes answer the steps up to the first flush, the whole program the rest (rung 1 among them)."""
+    the first passes answer the steps up to the first flush, the whole program the rest (rung 1 among them).
+    steady (CERTATTN_DECODE_BRIDGE_STEADY): the first passes stay the loop, the whole program takes one step at a
+    time."""
     policy = dataclasses.replace(POLICY, eps=eps, abs_tol=0.0)
     rng = np.random.default_rng(8)
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]
@@ -1179,6 +1183,7 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, mo
     if schedule == "adaptive":
         monkeypatch.setattr(model_cache, "_ADAPTIVE_RUNG0_STREAK", 2)
     spec = cache_spec("certified", CFG, jnp.float32, policy, schedule=schedule)
+    monkeypatch.setattr(gen, "BRIDGE_STEADY", steady)
     monkeypatch.setattr(gen, "_COMPILED", {})
     monkeypatch.setattr(gen, "_BRIDGE_COMPILED", {})
     monkeypatch.setattr(gen, "_PENDING", {})
@@ -1224,3 +1229,5 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, mo
                                           np.asarray(getattr(plain.cache.store, name)), err_msg=name)
         assert bridged.cache.store.host_k.sharding.memory_kind == plain.cache.store.host_k.sharding.memory_kind
     assert later.compile_wait_seconds == 0.0
+    if steady:  # the first passes answered the common steps after the rare ones too
+        assert bridges[-1].first_pass_steps > np.sum(rungs.reshape(rungs.shape[0], -1).max(axis=1) == 0) // 2
