@@ -219,6 +219,8 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     prefill_s = min([warm.prefill_seconds] + _prefill_times(gen, params, cfg, ids, prompt + new_tokens, factory,
                                                               policy, prefill_chunk, repeats=2))
     loop = gen.decode_loop_kind(warm.cache)  # "nested": a common step is the inner loop's iteration
+    passes = [c for key, c in gen._BRIDGE_COMPILED.items() if key[0] == "first_passes"]
+    bridge_trips = host_round_trips(passes[0].as_text())["total"] if passes else None
     launches = count_launches(decode.as_text(), inner_step=loop == "nested")
     trips = host_round_trips(decode.as_text(), inner_step=loop == "nested")
     if dump_hlo:
@@ -250,6 +252,10 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             "full_xla_compile_s": round(build_s["full_xla_compile_s"], 3) if bridged and
             "full_xla_compile_s" in build_s else None,
             "compile_wait_s": round(cold.compile_wait_seconds, 3),
+            # host round trips per iteration of the bridge's first-pass loop (a common step where it is the loop:
+            # CERTATTN_DECODE_BRIDGE_STEADY)
+            "bridge_round_trips_per_step": bridge_trips,
+            "decode_bridge_steady": gen.BRIDGE_STEADY,
             # each check the row's process ran (what, configuration, seconds, in the background or not)
             "selftest_checks": _selftest_runs(),
             # the same clock as selftest_checks' start_s: when the cold run (its prefill) and its decode build began

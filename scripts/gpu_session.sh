@@ -545,7 +545,8 @@ for s in "$@"; do
       S="${B/--timeout 150/--timeout 70} --new-tokens 64 --models smollm2"
       step st_s1k 130 "$S --prompts 1024 --caches dense certified --out $W/st_plain_1k.json; CERTATTN_DECODE_BRIDGE_STEADY=1 $S --prompts 1024 --caches certified --out $W/st_steady_1k.json"
       step st_s4k 130 "CERTATTN_DECODE_BRIDGE_STEADY=1 $S --prompts 4096 --caches certified --out $W/st_steady_4k.json; $S --prompts 4096 --caches dense certified --out $W/st_plain_4k.json"
-      step st_8b 90 "CERTATTN_DECODE_BRIDGE_STEADY=1 $B --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified --out $W/st_steady_8b.json" ;;
+      # 8B: with its per-layer switches (a predicate each), then with the layers read stacked by the kernel (none)
+      step st_8b 180 "CERTATTN_DECODE_BRIDGE_STEADY=1 $B --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified --out $W/st_steady_8b.json; CERTATTN_LOOPED_WEIGHTS=kernel CERTATTN_DECODE_BRIDGE_STEADY=1 $B --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified --out $W/st_steady_8b_kernel.json" ;;
     picks)  # twenty-seventh session: the fused check on one way of picking (its cache's): the 8B 8K certified row
       # checks only the looped cache, SmolLM2 4K only the counted one; check seconds, compile, verdicts (fused used)
       G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
