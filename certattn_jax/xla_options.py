@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from certattn_jax.env import switch_from_env
 
 FUSION_AUTOTUNER_OPTION = "xla_gpu_experimental_enable_fusion_autotuner"
-PROGRAMS = ("decode", "checks")
+PROGRAMS = ("decode", "checks", "bridge")
 
 
 def _left_to_xla(option: str, backend: str | None) -> bool:
@@ -63,6 +63,14 @@ def checks_autotune_off(backend: str | None = None) -> bool:
     return not switch_from_env("CERTATTN_CHECKS_AUTOTUNE")
 
 
+# The decode bridge's first-pass program (`models.generate.decode_bridge`) compiles without XLA's autotuning
+# (program "bridge"): it decodes only while the whole loop compiles, and its compile then runs beside the whole
+# loop's. Measured on an H100 (twenty-eighth session), both autotuned at once: the whole loop -- the steady state --
+# decoded 13 % (8B 8K) to 20 % (SmolLM2 1K) slower than when compiled alone, its kernel timings most likely taken
+# while the other compile timed its own on the same GPU. Untuned, the bridge's compile measures nothing on the GPU
+# (and is shorter); its steps are slower, for the few seconds it runs.
+
+
 COMMAND_BUFFER_OPTION = "xla_gpu_enable_command_buffer"
 # XLA's default command-buffer contents (xla/debug_options_flags.cc, jax 0.11) plus conditionals and while loops.
 # Through compiler options the list is spelled out: the "+CONDITIONAL" form is for XLA_FLAGS only.
@@ -98,6 +106,8 @@ def compile_options(backend: str | None = None, program: str = "decode") -> dict
         options[COMMAND_BUFFER_OPTION] = CONTROL_FLOW_COMMAND_BUFFERS
     if program == "checks" and checks_autotune_off(backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
         options[AUTOTUNE_LEVEL_OPTION] = 0
+    if program == "bridge" and not _left_to_xla(AUTOTUNE_LEVEL_OPTION, backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
+        options[AUTOTUNE_LEVEL_OPTION] = 0  # see `bridge_autotune_off`
     return options
 
 

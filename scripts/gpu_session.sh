@@ -539,6 +539,20 @@ for s in "$@"; do
       step b8_off 80 "CERTATTN_DECODE_BRIDGE=0 $G8 --caches certified --out $W/b8_off.json"
       step b8_on2 80 "$G8 --caches certified --out $W/b8_on2.json"
       step bs_smol 170 "${B/--timeout 150/--timeout 80} --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense certified --out $W/bs_smol.json" ;;
+    bridge2)  # twenty-eighth session, after bridge8b (the whole loop 13-20 % slower with the bridge: both programs
+      # autotuned at once): the bridge's first passes compiled untuned. Bridge on / off alternated, 8B 8K and
+      # SmolLM2 1K / 4K, dense in the call; then the first passes as the steady loop (SmolLM2 1K, 8B with the
+      # stacked-weight kernel: no per-layer conditional)
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      S="${B/--timeout 150/--timeout 70} --new-tokens 64 --models smollm2"
+      step c8_dense 50 "$G8 --caches dense --out $W/c8_dense.json"
+      step c8_on 75 "$G8 --caches certified --out $W/c8_on.json"
+      step c8_off 75 "CERTATTN_DECODE_BRIDGE=0 $G8 --caches certified --out $W/c8_off.json"
+      step c8_on2 75 "$G8 --caches certified --out $W/c8_on2.json"
+      step cs_1k 110 "$S --prompts 1024 --caches dense certified --out $W/cs_on_1k.json; CERTATTN_DECODE_BRIDGE=0 $S --prompts 1024 --caches certified --out $W/cs_off_1k.json"
+      step cs_4k 110 "CERTATTN_DECODE_BRIDGE=0 $S --prompts 4096 --caches certified --out $W/cs_off_4k.json; $S --prompts 4096 --caches certified --out $W/cs_on_4k.json"
+      step cs_steady 50 "CERTATTN_DECODE_BRIDGE_STEADY=1 $S --prompts 1024 --caches certified --out $W/cs_steady_1k.json"
+      step c8_steady_k 80 "CERTATTN_LOOPED_WEIGHTS=kernel CERTATTN_DECODE_BRIDGE_STEADY=1 $G8 --caches certified --out $W/c8_steady_kernel.json" ;;
     steady)  # twenty-eighth session: the bridge's first passes as the steady decode loop (CERTATTN_DECODE_BRIDGE_STEADY=1:
       # one host wait per common step, the whole program one call per rare step) against the plain loop, SmolLM2 1K
       # and 4K and 8B 8K, dense in the call; each pair in one step
