@@ -539,6 +539,16 @@ for s in "$@"; do
       step b8_off 80 "CERTATTN_DECODE_BRIDGE=0 $G8 --caches certified --out $W/b8_off.json"
       step b8_on2 80 "$G8 --caches certified --out $W/b8_on2.json"
       step bs_smol 170 "${B/--timeout 150/--timeout 80} --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense certified --out $W/bs_smol.json" ;;
+    bridge3)  # twenty-eighth session: the steady bridge as the default (first passes the loop, the whole program
+      # only for runs of steps that leave rung 0) against no bridge, alternated per model, dense in the call; 8B
+      # with its per-layer switches (default weights) and with the stacked-weight kernel
+      G8="CERTATTN_SELFTEST_CACHE=off $B --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      S="${B/--timeout 150/--timeout 70} --new-tokens 64 --models smollm2"
+      step d_1k 110 "$S --prompts 1024 --caches dense certified --out $W/d_on_1k.json; CERTATTN_DECODE_BRIDGE=0 $S --prompts 1024 --caches certified --out $W/d_off_1k.json"
+      step d_4k 110 "CERTATTN_DECODE_BRIDGE=0 $S --prompts 4096 --caches dense certified --out $W/d_off_4k.json; $S --prompts 4096 --caches certified --out $W/d_on_4k.json"
+      step d8_on 75 "$G8 --caches certified --out $W/d8_on.json"
+      step d8_off 75 "CERTATTN_DECODE_BRIDGE=0 $G8 --caches dense certified --out $W/d8_off.json"
+      step d8_kernel 75 "CERTATTN_LOOPED_WEIGHTS=kernel $G8 --caches certified --out $W/d8_kernel.json" ;;
     bridge2)  # twenty-eighth session, after bridge8b (the whole loop 13-20 % slower with the bridge: both programs
       # autotuned at once): the bridge's first passes compiled untuned. Bridge on / off alternated, 8B 8K and
       # SmolLM2 1K / 4K, dense in the call; then the first passes as the steady loop (SmolLM2 1K, 8B with the
