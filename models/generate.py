@@ -308,6 +308,7 @@ def _nested(cond, body, advance, state, params, config):
 _COMPILED: dict[Any, Any] = {}  # the decode loops: `_decode_loop`, or the bridge's whole program
 _BRIDGE_COMPILED: dict[Any, Any] = {}  # the decode bridge's start and first-pass programs
 _PENDING: dict[Any, concurrent.futures.Future] = {}  # whole programs still compiling in the background
+_DEFERRED: dict[Any, Callable[[], Any]] = {}  # whole programs to build when first needed (BRIDGE_BACKGROUND off)
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="certattn-compile")
 # seconds of the last decode-loop build (`compiled_decode_loop`): "lower_s" tracing and lowering (the Pallas
 # kernels to Triton IR included), "xla_compile_s" XLA's compile (the kernels' Triton compile and GEMM autotuning
@@ -336,6 +337,10 @@ LAST_BUILD_SECONDS: dict[str, float] = {}
 # times more. Measured on an H100 (twenty-eighth session, docs/performance.md): SmolLM2 1K 558.8 tokens/s against
 # the plain loop's 562.2; the 8B shape with its layers read stacked by the kernel 110.9 against 92.9.
 BRIDGE_STEADY: bool = switch_from_env("CERTATTN_DECODE_BRIDGE_STEADY") is not False
+# CERTATTN_DECODE_BRIDGE_BACKGROUND=0 (a diagnosis knob; auto = on): the whole program is compiled in the decoding
+# thread when a step first needs it, instead of in the background from the start (the slower whole program of the
+# non-steady bridge, docs/performance.md twenty-eighth session: is it the thread?)
+BRIDGE_BACKGROUND: bool = switch_from_env("CERTATTN_DECODE_BRIDGE_BACKGROUND") is not False
 
 
 def decode_bridge(cache: Any) -> bool:
@@ -402,9 +407,19 @@ def _decode_loop_resumed(params: Params, state: tuple, max_new: jax.Array, eos_i
                    record=record, loop=loop)
 
 
+def _whole_program_now(sig: tuple) -> Any:
+    """The decode bridge's whole program for sig, waiting for its background build (a failed one raises here)
+    or building it here where it was deferred (CERTATTN_DECODE_BRIDGE_BACKGROUND=0)."""
+    if sig in _DEFERRED:
+        _DEFERRED.pop(sig)()
+    return _COMPILED[sig] if sig in _COMPILED else _PENDING[sig].result()
+
+
 def finish_background_compiles() -> None:
-    """Wait until every decode bridge's whole program compiling in the background is ready (a benchmark then
-    times the steady state; a failed build raises here)."""
+    """Make every decode bridge's whole program ready: wait for those compiling in the background, build the
+    deferred ones (a benchmark then times the steady state; a failed build raises here)."""
+    for sig in list(_DEFERRED):
+        _whole_program_now(sig)
     for future in list(_PENDING.values()):
         future.result()
 
@@ -435,7 +450,7 @@ class BridgedDecode:
                                     loop="escalated" if BRIDGE_STEADY else loop)
 
         def start_whole_program():
-            if self.full_sig in _PENDING or self.full_sig in _COMPILED:
+            if self.full_sig in _PENDING or self.full_sig in _COMPILED or self.full_sig in _DEFERRED:
                 return
 
             def build_whole():
@@ -445,7 +460,10 @@ class BridgedDecode:
                 _COMPILED[self.full_sig] = compiled
                 return compiled
 
-            _PENDING[self.full_sig] = _BACKGROUND.submit(build_whole)
+            if BRIDGE_BACKGROUND:
+                _PENDING[self.full_sig] = _BACKGROUND.submit(build_whole)
+            else:  # built in the calling thread when a step first needs it (`_whole_program_now`)
+                _DEFERRED[self.full_sig] = build_whole
 
         # the first passes untuned (`xla_options`: its compile beside the whole loop's measured nothing then), but
         # where they stay the loop (BRIDGE_STEADY)
@@ -478,7 +496,7 @@ class BridgedDecode:
                 return _outputs(state)
             if full is None:
                 t0 = time.perf_counter()
-                full = _PENDING[self.full_sig].result()  # (a failed background build raises here)
+                full = _whole_program_now(self.full_sig)
                 self.waited_s = time.perf_counter() - t0
             if BRIDGE_STEADY:  # the steps the first passes leave, while they leave rung 0; then them again
                 state = full(params, state, *rest)

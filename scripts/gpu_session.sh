@@ -539,6 +539,14 @@ for s in "$@"; do
       step b8_off 80 "CERTATTN_DECODE_BRIDGE=0 $G8 --caches certified --out $W/b8_off.json"
       step b8_on2 80 "$G8 --caches certified --out $W/b8_on2.json"
       step bs_smol 170 "${B/--timeout 150/--timeout 80} --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense certified --out $W/bs_smol.json" ;;
+    bridge_diag)  # for the twenty-ninth session: why the non-steady bridge's whole program decodes 13-26 % slower
+      # than the one program (twenty-eighth session): the one program, the whole program built in the background,
+      # the whole program built in the decoding thread, SmolLM2 1K, each with its HLO dumped (compare the loop bodies)
+      S="${B/--timeout 150/--timeout 70} --new-tokens 64 --models smollm2 --prompts 1024 --caches certified"
+      step bd_one 60 "CERTATTN_DECODE_BRIDGE=0 $S --dump-hlo $W/hlo/one --out $W/bd_one.json"
+      step bd_bg 60 "CERTATTN_DECODE_BRIDGE_STEADY=0 $S --dump-hlo $W/hlo/bg --out $W/bd_bg.json"
+      step bd_fg 60 "CERTATTN_DECODE_BRIDGE_STEADY=0 CERTATTN_DECODE_BRIDGE_BACKGROUND=0 $S --dump-hlo $W/hlo/fg --out $W/bd_fg.json"
+      hlo_analyses ;;
     bridge3)  # twenty-eighth session: the steady bridge as the default (first passes the loop, the whole program
       # only for runs of steps that leave rung 0) against no bridge, alternated per model, dense in the call; 8B
       # with its per-layer switches (default weights) and with the stacked-weight kernel

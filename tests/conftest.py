@@ -45,6 +45,7 @@ def _release_compiled_programs():
     generate._COMPILED.clear()
     generate._BRIDGE_COMPILED.clear()
     generate._PENDING.clear()
+    generate._DEFERRED.clear()
     jax.clear_caches()
     gc.collect()
 

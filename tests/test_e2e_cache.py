@@ -1162,11 +1162,11 @@ def test_a_looped_certified_step_runs_eagerly_like_jitted(params, schedule):
 
 
 @pytest.mark.xdist_group("layer-schedules")
-@pytest.mark.parametrize("schedule,eps,steady", [("looped", 0.05, False), ("adaptive", 0.05, False),
-                                                 ("two-pass", 0.05, False), ("looped", 0.5, False),
-                                                 ("adaptive", 0.5, False), ("looped", 0.5, True),
-                                                 ("adaptive", 0.05, True)])
-def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, steady, monkeypatch):
+@pytest.mark.parametrize("schedule,eps,steady,background", [
+    ("looped", 0.05, False, True), ("adaptive", 0.05, False, True), ("two-pass", 0.05, False, True),
+    ("looped", 0.5, False, True), ("adaptive", 0.5, False, True), ("looped", 0.5, True, True),
+    ("adaptive", 0.05, True, True), ("looped", 0.5, True, False)])
+def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, steady, background, monkeypatch):
     """`models.generate`'s decode bridge (rung-0 first passes while the whole loop compiles in the background,
     then the whole loop from the first step they cannot answer) decodes exactly what the one-program loop decodes:
     tokens, certificates and cache, over steps that escalate and flush; with the whole program not yet ready at
@@ -1174,8 +1174,9 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
     "two-pass" answer rung 1 in their own fast pass: the bridge's rung-0 pass must leave those steps to it.
     eps 0.05: heads escalate from the first step (the hot set starts empty: the whole program from there); 0.5:
     the first passes answer the steps up to the first flush, the whole program the rest (rung 1 among them).
-    steady (CERTATTN_DECODE_BRIDGE_STEADY): the first passes stay the loop, the whole program takes one step at a
-    time."""
+    steady (CERTATTN_DECODE_BRIDGE_STEADY): the first passes stay the loop, the whole program takes the runs of
+    steps they leave. background off (CERTATTN_DECODE_BRIDGE_BACKGROUND=0): the whole program is built when first
+    needed, in the decoding thread."""
     policy = dataclasses.replace(POLICY, eps=eps, abs_tol=0.0)
     rng = np.random.default_rng(8)
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]
@@ -1184,6 +1185,8 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
         monkeypatch.setattr(model_cache, "_ADAPTIVE_RUNG0_STREAK", 2)
     spec = cache_spec("certified", CFG, jnp.float32, policy, schedule=schedule)
     monkeypatch.setattr(gen, "BRIDGE_STEADY", steady)
+    monkeypatch.setattr(gen, "BRIDGE_BACKGROUND", background)
+    monkeypatch.setattr(gen, "_DEFERRED", {})
     monkeypatch.setattr(gen, "_COMPILED", {})
     monkeypatch.setattr(gen, "_BRIDGE_COMPILED", {})
     monkeypatch.setattr(gen, "_PENDING", {})
@@ -1210,7 +1213,13 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
     assert called, "the bridge's first-pass program was not built"
     if eps == 0.5:  # some steps answered by the first passes, the rest after
         assert 0 < bridges[-1].first_pass_steps < first.num_steps - 1
-    monkeypatch.setattr(gen.BridgedDecode, "whole_program", whole_ready)
+    whole_calls = []
+
+    def counted_whole_program(self):
+        full = whole_ready(self)
+        return None if full is None else (lambda *a: whole_calls.append(True) or full(*a))
+
+    monkeypatch.setattr(gen.BridgedDecode, "whole_program", counted_whole_program)
     later = gen.generate(params, CFG, prompts, 20, cache_factory=spec, **kw)  # whole program ready: alone
 
     rungs = np.asarray(plain.step_records.rung)
@@ -1230,4 +1239,8 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
         assert bridged.cache.store.host_k.sharding.memory_kind == plain.cache.store.host_k.sharding.memory_kind
     assert later.compile_wait_seconds == 0.0
     if steady:  # the first passes answered the common steps after the rare ones too
-        assert bridges[-1].first_pass_steps > np.sum(rungs.reshape(rungs.shape[0], -1).max(axis=1) == 0) // 2
+        step_top = rungs.reshape(rungs.shape[0], -1).max(axis=1)
+        assert bridges[-1].first_pass_steps > np.sum(step_top == 0) // 2
+        # and the whole program took each run of escalating steps in one call, not one call per step
+        assert np.any((step_top[1:] >= 1) & (step_top[:-1] >= 1))  # (a run of two or more here)
+        assert 0 < len(whole_calls) < np.sum(step_top >= 1)
