@@ -324,22 +324,25 @@ LAST_BUILD_SECONDS: dict[str, float] = {}
 # decode loop is compiled as two programs: a small one of rung-0 first passes (`_bridge_first_passes`), which
 # decoding waits for, and the whole loop (`_resume`), compiled in a background thread meanwhile. Decoding starts
 # with the first passes; at the first step they cannot answer (undone, as in the "nested" loop) it waits for the
-# whole program if it is not ready yet and goes on with it to the end. Every step is answered by the same code
-# as without the bridge (`tests/test_e2e_cache.py`: tokens, certificates and cache equal); once the whole program
-# is compiled (a second call, any later generate) decoding runs it alone, as before. Off a GPU the two compiles
-# would share two cores: off by default.
+# whole program if it is not ready yet; the steady bridge (below, the default) hands back to the first passes
+# after the run of such steps, the other goes on with the whole program to the end (and a later call runs it
+# alone). Every step is answered by the same code as without the bridge (`tests/test_e2e_cache.py`: tokens,
+# certificates and cache equal). Off a GPU the two compiles would share two cores: off by default.
+# docs/architecture.md "The decode bridge"; measured in docs/performance.md, twenty-eighth session.
 
 
 # The steady bridge (CERTATTN_DECODE_BRIDGE_STEADY = 1 / 0 / auto; auto: on): the first passes stay the decode loop
 # after the whole program is compiled too, and the whole program ("escalated" loop) takes only the runs of steps
 # they leave: from such a step on, as long as steps leave rung 0, then back to the first passes. A common step
 # then waits for the device once (the first-pass loop's predicate, as dense's loop), a run of rare ones a few
-# times more. Measured on an H100 (twenty-eighth session, docs/performance.md): SmolLM2 1K 558.8 tokens/s against
-# the plain loop's 562.2; the 8B shape with its layers read stacked by the kernel 110.9 against 92.9.
+# times more. Measured on an H100 (twenty-eighth session, call C): against the one program, SmolLM2 1K 557.6
+# against 563.1 tokens/s, 4K 487.2 against 470.9, 8B 8K 104.0 against 93.5 (108.7 with the layers read stacked
+# by the kernel). (The non-steady bridge's rows read 13-26 % slower: most likely the whole program's first
+# execution inside the timed run, a constant ~30-50 ms, docs/performance.md.)
 BRIDGE_STEADY: bool = switch_from_env("CERTATTN_DECODE_BRIDGE_STEADY") is not False
 # CERTATTN_DECODE_BRIDGE_BACKGROUND=0 (a diagnosis knob; auto = on): the whole program is compiled in the decoding
-# thread when a step first needs it, instead of in the background from the start (the slower whole program of the
-# non-steady bridge, docs/performance.md twenty-eighth session: is it the thread?)
+# thread when a step first needs it, instead of in the background from the start (to rule the thread out as the
+# cause of the non-steady bridge's slower rows, docs/performance.md twenty-eighth session)
 BRIDGE_BACKGROUND: bool = switch_from_env("CERTATTN_DECODE_BRIDGE_BACKGROUND") is not False
 
 
