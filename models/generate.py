@@ -31,30 +31,34 @@ from certattn_jax.kv_cache import KVCache, commit_arrays
 from certattn_jax.model_cache import CacheSpec, cache_spec
 from certattn_jax.validate import is_finite_number, is_integer
 from models.config import LlamaConfig
+from models.decode_loop import (
+    TRACE_COUNTS,
+    bridge_first_passes,
+    bridge_start,
+    decode_loop,
+    decode_loop_resumed,
+    outputs,
+)
 from models.llama import (
     Params,
-    decode_first_pass,
     forward_hidden,
     has_decode_first_pass,
     has_rung0_first_pass,
     logits_from_hidden,
     params_for_decoding,
 )
-from models.sampling import select_next
 
 CAPACITY_BUCKET = 256
-# How many times each jitted function has been traced (tests use it to prove "compiles once").
-TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0, "decode_bridge": 0}
 
 CacheFactory = Callable[[int, int], KVCache]
 
-# The certified decode loop's shape (`_decode_loop`): "plain" (one while loop; each step asks its own rare-path
-# conditionals, each a host round trip on a GPU) or "nested" (an inner loop of first passes whose own predicate
-# also asks "is this step rare": no conditional on a common step, the rare ones leave the inner loop and are taken
-# by the plain step). CERTATTN_DECODE_LOOP_NESTED=1 / 0 / auto (unset: auto = plain: on an H100, SmolLM2 1K, the
-# nested loop decoded 5 % slower than the plain one although it waits for the device once per step instead of
-# three times; docs/performance.md, twenty-third session; with control flow in the command buffers and the stacked
-# LRU record, 334-345 against 561 tokens/s: its inner loop's kernels were then launched by the host one by one,
+# The certified decode loop's shape (`decode_loop.decode_loop`): "plain" (one while loop; each step asks its own
+# rare-path conditionals, each a host round trip on a GPU) or "nested" (an inner loop of first passes whose own
+# predicate also asks "is this step rare": no conditional on a common step, the rare ones leave the inner loop and are
+# taken by the plain step). CERTATTN_DECODE_LOOP_NESTED=1 / 0 / auto (unset: auto = plain: on an H100, SmolLM2 1K, the
+# nested loop decoded 5 % slower than the plain one although it waits for the device once per step instead of three
+# times; docs/performance.md, twenty-third session; with control flow in the command buffers and the stacked LRU
+# record, 334-345 against 561 tokens/s: its inner loop's kernels were then launched by the host one by one,
 # twenty-seventh session).
 DECODE_LOOPS = ("plain", "nested")
 
@@ -151,161 +155,7 @@ def _prefill_chunk(params: Params, config: LlamaConfig, cache: KVCache, chunk: j
     return cache, jnp.where(in_chunk[:, None], logits, last_logits)
 
 
-def _start(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
-           top_p: jax.Array, *, greedy: bool, record: bool) -> tuple:
-    """The decode loop's state before its first step, without the cache (which the caller adds: a program that
-    returned it would copy it): (tok [B], done [B], out [B, capacity], key, records)."""
-    B = first_logits.shape[0]
-    cap = cache.capacity
-    key, sub = jax.random.split(key)
-    tok = select_next(first_logits, sub, greedy=greedy, temperature=temperature, top_p=top_p)
-    done = jnp.isin(tok, eos_ids)
-    out = jnp.full((B, cap), -1, jnp.int32).at[:, 0].set(jnp.where(done, -1, tok))
-    rec0 = cache.step_record()
-    records = jax.tree.map(lambda x: jnp.zeros((cap,) + x.shape, x.dtype), rec0) if record else {}
-    return tok, done, out, key, records
-
-
-def _loop_parts(params: Params, config: LlamaConfig, max_new: jax.Array, eos_ids: jax.Array,
-                temperature: jax.Array, top_p: jax.Array, greedy: bool, record: bool) -> tuple[Callable, ...]:
-    """(cond, body, advance) of the decode loop over the state (step, cache, tok, done, out, key, records)."""
-    pick = functools.partial(select_next, greedy=greedy, temperature=temperature, top_p=top_p)
-
-    def cond(state):
-        step, _, _, done, _, _, _ = state
-        return (step + 1 < max_new) & ~jnp.all(done)
-
-    def advance(state, hidden, cache):  # the step's token from its hidden state, written out; the loop's state
-        step, _, _, done, out, key, records = state
-        logits = logits_from_hidden(params, config, hidden[:, 0])
-        key, sub = jax.random.split(key)
-        nxt = pick(logits, sub)
-        if record:
-            records = jax.tree.map(lambda buf, r: buf.at[step].set(r), records, cache.step_record())
-        newly_done = jnp.isin(nxt, eos_ids)
-        out = out.at[:, step + 1].set(jnp.where(done | newly_done, -1, nxt))
-        return step + 1, cache, nxt, done | newly_done, out, key, records
-
-    def body(state):
-        return advance(state, *forward_hidden(params, config, state[2][:, None], state[1]))
-
-    return cond, body, advance
-
-
-def _decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
-                 max_new: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
-                 top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain"):
-    """Sample up to max_new tokens per sequence; stops early when every sequence has hit EOS.
-
-    loop "nested" (a certified model cache, `decode_loop_kind`): while steps remain, an inner while loop runs
-    steps' first passes (`models.llama.decode_first_pass`) as long as none needs its rare path (its predicate
-    asks; the "adaptive" schedule also leaves it while it `wants_rung1_pass`); a step that does is undone there and
-    taken by the plain step (`forward_hidden`, with its conditionals) in a second inner loop, which for "adaptive"
-    goes on while the schedule wants rung 1. The same tokens, cache and records as "plain", with one host round
-    trip per common step (the first inner loop's predicate) instead of the plain step's conditionals plus the
-    loop's, and as many as the plain loop on the steps "adaptive" answers with rung 1 in its first pass.
-
-    Returns (generated [B, capacity] int32 (-1 after EOS / past the end), finished [B], steps, cache,
-    records) where records stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
-    """
-    TRACE_COUNTS["decode_loop"] += 1
-    state = (jnp.int32(0), cache, *_start(cache, first_logits, eos_ids, key, temperature, top_p, greedy=greedy,
-                                          record=record))
-    return _outputs(_resume(params, state, max_new, eos_ids, temperature, top_p, config=config, greedy=greedy,
-                            record=record, loop=loop))
-
-
-def _outputs(state: tuple) -> tuple:
-    """The decode loop's outputs (out, done, steps, cache, records) from its final state."""
-    step, cache, _, done, out, _, records = state
-    return out, done, step + 1, cache, records
-
-
-def _resume(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array, temperature: jax.Array,
-            top_p: jax.Array, *, config: LlamaConfig, greedy: bool, record: bool, loop: str = "plain") -> tuple:
-    """`_decode_loop`'s loop from a state (step, cache, tok, done, out, key, records) on: the final state."""
-    cond, body, advance = _loop_parts(params, config, max_new, eos_ids, temperature, top_p, greedy, record)
-    if loop == "nested":
-        return _nested(cond, body, advance, state, params, config)
-    if loop == "escalated":  # the steady bridge's: at least one step, then on while the last one left rung 0
-        def go(st):
-            state, first = st
-            return cond(state) & (first | state[1].left_rung0_last_step())
-
-        return jax.lax.while_loop(go, lambda st: (body(st[0]), jnp.bool_(False)), (state, jnp.bool_(True)))[0]
-    return jax.lax.while_loop(cond, body, state)
-
-
-def _bridge_start(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key: jax.Array,
-                  temperature: jax.Array, top_p: jax.Array, *, greedy: bool, record: bool) -> tuple:
-    """The decode bridge's first program: `_start` (the cache only read for its shapes)."""
-    TRACE_COUNTS["decode_bridge"] += 1
-    return _start(cache, first_logits, eos_ids, key, temperature, top_p, greedy=greedy, record=record)
-
-
-def _bridge_first_passes(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array,
-                         temperature: jax.Array, top_p: jax.Array, *, config: LlamaConfig, greedy: bool,
-                         record: bool) -> tuple[tuple, jax.Array]:
-    """The decode bridge's loop: steps answered by a rung-0 first pass (`decode_first_pass(rung0=True)`) while
-    one answers; it stops before the first step that needs more (undone: the whole step takes it) or when the
-    loop is done. Returns (state, more): more is set when steps remain. Holds no rung above 0, no flush and no
-    tier-2 transfer, so it compiles in a fraction of the whole step's time."""
-    TRACE_COUNTS["decode_bridge"] += 1
-    cond, _, advance = _loop_parts(params, config, max_new, eos_ids, temperature, top_p, greedy, record)
-
-    def go(st):
-        state, redo = st
-        return cond(state) & ~redo
-
-    def first_pass(st):
-        state, _ = st
-        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1], rung0=True)
-        new = advance(state, hidden, new_cache)
-        # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
-        # it wrote at step + 1 (the token, the records) the whole step writes again
-        step, tok, done, key = (jax.lax.select(redo, state[i], new[i]) for i in (0, 2, 3, 5))
-        return (step, new[1], tok, done, new[4], key, new[6]), redo
-
-    state, _ = jax.lax.while_loop(go, first_pass, (state, jnp.bool_(False)))
-    return state, cond(state)
-
-
-def _nested(cond, body, advance, state, params, config):
-    """`_decode_loop`'s "nested" loop over the plain loop's (cond, body, state); advance(state, hidden, cache): the
-    plain step after its forward pass."""
-    adaptive = state[1].schedule == "adaptive"
-
-    def first_passes_cond(st):
-        state, redo = st
-        go = cond(state) & ~redo
-        return go & ~state[1].wants_rung1_pass() if adaptive else go
-
-    def first_pass(st):
-        state, _ = st
-        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1])
-        new = advance(state, hidden, new_cache)
-        # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
-        # it wrote at step + 1 (the token, the records) the plain step writes again
-        step, tok, done, key = (jax.lax.select(redo, state[i], new[i]) for i in (0, 2, 3, 5))
-        return (step, new[1], tok, done, new[4], key, new[6]), redo
-
-    def plain_steps_cond(st):  # the step the first passes left, and for "adaptive" those that want rung 1
-        state, first = st
-        go = cond(state) & first
-        return go | (cond(state) & state[1].wants_rung1_pass()) if adaptive else go
-
-    def plain_step(st):
-        return body(st[0]), jnp.bool_(False)
-
-    def outer(state):
-        state, _ = jax.lax.while_loop(first_passes_cond, first_pass, (state, jnp.bool_(False)))
-        state, _ = jax.lax.while_loop(plain_steps_cond, plain_step, (state, jnp.bool_(True)))
-        return state
-
-    return jax.lax.while_loop(cond, outer, state)
-
-
-_COMPILED: dict[Any, Any] = {}  # the decode loops: `_decode_loop`, or the bridge's whole program
+_COMPILED: dict[Any, Any] = {}  # the decode loops: `decode_loop.decode_loop`, or the bridge's whole program
 _BRIDGE_COMPILED: dict[Any, Any] = {}  # the decode bridge's start and first-pass programs
 _PENDING: dict[Any, concurrent.futures.Future] = {}  # whole programs still compiling in the background
 _DEFERRED: dict[Any, Callable[[], Any]] = {}  # whole programs to build when first needed (BRIDGE_BACKGROUND off)
@@ -317,18 +167,18 @@ _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_p
 # "full_lower_s", "full_xla_compile_s", "full_ready_at" (time.perf_counter() when it was ready) the whole program's
 LAST_BUILD_SECONDS: dict[str, float] = {}
 
-# The decode bridge (CERTATTN_DECODE_BRIDGE = 1 / 0 / auto; auto: on a GPU, where compiles are long and cores
-# many). A certified decode step holds two kinds of code: the rung-0 pass that answers nearly every step, and the
-# rarely taken rest (rungs 1-4, the block flush, the hot-set refresh, their tier-2 transfers), which is most of
-# the compile (the second pass alone ~54 % of the 8B loop's, docs/performance.md, 2026-12-03). With the bridge the
-# decode loop is compiled as two programs: a small one of rung-0 first passes (`_bridge_first_passes`), which
-# decoding waits for, and the whole loop (`_resume`), compiled in a background thread meanwhile. Decoding starts
-# with the first passes; at the first step they cannot answer (undone, as in the "nested" loop) it waits for the
-# whole program if it is not ready yet; the steady bridge (below, the default) hands back to the first passes
-# after the run of such steps, the other goes on with the whole program to the end (and a later call runs it
-# alone). Every step is answered by the same code as without the bridge (`tests/test_e2e_cache.py`: tokens,
-# certificates and cache equal). Off a GPU the two compiles would share two cores: off by default.
-# docs/architecture.md "The decode bridge"; measured in docs/performance.md, twenty-eighth session.
+# The decode bridge (CERTATTN_DECODE_BRIDGE = 1 / 0 / auto; auto: on a GPU, where compiles are long and cores many). A
+# certified decode step holds two kinds of code: the rung-0 pass that answers nearly every step, and the rarely taken
+# rest (rungs 1-4, the block flush, the hot-set refresh, their tier-2 transfers), which is most of the compile (the
+# second pass alone ~54 % of the 8B loop's, docs/performance.md, 2026-12-03). With the bridge the decode loop is
+# compiled as two programs: a small one of rung-0 first passes (`decode_loop.bridge_first_passes`), which decoding
+# waits for, and the whole loop (`decode_loop.resume`), compiled in a background thread meanwhile. Decoding starts
+# with the first passes; at the first step they cannot answer (undone, as in the "nested" loop) it waits for the whole
+# program if it is not ready yet; the steady bridge (below, the default) hands back to the first passes after the run
+# of such steps, the other goes on with the whole program to the end (and a later call runs it alone). Every step is
+# answered by the same code as without the bridge (`tests/test_e2e_cache.py`: tokens, certificates and cache equal).
+# Off a GPU the two compiles would share two cores: off by default. docs/architecture.md "The decode bridge"; measured
+# in docs/performance.md, twenty-eighth session.
 
 
 # The steady bridge (CERTATTN_DECODE_BRIDGE_STEADY = 1 / 0 / auto; auto: on): the first passes stay the decode loop
@@ -393,21 +243,11 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
     options = decode_compiler_options()
     sig = _signature("loop", config, greedy, record, loop, options, args)
     if sig not in _COMPILED:
-        fn = functools.partial(_decode_loop, config=config, greedy=greedy, record=record, loop=loop)
+        fn = functools.partial(decode_loop, config=config, greedy=greedy, record=record, loop=loop)
         # on a fresh GPU the kernels' self-checks (started at the prefill) still run: compile beside them, keep
         # the program only once they confirm the kernels it uses (else it is compiled again without them)
         _COMPILED[sig] = kernel_checks.compile_while_checking(lambda: _build(fn, args, options, (1,)))
     return _COMPILED[sig]
-
-
-def _decode_loop_resumed(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array,
-                         temperature: jax.Array, top_p: jax.Array, *, config: LlamaConfig, greedy: bool,
-                         record: bool, loop: str = "plain"):
-    """The decode bridge's whole program: `_resume`, the final state (named for the decode loop it is, in
-    profiles)."""
-    TRACE_COUNTS["decode_loop"] += 1
-    return _resume(params, state, max_new, eos_ids, temperature, top_p, config=config, greedy=greedy,
-                   record=record, loop=loop)
 
 
 def _whole_program_now(sig: tuple) -> Any:
@@ -436,7 +276,7 @@ class BridgedDecode:
         params, cache, first_logits, max_new, eos, key, temperature, top_p = args
         options = decode_compiler_options()
         start_args = (cache, first_logits, eos, key, temperature, top_p)
-        start_fn = functools.partial(_bridge_start, greedy=greedy, record=record)
+        start_fn = functools.partial(bridge_start, greedy=greedy, record=record)
         state = (jnp.int32(0), cache, *jax.eval_shape(start_fn, *start_args))
         run_args = (params, state, max_new, eos, temperature, top_p)
         self.full_sig = _signature("resume", config, greedy, record, "escalated" if BRIDGE_STEADY else loop,
@@ -449,7 +289,7 @@ class BridgedDecode:
         if self.full_sig in _COMPILED and not BRIDGE_STEADY:  # compiled before: decoding runs it alone
             self.first_passes = None
             return
-        full_fn = functools.partial(_decode_loop_resumed, config=config, greedy=greedy, record=record,
+        full_fn = functools.partial(decode_loop_resumed, config=config, greedy=greedy, record=record,
                                     loop="escalated" if BRIDGE_STEADY else loop)
 
         def start_whole_program():
@@ -474,7 +314,7 @@ class BridgedDecode:
             **options, **xla_options.compile_options(program="bridge")}
         passes_sig = _signature("first_passes", config, greedy, record, loop, passes_options, run_args)
         if passes_sig not in _BRIDGE_COMPILED:
-            passes_fn = functools.partial(_bridge_first_passes, config=config, greedy=greedy, record=record)
+            passes_fn = functools.partial(bridge_first_passes, config=config, greedy=greedy, record=record)
             _BRIDGE_COMPILED[passes_sig] = kernel_checks.compile_while_checking(
                 lambda: _build(passes_fn, run_args, passes_options, (1,), after_lowering=start_whole_program))
         else:
@@ -486,7 +326,7 @@ class BridgedDecode:
         return _COMPILED.get(self.full_sig)
 
     def __call__(self, params, cache, first_logits, max_new, eos, key, temperature, top_p):
-        """(out, done, steps, cache, records), as `_decode_loop` returns them."""
+        """(out, done, steps, cache, records), as `decode_loop.decode_loop` returns them."""
         state = (jnp.int32(0), cache, *self.start(cache, first_logits, eos, key, temperature, top_p))
         rest = (max_new, eos, temperature, top_p)
         self.waited_s, self.first_pass_steps = 0.0, 0
@@ -496,7 +336,7 @@ class BridgedDecode:
             state, more = self.first_passes(params, state, *rest)
             self.first_pass_steps += int(state[0]) - start
             if not bool(more):  # every remaining step answered by the first passes
-                return _outputs(state)
+                return outputs(state)
             if full is None:
                 t0 = time.perf_counter()
                 full = _whole_program_now(self.full_sig)
@@ -505,7 +345,7 @@ class BridgedDecode:
                 state = full(params, state, *rest)
                 continue
             break
-        return _outputs(full(params, state, *rest))
+        return outputs(full(params, state, *rest))
 
 
 def _token_ids(p: Any, i: int) -> list[int]:

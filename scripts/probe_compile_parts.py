@@ -62,7 +62,7 @@ def _compile(cfg, params, cache, part: str | None) -> dict:
     args = (gen.params_for_decoding(params, cache), cache, jnp.zeros((cache.lengths.shape[0], cfg.vocab_size),
                                                                       jnp.float32),
             jnp.int32(8), jnp.asarray([2], jnp.int32), jax.random.key(0), jnp.float32(0), jnp.float32(1))
-    fn = jax.jit(functools.partial(gen._decode_loop, config=cfg, greedy=True, record=False), donate_argnums=(1,))
+    fn = jax.jit(functools.partial(gen.decode_loop, config=cfg, greedy=True, record=False), donate_argnums=(1,))
     with _without(part):
         t0 = time.perf_counter()
         lowered = fn.lower(*args)

@@ -1108,7 +1108,7 @@ def test_the_nested_decode_loop_asks_no_conditional_on_a_common_step(params, mon
             jnp.asarray((-2,), jnp.int32), jax.random.key(0), jnp.float32(0), jnp.float32(1))
 
     def loop_bodies(loop):
-        fn = functools.partial(g._decode_loop, config=CFG, greedy=True, record=False, loop=loop)
+        fn = functools.partial(g.decode_loop, config=CFG, greedy=True, record=False, loop=loop)
         return [e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "while"]
 
     def conds(jaxpr):
@@ -1197,13 +1197,13 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
     monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "1")
     assert gen.decode_bridge(plain.cache)
     called = []
-    real_passes = gen._bridge_first_passes
+    real_passes = gen.bridge_first_passes
 
     def counting_passes(*a, **k):
         called.append(True)
         return real_passes(*a, **k)
 
-    monkeypatch.setattr(gen, "_bridge_first_passes", counting_passes)
+    monkeypatch.setattr(gen, "bridge_first_passes", counting_passes)
     whole_ready = gen.BridgedDecode.whole_program
     monkeypatch.setattr(gen.BridgedDecode, "whole_program", lambda self: None)  # not ready: the first passes run
     bridges = []
