@@ -63,12 +63,12 @@ def checks_autotune_off(backend: str | None = None) -> bool:
     return not switch_from_env("CERTATTN_CHECKS_AUTOTUNE")
 
 
-# The decode bridge's first-pass program (`models.generate.decode_bridge`) compiles without XLA's autotuning
-# (program "bridge"): it decodes only while the whole loop compiles, and its compile then runs beside the whole
-# loop's. Measured on an H100 (twenty-eighth session), both autotuned at once: the whole loop -- the steady state --
-# decoded 13 % (8B 8K) to 20 % (SmolLM2 1K) slower than when compiled alone, its kernel timings most likely taken
-# while the other compile timed its own on the same GPU. Untuned, the bridge's compile measures nothing on the GPU
-# (and is shorter); its steps are slower, for the few seconds it runs.
+# The decode bridge's first-pass program (`models.generate.decode_bridge`) compiles without XLA's autotuning where
+# it is not the steady loop (program "bridge"): it then decodes only while the whole loop compiles, so its speed
+# matters for seconds, while its compile is what decoding waits for; untuned, that compile is shorter and times
+# nothing on the GPU beside the whole loop's autotuning. (Introduced against a 13-26 % slower whole loop, which it
+# did not change: that was most likely the whole program's first execution inside the timed run, twenty-eighth
+# session, docs/performance.md.)
 
 
 COMMAND_BUFFER_OPTION = "xla_gpu_enable_command_buffer"
@@ -107,7 +107,7 @@ def compile_options(backend: str | None = None, program: str = "decode") -> dict
     if program == "checks" and checks_autotune_off(backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
         options[AUTOTUNE_LEVEL_OPTION] = 0
     if program == "bridge" and not _left_to_xla(AUTOTUNE_LEVEL_OPTION, backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
-        options[AUTOTUNE_LEVEL_OPTION] = 0  # see `bridge_autotune_off`
+        options[AUTOTUNE_LEVEL_OPTION] = 0  # see the comment above COMMAND_BUFFER_OPTION
     return options
 
 

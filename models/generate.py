@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -160,6 +161,7 @@ _BRIDGE_COMPILED: dict[Any, Any] = {}  # the decode bridge's start and first-pas
 _PENDING: dict[Any, concurrent.futures.Future] = {}  # whole programs still compiling in the background
 _DEFERRED: dict[Any, Callable[[], Any]] = {}  # whole programs to build when first needed (BRIDGE_BACKGROUND off)
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="certattn-compile")
+_BRIDGE_LOCK = threading.Lock()  # guards _PENDING and _DEFERRED (a program is looked up and started in one step)
 # seconds of the last decode-loop build (`compiled_decode_loop`): "lower_s" tracing and lowering (the Pallas
 # kernels to Triton IR included), "xla_compile_s" XLA's compile (the kernels' Triton compile and GEMM autotuning
 # included), "started_at" its time.perf_counter() at the start; a build repeated after a failed self-check
@@ -176,9 +178,10 @@ LAST_BUILD_SECONDS: dict[str, float] = {}
 # with the first passes; at the first step they cannot answer (undone, as in the "nested" loop) it waits for the whole
 # program if it is not ready yet; the steady bridge (below, the default) hands back to the first passes after the run
 # of such steps, the other goes on with the whole program to the end (and a later call runs it alone). Every step is
-# answered by the same code as without the bridge (`tests/test_e2e_cache.py`: tokens, certificates and cache equal).
-# Off a GPU the two compiles would share two cores: off by default. docs/architecture.md "The decode bridge"; measured
-# in docs/performance.md, twenty-eighth session.
+# answered by the same code as without the bridge (`tests/test_e2e_cache.py`: tokens and integer leaves bit for bit,
+# floats to their rounding: separately compiled programs may round a bound's sum differently). Off a GPU the two
+# compiles would share two cores: off by default. docs/architecture.md "The decode bridge"; measured in
+# docs/performance.md, twenty-eighth session.
 
 
 # The steady bridge (CERTATTN_DECODE_BRIDGE_STEADY = 1 / 0 / auto; auto: on): the first passes stay the decode loop
@@ -202,7 +205,10 @@ def decode_bridge(cache: Any) -> bool:
     on = switch_from_env("CERTATTN_DECODE_BRIDGE")
     if on is None:
         on = jax.default_backend() == "gpu"
-    return bool(on) and has_rung0_first_pass(cache) and decode_loop_kind(cache) == "plain"
+    # with hot_refresh="prefetch" rung 0 itself asks for hot-set blocks on every step, so every first pass would be
+    # undone and redone (found by review): no bridge there
+    prefetch = getattr(getattr(cache, "policy", None), "hot_refresh", None) == "prefetch"
+    return bool(on) and has_rung0_first_pass(cache) and decode_loop_kind(cache) == "plain" and not prefetch
 
 
 def _signature(name: str, config: LlamaConfig, greedy: bool, record: bool, loop: str, options: dict,
@@ -250,21 +256,42 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
     return _COMPILED[sig]
 
 
+class DecodeBridgeError(RuntimeError):
+    """The decode bridge's whole program failed to build after its first passes had decoded some steps. `cache`
+    holds the cache as they left it (the argument cache was donated to them), `steps` the steps they decoded; the
+    error it chains is the build's. A later call builds the whole program again."""
+
+    def __init__(self, cache: Any, steps: int):
+        super().__init__(f"the decode loop's whole program failed to compile after {steps} decode steps of its "
+                         "first passes (the cache as they left it is this error's `.cache`)")
+        self.cache, self.steps = cache, steps
+
+
 def _whole_program_now(sig: tuple) -> Any:
-    """The decode bridge's whole program for sig, waiting for its background build (a failed one raises here)
-    or building it here where it was deferred (CERTATTN_DECODE_BRIDGE_BACKGROUND=0)."""
-    if sig in _DEFERRED:
-        _DEFERRED.pop(sig)()
-    return _COMPILED[sig] if sig in _COMPILED else _PENDING[sig].result()
+    """The decode bridge's whole program for sig, waiting for its background build or building it here where it
+    was deferred (CERTATTN_DECODE_BRIDGE_BACKGROUND=0). A failed build raises here and is forgotten (the next
+    call builds it again), never kept to fail later calls."""
+    with _BRIDGE_LOCK:
+        build = _DEFERRED.pop(sig, None)
+        future = _PENDING.get(sig)
+    try:
+        if build is not None:
+            build()
+        if sig in _COMPILED:
+            return _COMPILED[sig]
+        return future.result()
+    except Exception:
+        with _BRIDGE_LOCK:
+            if _PENDING.get(sig) is future:
+                _PENDING.pop(sig, None)
+        raise
 
 
 def finish_background_compiles() -> None:
     """Make every decode bridge's whole program ready: wait for those compiling in the background, build the
     deferred ones (a benchmark then times the steady state; a failed build raises here)."""
-    for sig in list(_DEFERRED):
+    for sig in list(_DEFERRED) + list(_PENDING):
         _whole_program_now(sig)
-    for future in list(_PENDING.values()):
-        future.result()
 
 
 class BridgedDecode:
@@ -275,42 +302,45 @@ class BridgedDecode:
     def __init__(self, config: LlamaConfig, greedy: bool, record: bool, args: tuple, loop: str = "plain"):
         params, cache, first_logits, max_new, eos, key, temperature, top_p = args
         options = decode_compiler_options()
+        self.steady = BRIDGE_STEADY
         start_args = (cache, first_logits, eos, key, temperature, top_p)
-        start_fn = functools.partial(bridge_start, greedy=greedy, record=record)
-        state = (jnp.int32(0), cache, *jax.eval_shape(start_fn, *start_args))
+        start_sig = _signature("start", config, greedy, record, loop, {}, start_args)
+        if start_sig not in _BRIDGE_COMPILED:  # a tiny program: no options, no kernels; its output shapes kept
+            start_fn = functools.partial(bridge_start, greedy=greedy, record=record)
+            _BRIDGE_COMPILED[start_sig] = (_build(start_fn, start_args, {}, (), seconds_prefix="start_"),
+                                           jax.eval_shape(start_fn, *start_args))
+        self.start, start_shapes = _BRIDGE_COMPILED[start_sig]
+        state = (jnp.int32(0), cache, *start_shapes)
         run_args = (params, state, max_new, eos, temperature, top_p)
-        self.full_sig = _signature("resume", config, greedy, record, "escalated" if BRIDGE_STEADY else loop,
+        self.full_sig = _signature("resume", config, greedy, record, "escalated" if self.steady else loop,
                                    options, run_args)
         self.waited_s = 0.0
-        start_sig = _signature("start", config, greedy, record, loop, {}, start_args)
-        if start_sig not in _BRIDGE_COMPILED:  # a tiny program: no options, no kernels
-            _BRIDGE_COMPILED[start_sig] = _build(start_fn, start_args, {}, (), seconds_prefix="start_")
-        self.start = _BRIDGE_COMPILED[start_sig]
-        if self.full_sig in _COMPILED and not BRIDGE_STEADY:  # compiled before: decoding runs it alone
+        if self.full_sig in _COMPILED and not self.steady:  # compiled before: decoding runs it alone
             self.first_passes = None
             return
         full_fn = functools.partial(decode_loop_resumed, config=config, greedy=greedy, record=record,
-                                    loop="escalated" if BRIDGE_STEADY else loop)
+                                    loop="escalated" if self.steady else loop)
 
         def start_whole_program():
-            if self.full_sig in _PENDING or self.full_sig in _COMPILED or self.full_sig in _DEFERRED:
-                return
+            with _BRIDGE_LOCK:
+                if self.full_sig in _PENDING or self.full_sig in _COMPILED or self.full_sig in _DEFERRED:
+                    return
 
-            def build_whole():
-                compiled = kernel_checks.compile_while_checking(
-                    lambda: _build(full_fn, run_args, options, (1,), seconds_prefix="full_"))
-                LAST_BUILD_SECONDS["full_ready_at"] = time.perf_counter()
-                _COMPILED[self.full_sig] = compiled
-                return compiled
+                def build_whole():
+                    compiled = kernel_checks.compile_while_checking(
+                        lambda: _build(full_fn, run_args, options, (1,), seconds_prefix="full_"))
+                    LAST_BUILD_SECONDS["full_ready_at"] = time.perf_counter()
+                    _COMPILED[self.full_sig] = compiled
+                    return compiled
 
-            if BRIDGE_BACKGROUND:
-                _PENDING[self.full_sig] = _BACKGROUND.submit(build_whole)
-            else:  # built in the calling thread when a step first needs it (`_whole_program_now`)
-                _DEFERRED[self.full_sig] = build_whole
+                if BRIDGE_BACKGROUND:
+                    _PENDING[self.full_sig] = _BACKGROUND.submit(build_whole)
+                else:  # built in the calling thread when a step first needs it (`_whole_program_now`)
+                    _DEFERRED[self.full_sig] = build_whole
 
         # the first passes untuned (`xla_options`: its compile beside the whole loop's measured nothing then), but
         # where they stay the loop (BRIDGE_STEADY)
-        passes_options = options if BRIDGE_STEADY else {
+        passes_options = options if self.steady else {
             **options, **xla_options.compile_options(program="bridge")}
         passes_sig = _signature("first_passes", config, greedy, record, loop, passes_options, run_args)
         if passes_sig not in _BRIDGE_COMPILED:
@@ -331,7 +361,7 @@ class BridgedDecode:
         rest = (max_new, eos, temperature, top_p)
         self.waited_s, self.first_pass_steps = 0.0, 0
         full = self.whole_program()
-        while full is None or BRIDGE_STEADY:
+        while full is None or self.steady:
             start = int(state[0])
             state, more = self.first_passes(params, state, *rest)
             self.first_pass_steps += int(state[0]) - start
@@ -339,9 +369,12 @@ class BridgedDecode:
                 return outputs(state)
             if full is None:
                 t0 = time.perf_counter()
-                full = _whole_program_now(self.full_sig)
+                try:
+                    full = _whole_program_now(self.full_sig)
+                except Exception as e:
+                    raise DecodeBridgeError(state[1], int(state[0])) from e
                 self.waited_s = time.perf_counter() - t0
-            if BRIDGE_STEADY:  # the steps the first passes leave, while they leave rung 0; then them again
+            if self.steady:  # the steps the first passes leave, while they leave rung 0; then them again
                 state = full(params, state, *rest)
                 continue
             break

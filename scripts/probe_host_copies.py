@@ -12,11 +12,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# this script reads the one decode program (`_COMPILED`): the decode bridge (two programs, one compiling in the
+# background) off unless asked for
+os.environ.setdefault("CERTATTN_DECODE_BRIDGE", "0")
 
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "u8": 1, "s32": 4, "pred": 1}
 

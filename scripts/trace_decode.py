@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# this script reads the one decode program (`_COMPILED`): the decode bridge (two programs, one compiling in the
+# background) off unless asked for
+os.environ.setdefault("CERTATTN_DECODE_BRIDGE", "0")
 
 
 def hlo_scopes(hlo: str) -> dict[str, str]:

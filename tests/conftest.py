@@ -40,8 +40,8 @@ def _release_compiled_programs():
     yield
     from models import generate
 
-    for future in list(generate._PENDING.values()):  # a bridge's background build must finish first
-        future.exception()
+    for future in list(generate._PENDING.values()):  # a bridge's background build must finish (and not fail)
+        future.result()
     generate._COMPILED.clear()
     generate._BRIDGE_COMPILED.clear()
     generate._PENDING.clear()

@@ -31,7 +31,11 @@ def _run(params, prompts, n, mode=None, policy=POLICY, **kw):
                         prefill_chunk=32, record_steps=mode == "certified", **kw)
 
 
-def test_certified_generation_matches_dense_and_compiles_once(params):
+@pytest.mark.parametrize("bridge", ["0", "1"])
+def test_certified_generation_matches_dense_and_compiles_once(params, bridge, monkeypatch):
+    """Certified decoding matches dense on easy prompts and compiles once: more tokens and new tolerances reuse
+    the programs; also through the decode bridge (`models.generate.decode_bridge`, the GPU default)."""
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", bridge)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 9, 33)]
     dense = _run(params, prompts, 20)
@@ -40,6 +44,7 @@ def test_certified_generation_matches_dense_and_compiles_once(params):
     s = summarize(cert.step_records)
     assert s["heads"] == 19 * CFG.num_layers * 3 * CFG.num_heads
     assert s["fraction_certified"] == 1.0
+    gen.finish_background_compiles()  # (the bridge's whole program may still be tracing in the background)
     before = dict(gen.TRACE_COUNTS)
     again = _run(params, prompts, 40, "certified")  # twice the tokens: no retrace
     loose = _run(params, prompts, 40, "certified", policy=CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2,
