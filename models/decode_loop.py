@@ -102,10 +102,13 @@ def resume(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array,
     cond, body, advance = loop_parts(params, config, max_new, eos_ids, temperature, top_p, greedy, record)
     if loop == "nested":
         return _nested(cond, body, advance, state, params, config)
-    if loop == "escalated":  # the steady bridge's: at least one step, then on while the last one left rung 0
+    if loop == "escalated":  # the steady bridge's: at least one step, then on until `adaptive_rung0_streak()` steps
+        # in a row answered every head at rung 0 (`wants_rung1_pass` false: the "adaptive" schedule's predictor), so
+        # that text which leaves rung 0 on most steps does not bounce between the two programs (each hand-back costs
+        # a rung-0 pass that is redone and two program calls)
         def go(st):
             state, first = st
-            return cond(state) & (first | state[1].left_rung0_last_step())
+            return cond(state) & (first | state[1].wants_rung1_pass())
 
         return jax.lax.while_loop(go, lambda st: (body(st[0]), jnp.bool_(False)), (state, jnp.bool_(True)))[0]
     return jax.lax.while_loop(cond, body, state)

@@ -186,7 +186,8 @@ LAST_BUILD_SECONDS: dict[str, float] = {}
 
 # The steady bridge (CERTATTN_DECODE_BRIDGE_STEADY = 1 / 0 / auto; auto: on): the first passes stay the decode loop
 # after the whole program is compiled too, and the whole program ("escalated" loop) takes only the runs of steps
-# they leave: from such a step on, as long as steps leave rung 0, then back to the first passes. A common step
+# they leave: from such a step on, until `adaptive_rung0_streak()` steps in a row stayed at rung 0, then back to the
+# first passes. A common step
 # then waits for the device once (the first-pass loop's predicate, as dense's loop), a run of rare ones a few
 # times more. Measured on an H100 (twenty-eighth session, call C): against the one program, SmolLM2 1K 557.6
 # against 563.1 tokens/s, 4K 487.2 against 470.9, 8B 8K 104.0 against 93.5 (108.7 with the layers read stacked
@@ -374,7 +375,7 @@ class BridgedDecode:
                 except Exception as e:
                     raise DecodeBridgeError(state[1], int(state[0])) from e
                 self.waited_s = time.perf_counter() - t0
-            if self.steady:  # the steps the first passes leave, while they leave rung 0; then them again
+            if self.steady:  # the run of steps the first passes leave (`decode_loop.resume`); then them again
                 state = full(params, state, *rest)
                 continue
             break
