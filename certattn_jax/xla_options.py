@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from certattn_jax.env import switch_from_env
 
 FUSION_AUTOTUNER_OPTION = "xla_gpu_experimental_enable_fusion_autotuner"
-PROGRAMS = ("decode", "checks", "bridge")
+PROGRAMS = ("decode", "checks")
 
 
 def _left_to_xla(option: str, backend: str | None) -> bool:
@@ -63,14 +63,6 @@ def checks_autotune_off(backend: str | None = None) -> bool:
     return not switch_from_env("CERTATTN_CHECKS_AUTOTUNE")
 
 
-# The decode bridge's first-pass program (`models.generate.decode_bridge`) compiles without XLA's autotuning where
-# it is not the steady loop (program "bridge"): it then decodes only while the whole loop compiles, so its speed
-# matters for seconds, while its compile is what decoding waits for; untuned, that compile is shorter and times
-# nothing on the GPU beside the whole loop's autotuning. (Introduced against a 13-26 % slower whole loop, which it
-# did not change: that was most likely the whole program's first execution inside the timed run, twenty-eighth
-# session, docs/performance.md.)
-
-
 COMMAND_BUFFER_OPTION = "xla_gpu_enable_command_buffer"
 # XLA's default command-buffer contents (xla/debug_options_flags.cc, jax 0.11) plus conditionals and while loops.
 # Through compiler options the list is spelled out: the "+CONDITIONAL" form is for XLA_FLAGS only.
@@ -106,8 +98,6 @@ def compile_options(backend: str | None = None, program: str = "decode") -> dict
         options[COMMAND_BUFFER_OPTION] = CONTROL_FLOW_COMMAND_BUFFERS
     if program == "checks" and checks_autotune_off(backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
         options[AUTOTUNE_LEVEL_OPTION] = 0
-    if program == "bridge" and not _left_to_xla(AUTOTUNE_LEVEL_OPTION, backend) and _known(AUTOTUNE_LEVEL_OPTION, 0):
-        options[AUTOTUNE_LEVEL_OPTION] = 0  # see the comment above COMMAND_BUFFER_OPTION
     return options
 
 

@@ -135,17 +135,24 @@ def bridge_first_passes(params: Params, state: tuple, max_new: jax.Array, eos_id
         state, redo = st
         return cond(state) & ~redo
 
+    first_pass = _first_pass_step(params, config, advance, rung0=True)
+    state, _ = jax.lax.while_loop(go, first_pass, (state, jnp.bool_(False)))
+    return state, cond(state)
+
+
+def _first_pass_step(params: Params, config: LlamaConfig, advance: Callable, rung0: bool) -> Callable:
+    """A while-loop body over (state, redo): one step's first pass (`decode_first_pass`), the state advanced, or
+    left as it was where the pass asks for a redo."""
     def first_pass(st):
         state, _ = st
-        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1], rung0=True)
+        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1], rung0=rung0)
         new = advance(state, hidden, new_cache)
         # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
-        # it wrote at step + 1 (the token, the records) the whole step writes again
+        # it wrote at step + 1 (the token, the records) the step that redoes it writes again
         step, tok, done, key = (jax.lax.select(redo, state[i], new[i]) for i in (0, 2, 3, 5))
         return (step, new[1], tok, done, new[4], key, new[6]), redo
 
-    state, _ = jax.lax.while_loop(go, first_pass, (state, jnp.bool_(False)))
-    return state, cond(state)
+    return first_pass
 
 
 def _nested(cond, body, advance, state, params, config):
@@ -158,14 +165,7 @@ def _nested(cond, body, advance, state, params, config):
         go = cond(state) & ~redo
         return go & ~state[1].wants_rung1_pass() if adaptive else go
 
-    def first_pass(st):
-        state, _ = st
-        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1])
-        new = advance(state, hidden, new_cache)
-        # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
-        # it wrote at step + 1 (the token, the records) the plain step writes again
-        step, tok, done, key = (jax.lax.select(redo, state[i], new[i]) for i in (0, 2, 3, 5))
-        return (step, new[1], tok, done, new[4], key, new[6]), redo
+    first_pass = _first_pass_step(params, config, advance, rung0=False)
 
     def plain_steps_cond(st):  # the step the first passes left, and for "adaptive" those that want rung 1
         state, first = st

@@ -339,15 +339,11 @@ class BridgedDecode:
                 else:  # built in the calling thread when a step first needs it (`_whole_program_now`)
                     _DEFERRED[self.full_sig] = build_whole
 
-        # the first passes untuned (`xla_options`: its compile beside the whole loop's measured nothing then), but
-        # where they stay the loop (BRIDGE_STEADY)
-        passes_options = options if self.steady else {
-            **options, **xla_options.compile_options(program="bridge")}
-        passes_sig = _signature("first_passes", config, greedy, record, loop, passes_options, run_args)
+        passes_sig = _signature("first_passes", config, greedy, record, loop, options, run_args)
         if passes_sig not in _BRIDGE_COMPILED:
             passes_fn = functools.partial(bridge_first_passes, config=config, greedy=greedy, record=record)
             _BRIDGE_COMPILED[passes_sig] = kernel_checks.compile_while_checking(
-                lambda: _build(passes_fn, run_args, passes_options, (1,), after_lowering=start_whole_program))
+                lambda: _build(passes_fn, run_args, options, (1,), after_lowering=start_whole_program))
         else:
             start_whole_program()
         self.first_passes = _BRIDGE_COMPILED[passes_sig]

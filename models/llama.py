@@ -226,7 +226,12 @@ def has_decode_first_pass(cache: Any) -> bool:
     """Whether `decode_first_pass` serves this cache: a certified model cache whose decode step has a rung-0
     first pass (`FIRST_PASS_SCHEDULES`; a rung-1 pass may change the hot set, which a redo could not undo
     without copying it)."""
-    return (getattr(cache, "schedule", None) in FIRST_PASS_SCHEDULES and hasattr(cache, "undo_step")
+    return _has_first_pass(cache, FIRST_PASS_SCHEDULES)
+
+
+def _has_first_pass(cache: Any, schedules: tuple[str, ...]) -> bool:
+    """A certified model cache (one that undoes a step and has a fast pass) whose schedule is one of `schedules`."""
+    return (getattr(cache, "schedule", None) in schedules and hasattr(cache, "undo_step")
             and hasattr(cache, "decode_fast_path") and cache.decode_fast_path() is not None)
 
 
@@ -239,8 +244,7 @@ BRIDGE_SCHEDULES = FIRST_PASS_SCHEDULES + ("looped", "two-pass")
 
 def has_rung0_first_pass(cache: Any) -> bool:
     """Whether `decode_first_pass(..., rung0=True)` serves this cache (`BRIDGE_SCHEDULES`)."""
-    return (getattr(cache, "schedule", None) in BRIDGE_SCHEDULES and hasattr(cache, "undo_step")
-            and hasattr(cache, "decode_fast_path") and cache.decode_fast_path() is not None)
+    return _has_first_pass(cache, BRIDGE_SCHEDULES)
 
 
 def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,
@@ -267,7 +271,7 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     cos, sin = rope_cos_sin(config, start[:, None])
     x = _embed(params, tokens)
     schedule = cache.schedule
-    fast = cache.decode_fast_path(0 if schedule in ("adaptive", "looped", "two-pass") else None)
+    fast = cache.decode_fast_path(0)  # rung 0 alone (the straight schedules' own fast pass)
     layers = _layers_unrolled if schedule in ("straight", "two-pass") else _layers_looped_stacked
     x, c_fast = layers(params, config, x, fast, cos, sin, new_lengths)
     redo = _step_is_rare(c_fast, new_lengths)

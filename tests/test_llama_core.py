@@ -282,18 +282,14 @@ def test_the_kernel_checks_compile_without_autotuning_on_a_gpu(monkeypatch):
     assert level not in xla_options.compile_options("gpu", "decode")
     assert level not in gen.decode_compiler_options("gpu")
     assert xla_options.compile_options("cpu", "checks") == {}
-    # the decode bridge's first-pass program too (its compile runs beside the whole loop's), whatever the checks do
-    assert xla_options.compile_options("gpu", "bridge") == {level: 0} and xla_options.compile_options(
-        "cpu", "bridge") == {}
     monkeypatch.setenv("CERTATTN_FUSION_AUTOTUNER", "0")
     assert xla_options.compile_options("gpu", "checks") == {level: 0, xla_options.FUSION_AUTOTUNER_OPTION: False}
     monkeypatch.delenv("CERTATTN_FUSION_AUTOTUNER")
     monkeypatch.setenv("CERTATTN_CHECKS_AUTOTUNE", "1")
-    assert xla_options.compile_options("gpu", "checks") == {} and xla_options.compile_options("gpu", "bridge") == {
-        level: 0}
+    assert xla_options.compile_options("gpu", "checks") == {}
     monkeypatch.setenv("CERTATTN_CHECKS_AUTOTUNE", "auto")
     monkeypatch.setenv("XLA_FLAGS", f"--{level}=2")
-    assert xla_options.compile_options("gpu", "checks") == {} == xla_options.compile_options("gpu", "bridge")
+    assert xla_options.compile_options("gpu", "checks") == {}
     monkeypatch.setenv("XLA_FLAGS", "")
     monkeypatch.setenv("CERTATTN_CHECKS_AUTOTUNE", "sometimes")
     with pytest.raises(ValueError, match="CERTATTN_CHECKS_AUTOTUNE"):
