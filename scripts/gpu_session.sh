@@ -591,6 +591,9 @@ for s in "$@"; do
       step fat2_s_off_1 60 "CERTATTN_FUSION_AUTOTUNER=0 $GS --caches certified --out $W/fat2_s_off_1.json"
       step fat2_s_xla_2 60 "$GS --caches certified --out $W/fat2_s_xla_2.json"
       step fat2_s_off_2 60 "CERTATTN_FUSION_AUTOTUNER=0 $GS --caches certified --out $W/fat2_s_off_2.json" ;;
+    att_grid)  # twenty-ninth session: issue 8's grid at the contexts with targets (32K, 128K), batch 1 and 8, every
+      # dense baseline, naive and certified on both data kinds (the forced rungs: att_rungs, 2026-12-03)
+      step att_grid 420 "python3 scripts/bench_attention.py --contexts 32768,131072 --batches 1,8 --impls torch_sdpa_bf16 jax_cudnn_bf16 jax_xla_bf16 pallas_dense_bf16 naive certified --out $W/att_grid.json" ;;
     dec128_cert)  # the 8B 128K certified decode row alone, with the offsets guard (its rung histogram against
       # 2026-12-04's 12,188 rung-3 / 5,824 rung-4 of 196,608 head-steps)
       step dec128_cert 240 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches certified --impls einsum --out $W/dec128_certified.json" ;;
