@@ -256,6 +256,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # CERTATTN_DECODE_BRIDGE_STEADY)
             "bridge_round_trips_per_step": bridge_trips,
             "decode_bridge_steady": gen.BRIDGE_STEADY,
+            "first_pass_unrolled": llama.first_pass_unrolled(),
             # each check the row's process ran (what, configuration, seconds, in the background or not)
             "selftest_checks": _selftest_runs(),
             # the same clock as selftest_checks' start_s: when the cold run (its prefill) and its decode build began
