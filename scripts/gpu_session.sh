@@ -599,8 +599,8 @@ for s in "$@"; do
       G8="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 120} --new-tokens 32 --models llama3.1-8b --prompts 8192"
       U="CERTATTN_FIRST_PASS_UNROLLED=1"
       step u_4k 230 "$S --prompts 4096 --caches dense certified --out $W/u_4k_loop_a.json; $U $S --prompts 4096 --caches certified --out $W/u_4k_unr_a.json; $U $S --prompts 4096 --caches certified --out $W/u_4k_unr_b.json; $S --prompts 4096 --caches certified --out $W/u_4k_loop_b.json"
-      step u_1k 160 "$S --prompts 1024 --caches dense certified --out $W/u_1k_loop.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_unr.json"
-      step u8 260 "$U $G8 --caches certified --out $W/u8_unr.json; $G8 --caches dense certified --out $W/u8_loop.json" ;;
+      step u8 260 "$U $G8 --caches certified --out $W/u8_unr.json; $G8 --caches dense certified --out $W/u8_loop.json"
+      step u_1k 160 "$S --prompts 1024 --caches dense certified --out $W/u_1k_loop.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_unr.json" ;;
     att_grid)  # twenty-ninth session: issue 8's grid at the contexts with targets (32K, 128K), batch 1 and 8, every
       # dense baseline, naive and certified on both data kinds (the forced rungs: att_rungs, 2026-12-03)
       step att_grid 420 "python3 scripts/bench_attention.py --contexts 32768,131072 --batches 1,8 --impls torch_sdpa_bf16 jax_cudnn_bf16 jax_xla_bf16 pallas_dense_bf16 naive certified --out $W/att_grid.json" ;;
