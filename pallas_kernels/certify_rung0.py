@@ -229,19 +229,36 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_r
     cidx = jax.lax.broadcasted_iota(jnp.int32, (1, cw), 1)
     n_chunks = (n_valid + cw - 1) // cw  # chunks holding valid blocks (the rest are empty: never read)
 
+    # One chunk holds every block column (the common case at short contexts): the block statistics are loaded
+    # once, the passes over chunks are straight-line code (no loop, no reload), and a block's column is taken from
+    # the loaded tile instead of a dependent load per hot slot. The same float operations in the same order: with
+    # no valid block (n_chunks 0) every pass's body leaves its initial value as it is (its items are masked).
+    single = NBp == cw
+    tiles = (m_ref[...], l_ref[...]) if single else None
+
+    def stats(c):  # a chunk's m, l [Gp, cw]
+        if single:
+            return tiles
+        sl = pl.ds(c * cw, cw)
+        return m_ref[:, sl], l_ref[:, sl]
+
     def columns(c):  # a chunk's block ids [1, cw] and which of them hold tokens
         ids = c * cw + cidx
         return ids, ids < n_valid
 
     def chunk_lm(c):  # a chunk's INT8 log-masses [Gp, cw] (-inf where no block), ids and validity
         ids, valid = columns(c)
-        sl = pl.ds(c * cw, cw)
-        return jnp.where(valid, _log_mass(m_ref[:, sl], l_ref[:, sl]), _NEG_INF), ids, valid
+        return jnp.where(valid, _log_mass(*stats(c)), _NEG_INF), ids, valid
 
-    def column(ref, blk):  # one block's column of a [Gp, NBp] input: [Gp]
-        return jnp.sum(ref[:, pl.ds(jnp.clip(blk, 0, NBp - 1), 1)], axis=1)
+    def column(which, blk):  # one block's column of m (which 0) or l (1), [Gp, NBp]: [Gp]
+        blk = jnp.clip(blk, 0, NBp - 1)
+        if single:  # x + 0 + ... = x (a NaN stays a NaN, as in the load)
+            return jnp.sum(jnp.where(cidx == blk, tiles[which], 0.0), axis=1)
+        return jnp.sum((m_ref, l_ref)[which][:, pl.ds(blk, 1)], axis=1)
 
     def fold(body, init):  # body(c, carry) over the chunks holding valid blocks
+        if single:
+            return body(0, init)
         return jax.lax.fori_loop(0, n_chunks, body, init)
 
     # 1. INT8 log-masses, the residual block (exact), the normalizer and the estimated masses
@@ -287,7 +304,7 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_r
         best = jnp.max(col_best)
         idx = jnp.min(jnp.where(col_best == best, col_id, no_block))
         ok = best >= 0
-        lm_blk = _log_mass(column(m_ref, idx), column(l_ref, idx))  # [Gp]
+        lm_blk = _log_mass(column(0, idx), column(1, idx))  # [Gp]
         covered = covered + jnp.where(ok, jnp.exp(lm_blk - log_norm), 0.0)
         k_star = jnp.where((k_star < 0) & (min_real(covered) >= tau), j + 1, k_star)
         ranked = jnp.where(jidx == j, jnp.where(ok, idx, _i32(-1)), ranked)
@@ -346,7 +363,8 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_r
         ids, valid = columns(c)
         sl = pl.ds(c * cw, cw)
         keep = ~promoted(ids) & valid
-        return jnp.where(keep, m_ref[:, sl], _NEG_INF), jnp.where(keep, l_ref[:, sl], 0.0), keep, sl
+        m, l = stats(c)
+        return jnp.where(keep, m, _NEG_INF), jnp.where(keep, l, 0.0), keep, sl
 
     # 4. the merge (step.combine over [INT blocks not promoted, promoted slots, residual])
     act2 = active[None, :]
@@ -382,16 +400,21 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_r
         block_promoted = jnp.max((same & active[None, :]).astype(jnp.int32), axis=1) > 0
         use = filled & ~dup & ~block_promoted & (hid < n_valid)  # [P]
 
+    if split and single:  # the hot blocks' INT value sums loaded at once (K is a power of two when compiled)
+        xa_all = xa_ref[...]  # [Gp, K, d]
+        kslot = jax.lax.broadcasted_iota(jnp.int32, (1, K, 1), 1)
+
     def slot(s, carry):
         num, a_blk = carry
         at = pidx == s
         blk = jnp.maximum(jnp.max(jnp.where(at, hid, _i32(-1))), 0)
-        m_blk = column(m_ref, blk)  # [Gp]
-        at_block = _log_mass(m_blk, column(l_ref, blk))
+        m_blk = column(0, blk)  # [Gp]
+        at_block = _log_mass(m_blk, column(1, blk))
         a_blk = jnp.where(at, jnp.max(jnp.where(g_real, at_block - log_norm, _NEG_INF)), a_blk)
         if split:
             use_s = jnp.max(jnp.where(at & use, _i32(1), _i32(0))) > 0
-            xa = jnp.sum(xa_ref[:, pl.ds(s, 1), :], axis=1)  # [Gp, d]
+            xa = (jnp.sum(jnp.where(kslot == s, xa_all, 0.0), axis=1) if single  # [Gp, d]
+                  else jnp.sum(xa_ref[:, pl.ds(s, 1), :], axis=1))
             num = num + jnp.where(use_s, weight(m_blk)[:, None] * xa, 0.0)
         return num, a_blk
 
@@ -440,13 +463,13 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_r
         bad, xs, ys, dlv, lm_up = item_terms(it)
         # the blocks' value errors per unit mass [Gp, cw], from the annotations [1, cw] and the chunk's sum-exps
         eta = bounds.block_value_errors(
-            ann_ref[pl.ds(0, 1), sl], ann_ref[pl.ds(1, 1), sl], ann_ref[pl.ds(2, 1), sl], l_ref[:, sl], block_size,
+            ann_ref[pl.ds(0, 1), sl], ann_ref[pl.ds(1, 1), sl], ann_ref[pl.ds(2, 1), sl], stats(c)[1], block_size,
             div_error=bounds.APPROX_DIV_ERROR if margins else 0.0,
             sqrt_rel_error=quant.KERNEL_SQRT_REL_ERROR if margins else 0.0)
         use_b = keep & (eta > 0)
         terms = bounds._exp_up(jnp.where(use_b, lm_up, 0.0) + jnp.log(jnp.where(use_b, eta, 1.0)))
         vbad = keep & ~jnp.isfinite(eta)  # never from columns not kept (invalid: padding or garbage)
-        apx_lm = _log_mass(m_ref[:, sl], l_ref[:, sl])
+        apx_lm = _log_mass(*stats(c))
         tail = jnp.where(g_real2 & keep, apx_lm + dl_ref[:, sl] - log_norm[:, None], _NEG_INF)
         return (jnp.maximum(bad_a, bad.astype(jnp.int32)), x_a + xs, y_a + ys, jnp.maximum(d_a, dlv),
                 v_a + jnp.where(use_b, terms, 0.0), jnp.maximum(vbad_a, vbad.astype(jnp.int32)),
