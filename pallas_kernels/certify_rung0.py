@@ -66,7 +66,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from certattn_jax import bounds, quant
-from certattn_jax.env import choice_from_env
+from certattn_jax.env import choice_from_env, switch_from_env
 from pallas_kernels import backend
 
 _F32 = jnp.float32
@@ -116,6 +116,13 @@ COUNT_SELECT_MAX_COLUMNS = 128  # the pairwise pass holds [columns, columns] val
 
 
 DEFAULT_SELECT: str = choice_from_env("CERTATTN_RUNG0_SELECT", SELECT_CHOICES, "count")
+
+
+# Where one chunk holds every block column, the kernel loads the block statistics once and runs its passes over
+# chunks as straight-line code, taking a hot slot's column from the loaded tile (no dependent load per slot);
+# CERTATTN_RUNG0_SINGLE_CHUNK=0 keeps the general form (loops over chunks, loads per pass and per slot) at every
+# size, for measurements. The same float operations either way (tests compare the two bit for bit).
+SINGLE_CHUNK: bool = switch_from_env("CERTATTN_RUNG0_SINGLE_CHUNK") is not False
 
 
 def counts_picks(padded_block_count: int, chunk: int, select: str | None = None) -> bool:
@@ -201,7 +208,8 @@ def _item(m, l, big, log_denom, denom_ok, valid, delta) -> _Item:
 
 def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_ref, acc_ref,
             *refs, G: int, nb: int, K: int, kp: int, ch: int, cw: int, block_size: int, split: bool = False,
-            margins: bool = False, out_dtype: str = "float32", count_select: bool = False, stacked_hot: bool = False):
+            margins: bool = False, out_dtype: str = "float32", count_select: bool = False, stacked_hot: bool = False,
+            single_chunk: bool = True):
     # ann_ref [4, NBp]: the blocks' value error annotations (per KV head), rows eta, eta_mean, eta_op and a zero
     # row (one input, one XLA fusion producing it, instead of three; 4 rows: Triton tiles are powers of two).
     # margins (compiled):
@@ -233,7 +241,7 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_r
     # once, the passes over chunks are straight-line code (no loop, no reload), and a block's column is taken from
     # the loaded tile instead of a dependent load per hot slot. The same float operations in the same order: with
     # no valid block (n_chunks 0) every pass's body leaves its initial value as it is (its items are masked).
-    single = NBp == cw
+    single = single_chunk and NBp == cw
     tiles = (m_ref[...], l_ref[...]) if single else None
 
     def stats(c):  # a chunk's m, l [Gp, cw]
@@ -661,16 +669,17 @@ def certify_rung0(apx_m, apx_l, apx_acc, apx_delta, eta, eta_mean, eta_op, n_val
                 slot_m, slot_l, slot_acc, slot_delta, G=G, nb=nb, kp=k_max, block_size=block_size,
                 interpret=interpret, num_warps=num_warps, cw=min(chunk_blocks, NBp), margins=triton_margins,
                 out_dtype=jnp.dtype(out_dtype).name, count_select=counts_picks(NBp, chunk_blocks, select),
-                stacked_hot=layer is not None)
+                stacked_hot=layer is not None, single_chunk=SINGLE_CHUNK)
     o, ek, ev, br, rk, act, ks, cast = out
     return Rung0(out=o[:, :, :G], e_key=ek[:, :, :G], e_val=ev[:, :, :G], broken=br[:, :, :G] != 0,
                  ranking_ok=rk[:, :, 0] != 0, active=act != 0, k_star=ks[:, :, :G], cast=cast[:, :, :G])
 
 
 @functools.partial(jax.jit, static_argnames=("G", "nb", "kp", "block_size", "interpret", "num_warps", "cw",
-                                             "margins", "out_dtype", "count_select", "stacked_hot"))
+                                             "margins", "out_dtype", "count_select", "stacked_hot", "single_chunk"))
 def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, annotations, acc, *rest, G, nb, kp,
-          block_size, interpret, num_warps, cw, margins, out_dtype, count_select=False, stacked_hot=False):
+          block_size, interpret, num_warps, cw, margins, out_dtype, count_select=False, stacked_hot=False,
+          single_chunk=True):
     split = len(rest) == 7 + stacked_hot
     split_args, rest = (rest[:2], rest[2:]) if split else ((), rest)
     layer_args, (hot_ids, slot_m, slot_l, slot_acc, slot_delta) = (rest[:1], rest[1:]) if stacked_hot else ((), rest)
@@ -680,7 +689,7 @@ def _call(tau, margin, n_valid, r_count, key_scale, m, l, delta, annotations, ac
     P = slot_m.shape[-1]
     kernel = functools.partial(_kernel, G=G, nb=nb, K=K, kp=kp, ch=min(NBp, 16), cw=cw, block_size=block_size,
                                split=split, margins=margins, out_dtype=out_dtype, count_select=count_select,
-                               stacked_hot=stacked_hot)
+                               stacked_hot=stacked_hot, single_chunk=single_chunk)
 
     def whole(*shape):
         return pl.BlockSpec((None, None, *shape), lambda b, h: (b, h) + (0,) * len(shape))

@@ -642,7 +642,9 @@ rung0_trusted = _assumable(rung0_trusted)
 def _process_layouts() -> dict[str, str]:
     """The process-wide choices the kernels' code paths depend on beyond the shapes (the value packing): part of
     a verdict's key, so a verdict on one layout never vouches for another."""
-    return dict(value_packing=quant.VALUE_PACKING)
+    from pallas_kernels import certify_rung0
+
+    return dict(value_packing=quant.VALUE_PACKING, rung0_single_chunk=str(certify_rung0.SINGLE_CHUNK))
 
 
 def runs_compiled_kernels() -> bool:

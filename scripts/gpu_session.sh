@@ -591,16 +591,19 @@ for s in "$@"; do
       step fat2_s_off_1 60 "CERTATTN_FUSION_AUTOTUNER=0 $GS --caches certified --out $W/fat2_s_off_1.json"
       step fat2_s_xla_2 60 "$GS --caches certified --out $W/fat2_s_xla_2.json"
       step fat2_s_off_2 60 "CERTATTN_FUSION_AUTOTUNER=0 $GS --caches certified --out $W/fat2_s_off_2.json" ;;
-    unroll_fp)  # twenty-ninth session: the bridge's rung-0 first pass unrolled over layers (CERTATTN_FIRST_PASS_UNROLLED=1:
-      # straight-line code, no while loop over layers, whose every iteration the host drives: ~11 us each on the
-      # H200, probe_cmdbuf) against the default (its first pass a fori_loop over layers), alternated, dense in the
-      # call; at 8B the unrolled pass reads each layer's weights in place with no per-layer switch
+    unroll_fp)  # twenty-ninth session: (1) the bridge's rung-0 first pass unrolled over layers
+      # (CERTATTN_FIRST_PASS_UNROLLED=1: straight-line code, no while loop over layers, whose every iteration the
+      # host drives: ~11 us each on the H200, probe_cmdbuf; at 8B no per-layer switch either) and (2) the certify
+      # kernel's single-chunk form (the default now; CERTATTN_RUNG0_SINGLE_CHUNK=0 the general form), each against
+      # the default, alternated, dense in the call
       S="${B/--timeout 150/--timeout 100} --new-tokens 64 --models smollm2"
-      G8="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 120} --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      G8="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 150} --new-tokens 32 --models llama3.1-8b --prompts 8192"
       U="CERTATTN_FIRST_PASS_UNROLLED=1"
-      step u_4k 230 "$S --prompts 4096 --caches dense certified --out $W/u_4k_loop_a.json; $U $S --prompts 4096 --caches certified --out $W/u_4k_unr_a.json; $U $S --prompts 4096 --caches certified --out $W/u_4k_unr_b.json; $S --prompts 4096 --caches certified --out $W/u_4k_loop_b.json"
-      step u8 260 "$U $G8 --caches certified --out $W/u8_unr.json; $G8 --caches dense certified --out $W/u8_loop.json"
-      step u_1k 160 "$S --prompts 1024 --caches dense certified --out $W/u_1k_loop.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_unr.json" ;;
+      C="CERTATTN_RUNG0_SINGLE_CHUNK=0"
+      S4="$S --prompts 4096 --caches certified"
+      step u_4k 330 "$S --prompts 4096 --caches dense certified --out $W/u_4k_def_a.json; $C $S4 --out $W/u_4k_gen_a.json; $U $S4 --out $W/u_4k_unr_a.json; $S4 --out $W/u_4k_def_b.json; $C $S4 --out $W/u_4k_gen_b.json; $U $S4 --out $W/u_4k_unr_b.json"
+      step u8 250 "$U $G8 --caches certified --out $W/u8_unr.json; $G8 --caches dense certified --out $W/u8_def.json"
+      step u_1k 150 "$S --prompts 1024 --caches dense certified --out $W/u_1k_def.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_unr.json; $C $S --prompts 1024 --caches certified --out $W/u_1k_gen.json" ;;
     att_grid)  # twenty-ninth session: issue 8's grid at the contexts with targets (32K, 128K), batch 1 and 8, every
       # dense baseline, naive and certified on both data kinds (the forced rungs: att_rungs, 2026-12-03)
       step att_grid 420 "python3 scripts/bench_attention.py --contexts 32768,131072 --batches 1,8 --impls torch_sdpa_bf16 jax_cudnn_bf16 jax_xla_bf16 pallas_dense_bf16 naive certified --out $W/att_grid.json" ;;

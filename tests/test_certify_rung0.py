@@ -187,6 +187,30 @@ def test_counted_selection_equals_the_loop(case, seed, chunk, nan_head, monkeypa
             np.testing.assert_array_equal(x, y, err_msg=name)
 
 
+@pytest.mark.parametrize("case,seed,select", [(0, 30, "count"), (4, 31, "count"), (6, 32, "loop"), (5, 33, "count")])
+def test_the_single_chunk_form_equals_the_general_one(case, seed, select, monkeypatch):
+    """Where one chunk holds every block column the kernel loads the block statistics once, runs its passes
+    straight-line and takes the hot slots' columns from the loaded tiles (`certify_rung0.SINGLE_CHUNK`): the same
+    outputs, bounds and selection as the general form (loops over chunks, a load per pass and per slot), bit for
+    bit, with the counted and the looped selection, a flat case (every block tied) among them."""
+    from pallas_kernels import certify_rung0
+
+    monkeypatch.setattr(certify_rung0, "DEFAULT_SELECT", select)
+    q, cache, policy, _, _ = _cache(seed, **CASES[case])
+    results = {}
+    for single in (False, True):
+        monkeypatch.setattr(certify_rung0, "SINGLE_CHUNK", single)
+        results[single] = jax.jit(functools.partial(step.rung0_fused))(q, cache, policy)
+    assert int(jnp.max(results[True].stage.k_star)) > 0 or case == 6
+    for name in ("stage", "active", "tolerance", "bad"):
+        a, b = jax.tree.leaves(getattr(results[False], name)), jax.tree.leaves(getattr(results[True], name))
+        for x, y in zip(a, b, strict=True):
+            x, y = np.asarray(x), np.asarray(y)
+            if jnp.issubdtype(x.dtype, jnp.floating):
+                x, y = x.astype(np.float32), y.astype(np.float32)
+            np.testing.assert_array_equal(x, y, err_msg=name)
+
+
 def test_counted_selection_choice_is_checked():
     from pallas_kernels import certify_rung0
 
