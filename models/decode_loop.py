@@ -123,11 +123,11 @@ def bridge_start(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, ke
 
 def bridge_first_passes(params: Params, state: tuple, max_new: jax.Array, eos_ids: jax.Array,
                          temperature: jax.Array, top_p: jax.Array, *, config: LlamaConfig, greedy: bool,
-                         record: bool) -> tuple[tuple, jax.Array]:
+                         record: bool, unrolled: bool | None = None) -> tuple[tuple, jax.Array]:
     """The decode bridge's loop: steps answered by a rung-0 first pass (`decode_first_pass(rung0=True)`) while
     one answers; it stops before the first step that needs more (undone: the whole step takes it) or when the
     loop is done. Returns (state, more): more is set when steps remain. Holds no rung above 0, no flush and no
-    tier-2 transfer, so it compiles in a fraction of the whole step's time."""
+    tier-2 transfer, so it compiles in a fraction of the whole step's time. unrolled: `decode_first_pass`'s."""
     TRACE_COUNTS["decode_bridge"] += 1
     cond, _, advance = loop_parts(params, config, max_new, eos_ids, temperature, top_p, greedy, record)
 
@@ -135,17 +135,19 @@ def bridge_first_passes(params: Params, state: tuple, max_new: jax.Array, eos_id
         state, redo = st
         return cond(state) & ~redo
 
-    first_pass = _first_pass_step(params, config, advance, rung0=True)
+    first_pass = _first_pass_step(params, config, advance, rung0=True, unrolled=unrolled)
     state, _ = jax.lax.while_loop(go, first_pass, (state, jnp.bool_(False)))
     return state, cond(state)
 
 
-def _first_pass_step(params: Params, config: LlamaConfig, advance: Callable, rung0: bool) -> Callable:
+def _first_pass_step(params: Params, config: LlamaConfig, advance: Callable, rung0: bool,
+                     unrolled: bool | None = None) -> Callable:
     """A while-loop body over (state, redo): one step's first pass (`decode_first_pass`), the state advanced, or
     left as it was where the pass asks for a redo."""
     def first_pass(st):
         state, _ = st
-        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1], rung0=rung0)
+        hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1], rung0=rung0,
+                                                    unrolled=unrolled)
         new = advance(state, hidden, new_cache)
         # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
         # it wrote at step + 1 (the token, the records) the step that redoes it writes again

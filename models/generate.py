@@ -42,6 +42,7 @@ from models.decode_loop import (
 )
 from models.llama import (
     Params,
+    first_pass_mode,
     forward_hidden,
     has_decode_first_pass,
     has_rung0_first_pass,
@@ -198,6 +199,9 @@ BRIDGE_STEADY: bool = switch_from_env("CERTATTN_DECODE_BRIDGE_STEADY") is not Fa
 # thread when a step first needs it, instead of in the background from the start (to rule the thread out as the
 # cause of the non-steady bridge's slower rows, docs/performance.md twenty-eighth session)
 BRIDGE_BACKGROUND: bool = switch_from_env("CERTATTN_DECODE_BRIDGE_BACKGROUND") is not False
+# While the unrolled first passes compile (CERTATTN_FIRST_PASS_UNROLLED=background), the looped ones run at most this
+# many steps per call before the host looks whether the unrolled ones are ready (a host round trip each time).
+UPGRADE_POLL_STEPS = 16
 
 
 def decode_bridge(cache: Any) -> bool:
@@ -316,6 +320,7 @@ class BridgedDecode:
         self.full_sig = _signature("resume", config, greedy, record, "escalated" if self.steady else loop,
                                    options, run_args)
         self.waited_s = 0.0
+        self.upgrade_sig = None  # the unrolled first passes' program (CERTATTN_FIRST_PASS_UNROLLED=background)
         if self.full_sig in _COMPILED and not self.steady:  # compiled before: decoding runs it alone
             self.first_passes = None
             return
@@ -347,23 +352,62 @@ class BridgedDecode:
         else:
             start_whole_program()
         self.first_passes = _BRIDGE_COMPILED[passes_sig]
+        # CERTATTN_FIRST_PASS_UNROLLED=background: the unrolled first passes compile after the whole program, in
+        # the background, and replace the looped ones once ready (a failed build only keeps the looped ones)
+        if first_pass_mode() == "background" and BRIDGE_BACKGROUND:
+            self.upgrade_sig = _signature("first_passes_unrolled", config, greedy, record, loop, options, run_args)
+            unrolled_fn = functools.partial(bridge_first_passes, config=config, greedy=greedy, record=record,
+                                            unrolled=True)
+            sig = self.upgrade_sig
+
+            def build_unrolled():
+                try:
+                    compiled = kernel_checks.compile_while_checking(
+                        lambda: _build(unrolled_fn, run_args, options, (1,), seconds_prefix="unrolled_"))
+                except Exception as e:  # noqa: BLE001 -- an optional speed-up: the looped passes stay
+                    warnings.warn(f"the unrolled first passes did not build ({e!r}); the looped ones stay",
+                                  stacklevel=2)
+                    return None
+                LAST_BUILD_SECONDS["unrolled_ready_at"] = time.perf_counter()
+                _COMPILED[sig] = compiled
+                return compiled
+
+            with _BRIDGE_LOCK:
+                if sig not in _PENDING and sig not in _COMPILED:
+                    _PENDING[sig] = _BACKGROUND.submit(build_unrolled)
 
     def whole_program(self) -> Any | None:
         """The whole decode loop if it has finished compiling, else None."""
         return _COMPILED.get(self.full_sig)
+
+    def _passes(self, step: int, max_new: jax.Array) -> tuple[Any, jax.Array]:
+        """The first-pass program to run from `step` and the step limit to give it: the unrolled passes once they
+        are ready (CERTATTN_FIRST_PASS_UNROLLED=background), with the caller's max_new; while they compile, the
+        looped ones for at most UPGRADE_POLL_STEPS steps (then the host looks again)."""
+        if self.upgrade_sig is None:
+            return self.first_passes, max_new
+        ready = _COMPILED.get(self.upgrade_sig)
+        if ready is not None:
+            self.unrolled_steps_from = min(self.unrolled_steps_from, step)
+            return ready, max_new
+        return self.first_passes, jnp.minimum(max_new, step + 1 + UPGRADE_POLL_STEPS).astype(max_new.dtype)
 
     def __call__(self, params, cache, first_logits, max_new, eos, key, temperature, top_p):
         """(out, done, steps, cache, records), as `decode_loop.decode_loop` returns them."""
         state = (jnp.int32(0), cache, *self.start(cache, first_logits, eos, key, temperature, top_p))
         rest = (max_new, eos, temperature, top_p)
         self.waited_s, self.first_pass_steps = 0.0, 0
+        self.unrolled_steps_from = int(max_new)  # the first step the unrolled first passes ran (if any)
         full = self.whole_program()
         while full is None or self.steady:
             start = int(state[0])
-            state, more = self.first_passes(params, state, *rest)
+            passes, limit = self._passes(start, max_new)
+            state, more = passes(params, state, limit, *rest[1:])
             self.first_pass_steps += int(state[0]) - start
-            if not bool(more):  # every remaining step answered by the first passes
-                return outputs(state)
+            if not bool(more):
+                if limit is not max_new and int(state[0]) + 1 >= int(limit):  # stopped to look for the upgrade
+                    continue
+                return outputs(state)  # every remaining step answered by the first passes
             if full is None:
                 t0 = time.perf_counter()
                 try:

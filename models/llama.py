@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
-from certattn_jax.env import positive_int_from_env, switch_from_env
+from certattn_jax.env import choice_from_env, positive_int_from_env
 from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from models.config import LlamaConfig
@@ -247,23 +247,34 @@ def has_rung0_first_pass(cache: Any) -> bool:
     return _has_first_pass(cache, BRIDGE_SCHEDULES)
 
 
-# Whether the decode bridge's rung-0 first pass (`decode_first_pass(..., rung0=True)`) runs its layers unrolled
-# (straight-line code: each layer's weights and cache read in place at a constant index, no loop over layers) for
-# every schedule, CERTATTN_FIRST_PASS_UNROLLED = 1 / 0 / auto (auto: off). On a GPU every iteration of a loop over
-# layers is driven by the host (~11 us each on the H200, scripts/probe_cmdbuf.py; 30 per SmolLM2 step), and large
-# layers hold their dense code in per-layer switches (a host round trip each); unrolled, a step is one CUDA graph
-# as dense's is, for more compile (the rung-0 attention once per layer). The "straight" and "two-pass" schedules'
-# first passes are unrolled anyway.
-_FIRST_PASS_UNROLLED = switch_from_env("CERTATTN_FIRST_PASS_UNROLLED")
+# How the decode bridge's rung-0 first pass (`decode_first_pass(..., rung0=True)`) runs its layers for a schedule
+# whose own pass loops over them, CERTATTN_FIRST_PASS_UNROLLED:
+#   "0" (auto, the default): in a loop over layers (compiled once);
+#   "1": unrolled (straight-line code: each layer's weights and cache read in place at a constant index, no loop
+#     over layers), from the first step: decoding waits for its compile;
+#   "background": looped until the unrolled pass has compiled in the background, then unrolled
+#     (`models.generate.BridgedDecode`): decoding waits only for the looped pass's compile.
+# On a GPU every iteration of a loop over layers is driven by the host (~11 us each on the H200,
+# scripts/probe_cmdbuf.py; 30 per SmolLM2 step), and large layers hold their dense code in per-layer switches (a
+# host round trip each); unrolled, a step is one CUDA graph as dense's is, for more compile (the rung-0 attention
+# once per layer). The "straight" and "two-pass" schedules' first passes are unrolled anyway.
+FIRST_PASS_CHOICES = ("auto", "0", "1", "background")
+_FIRST_PASS_UNROLLED = choice_from_env("CERTATTN_FIRST_PASS_UNROLLED", FIRST_PASS_CHOICES, "auto")
+
+
+def first_pass_mode() -> str:
+    """CERTATTN_FIRST_PASS_UNROLLED resolved: "0" (looped), "1" (unrolled) or "background"."""
+    return "0" if _FIRST_PASS_UNROLLED == "auto" else _FIRST_PASS_UNROLLED
 
 
 def first_pass_unrolled() -> bool:
-    """Whether the bridge's rung-0 first pass unrolls its layers for every schedule (CERTATTN_FIRST_PASS_UNROLLED)."""
-    return bool(_FIRST_PASS_UNROLLED)
+    """Whether the bridge's rung-0 first pass unrolls its layers from the first step (CERTATTN_FIRST_PASS_UNROLLED
+    "1"); "background" builds the unrolled pass beside the looped one (`models.generate.BridgedDecode`)."""
+    return first_pass_mode() == "1"
 
 
 def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,
-                      rung0: bool = False) -> tuple[jax.Array, KVCache, jax.Array]:
+                      rung0: bool = False, unrolled: bool | None = None) -> tuple[jax.Array, KVCache, jax.Array]:
     """A decode step's first pass alone, without the step's top-level conditionals (each one a host round trip on
     a GPU): (hidden [B, 1, D] final-normed, cache, redo scalar bool). Where redo is clear, (hidden, cache) equal
     `forward_hidden`'s for this step. Where it is set (some head needs a rung above the pass's, or the end of the
@@ -275,8 +286,8 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     rung-0 pass (the caller asks `wants_rung1_pass` first).
     rung0: the pass is rung 0 alone for any schedule of `BRIDGE_SCHEDULES` ("looped" and "two-pass" too: a step
     where some head needs rung 1 is then redone), in a loop over layers except for the unrolled fast passes
-    ("straight", "two-pass") and, with `first_pass_unrolled()`, for every schedule; `models.generate`'s decode
-    bridge runs it while the whole step still compiles."""
+    ("straight", "two-pass") and, with unrolled (default `first_pass_unrolled()`), for every schedule;
+    `models.generate`'s decode bridge runs it while the whole step still compiles."""
     _check_tokens(tokens, config)
     serves = has_rung0_first_pass(cache) if rung0 else has_decode_first_pass(cache)
     if tokens.shape[1] != 1 or not serves:
@@ -288,7 +299,8 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     x = _embed(params, tokens)
     schedule = cache.schedule
     fast = cache.decode_fast_path(0)  # rung 0 alone (the straight schedules' own fast pass)
-    unrolled = schedule in ("straight", "two-pass") or (rung0 and first_pass_unrolled())
+    unrolled = first_pass_unrolled() if unrolled is None else unrolled
+    unrolled = schedule in ("straight", "two-pass") or (rung0 and unrolled)
     layers = _layers_unrolled if unrolled else _layers_looped_stacked
     x, c_fast = layers(params, config, x, fast, cos, sin, new_lengths)
     redo = _step_is_rare(c_fast, new_lengths)

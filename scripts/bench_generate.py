@@ -215,11 +215,13 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
     bridged = gen.decode_bridge(cold.cache)
     del cold.cache
     warm = gen.generate(params, cfg, [ids], new_tokens, record_steps=record, **kw)
-    (decode,) = gen._COMPILED.values()
+    (decode,) = [c for key, c in gen._COMPILED.items() if key[0] != "first_passes_unrolled"]
     prefill_s = min([warm.prefill_seconds] + _prefill_times(gen, params, cfg, ids, prompt + new_tokens, factory,
                                                               policy, prefill_chunk, repeats=2))
     loop = gen.decode_loop_kind(warm.cache)  # "nested": a common step is the inner loop's iteration
-    passes = [c for key, c in gen._BRIDGE_COMPILED.items() if key[0] == "first_passes"]
+    # the first passes the warm run ran: the unrolled ones where they were built beside the looped ones
+    passes = ([c for key, c in gen._COMPILED.items() if key[0] == "first_passes_unrolled"]
+              or [c for key, c in gen._BRIDGE_COMPILED.items() if key[0] == "first_passes"])
     bridge_trips = host_round_trips(passes[0].as_text())["total"] if passes else None
     launches = count_launches(decode.as_text(), inner_step=loop == "nested")
     trips = host_round_trips(decode.as_text(), inner_step=loop == "nested")
@@ -256,7 +258,11 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # CERTATTN_DECODE_BRIDGE_STEADY)
             "bridge_round_trips_per_step": bridge_trips,
             "decode_bridge_steady": gen.BRIDGE_STEADY,
-            "first_pass_unrolled": llama.first_pass_unrolled(),
+            "first_pass_unrolled": llama.first_pass_mode(),  # "0" looped, "1" unrolled, "background"
+            "unrolled_compile_s": round(build_s["unrolled_ready_at"] - build_s["started_at"], 3)
+            if bridged and "unrolled_ready_at" in build_s else None,
+            "unrolled_build_s": round(build_s["unrolled_lower_s"] + build_s["unrolled_xla_compile_s"], 3)
+            if bridged and "unrolled_xla_compile_s" in build_s else None,
             # each check the row's process ran (what, configuration, seconds, in the background or not)
             "selftest_checks": _selftest_runs(),
             # the same clock as selftest_checks' start_s: when the cold run (its prefill) and its decode build began

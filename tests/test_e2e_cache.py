@@ -1183,7 +1183,7 @@ def test_the_unrolled_first_pass_holds_no_loop_over_layers(params, schedule, mon
     tok = jnp.ones((1, 1), jnp.int32)
 
     def loops(unrolled):
-        monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", unrolled)
+        monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", "1" if unrolled else "0")
         return _loops(jax.make_jaxpr(lambda p, t, c: llama.decode_first_pass(p, CFG, t, c, rung0=True))(
             params, tok, cache).jaxpr)
 
@@ -1193,11 +1193,10 @@ def test_the_unrolled_first_pass_holds_no_loop_over_layers(params, schedule, mon
 
 @pytest.mark.xdist_group("layer-schedules")
 @pytest.mark.parametrize("schedule,eps,steady,background,unrolled", [
-    ("looped", 0.05, False, True, False), ("adaptive", 0.05, False, True, False),
-    ("two-pass", 0.05, False, True, False),
-    ("looped", 0.5, False, True, False), ("adaptive", 0.5, False, True, False), ("looped", 0.5, True, True, False),
-    ("adaptive", 0.05, True, True, False), ("looped", 0.5, True, False, False),
-    ("straight-looped", 0.5, True, True, False), ("adaptive", 0.5, True, True, True)])
+    ("looped", 0.05, False, True, "0"), ("adaptive", 0.05, False, True, "0"), ("two-pass", 0.05, False, True, "0"),
+    ("looped", 0.5, False, True, "0"), ("adaptive", 0.5, False, True, "0"), ("looped", 0.5, True, True, "0"),
+    ("adaptive", 0.05, True, True, "0"), ("looped", 0.5, True, False, "0"), ("straight-looped", 0.5, True, True, "0"),
+    ("adaptive", 0.5, True, True, "1"), ("adaptive", 0.5, True, True, "background")])
 def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, steady, background, unrolled,
                                                        monkeypatch):
     """`models.generate`'s decode bridge (rung-0 first passes while the whole loop compiles in the background,
@@ -1209,10 +1208,12 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
     the first passes answer the steps up to the first flush, the whole program the rest (rung 1 among them).
     steady (CERTATTN_DECODE_BRIDGE_STEADY): the first passes stay the loop, the whole program takes the runs of
     steps they leave. background off (CERTATTN_DECODE_BRIDGE_BACKGROUND=0): the whole program is built when first
-    needed, in the decoding thread. unrolled (CERTATTN_FIRST_PASS_UNROLLED): the first pass runs its layers
-    unrolled whatever the schedule."""
+    needed, in the decoding thread. unrolled (CERTATTN_FIRST_PASS_UNROLLED): "1" the first pass runs its layers
+    unrolled whatever the schedule; "background" looped until the unrolled one has compiled beside the whole
+    program (the host looks every UPGRADE_POLL_STEPS steps), then unrolled."""
     policy = dataclasses.replace(POLICY, eps=eps, abs_tol=0.0)
     monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", unrolled)
+    monkeypatch.setattr(gen, "UPGRADE_POLL_STEPS", 2)
     rng = np.random.default_rng(8)
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (70, 21)]
     kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, record_steps=True, temperature=0.7, seed=3)
@@ -1261,7 +1262,7 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
     assert np.any(rungs >= 1) and np.any(rungs.reshape(rungs.shape[0], -1).max(axis=1) == 0)  # rare and common
     def same(got, want):  # integers and flags bit for bit; floats to their rounding (separate programs may fuse
         got, want = np.asarray(got), np.asarray(want)  # a bound's sum differently: 1 ulp seen on the CPU)
-        if np.issubdtype(want.dtype, np.floating) and unrolled:
+        if np.issubdtype(want.dtype, np.floating) and unrolled != "0":
             # the unrolled pass's dense code is another program (GEMMs inline, not in per-layer branches): its
             # hidden states, hence K/V and bounds, differ from the loop's by float32 rounding (~1e-6 of a leaf's
             # scale measured); every integer (codes, rungs, K*, tokens) must still agree
@@ -1287,6 +1288,9 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
     for bridged in (first, later):
         assert_same(bridged, plain)
     assert later.compile_wait_seconds == 0.0
+    if unrolled == "background":  # the later call found the unrolled passes ready and ran them
+        assert bridges[-1].upgrade_sig in gen._COMPILED
+        assert bridges[-1].unrolled_steps_from < 20
     if steady:  # the first passes answered the common steps after the rare ones too
         step_top = rungs.reshape(rungs.shape[0], -1).max(axis=1)
         assert bridges[-1].first_pass_steps > np.sum(step_top == 0) // 2
