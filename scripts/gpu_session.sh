@@ -601,9 +601,14 @@ for s in "$@"; do
       U="CERTATTN_FIRST_PASS_UNROLLED=1"
       C="CERTATTN_RUNG0_SINGLE_CHUNK=0"
       S4="$S --prompts 4096 --caches certified"
-      step u_4k 290 "$S --prompts 4096 --caches dense certified --out $W/u_4k_def_a.json; $C $S4 --out $W/u_4k_gen_a.json; $U $S4 --out $W/u_4k_unr_a.json; $S4 --out $W/u_4k_def_b.json; CERTATTN_FIRST_PASS_UNROLLED=background $S4 --out $W/u_4k_bg_b.json"
-      step u8 250 "CERTATTN_FIRST_PASS_UNROLLED=background $G8 --caches certified --out $W/u8_bg.json; $G8 --caches dense certified --out $W/u8_def.json"
-      step u_1k 110 "$S --prompts 1024 --caches dense certified --out $W/u_1k_def.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_unr.json" ;;
+      step u4_def 90 "$S --prompts 4096 --caches dense certified --out $W/u_4k_def_a.json"
+      step u4_unr 90 "$U $S4 --out $W/u_4k_unr_a.json"
+      step u4_gen 60 "$C $S4 --out $W/u_4k_gen_a.json"
+      step u4_bg 90 "CERTATTN_FIRST_PASS_UNROLLED=background $S4 --out $W/u_4k_bg_a.json"
+      step u8_bg 150 "CERTATTN_FIRST_PASS_UNROLLED=background $G8 --caches certified --out $W/u8_bg.json"
+      step u8_def 150 "$G8 --caches dense certified --out $W/u8_def.json"
+      step u4_def2 60 "$S4 --out $W/u_4k_def_b.json"
+      step u1 110 "$S --prompts 1024 --caches dense certified --out $W/u_1k_def.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_unr.json" ;;
     att_grid)  # twenty-ninth session: issue 8's grid at the contexts with targets (32K, 128K), batch 1 and 8, every
       # dense baseline, naive and certified on both data kinds (the forced rungs: att_rungs, 2026-12-03)
       step att_grid 420 "python3 scripts/bench_attention.py --contexts 32768,131072 --batches 1,8 --impls torch_sdpa_bf16 jax_cudnn_bf16 jax_xla_bf16 pallas_dense_bf16 naive certified --out $W/att_grid.json" ;;
