@@ -405,7 +405,9 @@ class BridgedDecode:
             state, more = passes(params, state, limit, *rest[1:])
             self.first_pass_steps += int(state[0]) - start
             if not bool(more):
-                if limit is not max_new and int(state[0]) + 1 >= int(limit):  # stopped to look for the upgrade
+                # stopped at the limit, short of max_new, to look for the unrolled passes again (never where the
+                # limit is max_new itself: the loop is then done, whether or not they are ever ready)
+                if limit is not max_new and int(state[0]) + 1 >= int(limit) and int(limit) < int(max_new):
                     continue
                 return outputs(state)  # every remaining step answered by the first passes
             if full is None:

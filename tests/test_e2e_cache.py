@@ -1308,6 +1308,46 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
 
 
 @pytest.mark.xdist_group("layer-schedules")
+def test_unrolled_first_passes_that_fail_to_build_leave_the_looped_ones(params, monkeypatch):
+    """CERTATTN_FIRST_PASS_UNROLLED=background where the unrolled first passes never build: a warning, and the
+    looped ones decode to the end (the host's looks at the step limit never turn into a wait: decoding finishes in
+    bounded time) with the plain loop's tokens."""
+    policy = dataclasses.replace(POLICY, eps=0.5, abs_tol=0.0)
+    prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 70).tolist()]
+    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, cache_factory=cache_spec(
+        "certified", CFG, jnp.float32, policy, schedule="adaptive"))
+    for name in ("_COMPILED", "_BRIDGE_COMPILED", "_PENDING", "_DEFERRED"):
+        monkeypatch.setattr(gen, name, {})
+    monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
+    monkeypatch.setattr(gen, "UPGRADE_POLL_STEPS", 2)
+    monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", "background")
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "0")
+    plain = gen.generate(params, CFG, prompts, 20, **kw)
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "1")
+    real_build = gen._build
+
+    def failing_build(fn, args, options, donate, seconds_prefix="", after_lowering=None):
+        if seconds_prefix == "unrolled_":
+            raise RuntimeError("injected compile failure")
+        return real_build(fn, args, options, donate, seconds_prefix, after_lowering)
+
+    monkeypatch.setattr(gen, "_build", failing_build)
+    real_passes = gen.BridgedDecode._passes
+    calls = []
+
+    def counted_passes(self, step, max_new):  # a host loop that looks forever fails here instead of hanging
+        calls.append(step)
+        assert len(calls) < 100, "the bridge keeps looking for the unrolled first passes"
+        return real_passes(self, step, max_new)
+
+    monkeypatch.setattr(gen.BridgedDecode, "_passes", counted_passes)
+    with pytest.warns(UserWarning, match="unrolled first passes did not build"):
+        bridged = gen.generate(params, CFG, prompts, 20, **kw)
+        gen.finish_background_compiles()
+    assert bridged.tokens == plain.tokens
+    assert not any(key[0] == "first_passes_unrolled" for key in gen._COMPILED)
+
+
 def test_a_failed_whole_program_build_is_reported_with_the_cache_and_built_again(params, monkeypatch):
     """Where the decode bridge's whole program fails to build after its first passes decoded some steps, the
     error says so, chains the build's error and carries the cache as they left it (the argument cache was
