@@ -344,7 +344,9 @@ class BridgedDecode:
                 else:  # built in the calling thread when a step first needs it (`_whole_program_now`)
                     _DEFERRED[self.full_sig] = build_whole
 
-        passes_sig = _signature("first_passes", config, greedy, record, loop, options, run_args)
+        # keyed by the first pass's form too (CERTATTN_FIRST_PASS_UNROLLED "1": unrolled from the first step)
+        passes_sig = _signature("first_passes", config, greedy, record, (loop, first_pass_mode() == "1"), options,
+                                run_args)
         if passes_sig not in _BRIDGE_COMPILED:
             passes_fn = functools.partial(bridge_first_passes, config=config, greedy=greedy, record=record)
             _BRIDGE_COMPILED[passes_sig] = kernel_checks.compile_while_checking(
@@ -386,10 +388,15 @@ class BridgedDecode:
         looped ones for at most UPGRADE_POLL_STEPS steps (then the host looks again)."""
         if self.upgrade_sig is None:
             return self.first_passes, max_new
+        build = _PENDING.get(self.upgrade_sig)
+        finished = build is None or build.done()  # read before the program: a build may end between the two
         ready = _COMPILED.get(self.upgrade_sig)
         if ready is not None:
             self.unrolled_steps_from = min(self.unrolled_steps_from, step)
             return ready, max_new
+        if finished:  # its build failed (it warned): the looped passes for good, no more looks
+            self.upgrade_sig = None
+            return self.first_passes, max_new
         return self.first_passes, jnp.minimum(max_new, step + 1 + UPGRADE_POLL_STEPS).astype(max_new.dtype)
 
     def __call__(self, params, cache, first_logits, max_new, eos, key, temperature, top_p):

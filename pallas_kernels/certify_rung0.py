@@ -239,8 +239,11 @@ def _kernel(tau_ref, mg_ref, nv_ref, rc_ref, ks_ref, m_ref, l_ref, dl_ref, ann_r
 
     # One chunk holds every block column (the common case at short contexts): the block statistics are loaded
     # once, the passes over chunks are straight-line code (no loop, no reload), and a block's column is taken from
-    # the loaded tile instead of a dependent load per hot slot. The same float operations in the same order: with
-    # no valid block (n_chunks 0) every pass's body leaves its initial value as it is (its items are masked).
+    # the loaded tile instead of a dependent load per hot slot. The same float operations in the same order (a
+    # compiler may still contract or fuse them differently: 1 ulp seen with XLA:CPU's optimizations on; every
+    # bound holds for any rounding order). With no valid block (n_chunks 0) every pass's body leaves its initial
+    # value as it is (its items are masked), but for `pick`'s column search, whose changed carry is masked by
+    # its `ok` (no pick) all the same.
     single = single_chunk and NBp == cw
     tiles = (m_ref[...], l_ref[...]) if single else None
 

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -1346,6 +1347,39 @@ def test_unrolled_first_passes_that_fail_to_build_leave_the_looped_ones(params, 
         gen.finish_background_compiles()
     assert bridged.tokens == plain.tokens
     assert not any(key[0] == "first_passes_unrolled" for key in gen._COMPILED)
+
+
+def test_a_slow_unrolled_build_does_not_hold_up_decoding(params, monkeypatch):
+    """CERTATTN_FIRST_PASS_UNROLLED=background while the unrolled first passes take long to build: decoding ends on
+    the looped ones, looking for the unrolled ones every UPGRADE_POLL_STEPS steps, not at every call until they
+    are ready (an independent review found the last step looping until then)."""
+    prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 21).tolist()]
+    spec = cache_spec("certified", CFG, jnp.float32, dataclasses.replace(POLICY, eps=0.5, abs_tol=0.0),
+                      schedule="adaptive")
+    for name in ("_COMPILED", "_BRIDGE_COMPILED", "_PENDING", "_DEFERRED"):
+        monkeypatch.setattr(gen, name, {})
+    monkeypatch.setattr(model_cache, "_ADAPTIVE_RUNG0_STREAK", 2)
+    monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
+    monkeypatch.setattr(gen, "UPGRADE_POLL_STEPS", 2)
+    monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", "background")
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "1")
+    real = gen.bridge_first_passes
+
+    def slow_when_unrolled(*a, unrolled=None, **k):
+        if unrolled:
+            time.sleep(4.0)
+        return real(*a, unrolled=unrolled, **k)
+
+    monkeypatch.setattr(gen, "bridge_first_passes", slow_when_unrolled)
+    polls = []
+    real_passes = gen.BridgedDecode._passes
+    monkeypatch.setattr(gen.BridgedDecode, "_passes",
+                        lambda self, step, m: polls.append(step) or real_passes(self, step, m))
+    out = gen.generate(params, CFG, prompts, 12, cache_factory=spec, eos_token_ids=(), progress=False,
+                       prefill_chunk=32, temperature=0.7, seed=3)
+    assert out.num_steps == 12
+    assert len(polls) < 20, f"{len(polls)} first-pass calls, {polls.count(11)} of them at the last step"
+    gen.finish_background_compiles()
 
 
 def test_a_failed_whole_program_build_is_reported_with_the_cache_and_built_again(params, monkeypatch):
