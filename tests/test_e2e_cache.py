@@ -1162,6 +1162,15 @@ def test_a_looped_certified_step_runs_eagerly_like_jitted(params, schedule):
         llama.forward_hidden(params, CFG, jnp.ones((1, 254), jnp.int32), c)
 
 
+def _fresh_bridge_state(monkeypatch) -> None:
+    """Empty program tables for a bridge test, after every build an earlier test queued on the one background
+    compile thread has finished: a late build stores into the module's tables as they are when it ends, so it
+    would land in this test's."""
+    gen._BACKGROUND.submit(lambda: None).result()
+    for name in ("_COMPILED", "_BRIDGE_COMPILED", "_PENDING", "_DEFERRED"):
+        monkeypatch.setattr(gen, name, {})
+
+
 def _loops(jaxpr) -> int:
     """while / scan equations in a jaxpr, nested ones included."""
     n = 0
@@ -1223,10 +1232,7 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
     spec = cache_spec("certified", CFG, jnp.float32, policy, schedule=schedule)
     monkeypatch.setattr(gen, "BRIDGE_STEADY", steady)
     monkeypatch.setattr(gen, "BRIDGE_BACKGROUND", background)
-    monkeypatch.setattr(gen, "_DEFERRED", {})
-    monkeypatch.setattr(gen, "_COMPILED", {})
-    monkeypatch.setattr(gen, "_BRIDGE_COMPILED", {})
-    monkeypatch.setattr(gen, "_PENDING", {})
+    _fresh_bridge_state(monkeypatch)
 
     monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "0")
     plain = gen.generate(params, CFG, prompts, 20, cache_factory=spec, **kw)
@@ -1257,6 +1263,8 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
         return None if full is None else (lambda *a: whole_calls.append(True) or full(*a))
 
     monkeypatch.setattr(gen.BridgedDecode, "whole_program", counted_whole_program)
+    if unrolled == "background":  # the unrolled passes built (in the background) before the later call
+        gen.finish_background_compiles()
     later = gen.generate(params, CFG, prompts, 20, cache_factory=spec, **kw)  # whole program ready: alone
 
     rungs = np.asarray(plain.step_records.rung)
@@ -1317,8 +1325,7 @@ def test_unrolled_first_passes_that_fail_to_build_leave_the_looped_ones(params, 
     prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 70).tolist()]
     kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, cache_factory=cache_spec(
         "certified", CFG, jnp.float32, policy, schedule="adaptive"))
-    for name in ("_COMPILED", "_BRIDGE_COMPILED", "_PENDING", "_DEFERRED"):
-        monkeypatch.setattr(gen, name, {})
+    _fresh_bridge_state(monkeypatch)
     monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
     monkeypatch.setattr(gen, "UPGRADE_POLL_STEPS", 2)
     monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", "background")
@@ -1356,8 +1363,7 @@ def test_a_slow_unrolled_build_does_not_hold_up_decoding(params, monkeypatch):
     prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 21).tolist()]
     spec = cache_spec("certified", CFG, jnp.float32, dataclasses.replace(POLICY, eps=0.5, abs_tol=0.0),
                       schedule="adaptive")
-    for name in ("_COMPILED", "_BRIDGE_COMPILED", "_PENDING", "_DEFERRED"):
-        monkeypatch.setattr(gen, name, {})
+    _fresh_bridge_state(monkeypatch)
     monkeypatch.setattr(model_cache, "_ADAPTIVE_RUNG0_STREAK", 2)
     monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
     monkeypatch.setattr(gen, "UPGRADE_POLL_STEPS", 2)
@@ -1391,8 +1397,7 @@ def test_a_failed_whole_program_build_is_reported_with_the_cache_and_built_again
     prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 70).tolist()]
     kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, cache_factory=cache_spec(
         "certified", CFG, jnp.float32, policy, schedule="looped"))
-    for name in ("_COMPILED", "_BRIDGE_COMPILED", "_PENDING", "_DEFERRED"):
-        monkeypatch.setattr(gen, name, {})
+    _fresh_bridge_state(monkeypatch)
     monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
     monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "0")
     plain = gen.generate(params, CFG, prompts, 20, **kw)
