@@ -1171,6 +1171,15 @@ def _fresh_bridge_state(monkeypatch) -> None:
         monkeypatch.setattr(gen, name, {})
 
 
+def _one_prompt_bridge_case(schedule: str) -> tuple[list, dict]:
+    """A 70-token prompt and generate's keywords for a certified cache of `schedule` (eps 0.5: some steps
+    escalate), for the bridge's failure tests."""
+    policy = dataclasses.replace(POLICY, eps=0.5, abs_tol=0.0)
+    prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 70).tolist()]
+    return prompts, dict(eos_token_ids=(), progress=False, prefill_chunk=32,
+                         cache_factory=cache_spec("certified", CFG, jnp.float32, policy, schedule=schedule))
+
+
 def _loops(jaxpr) -> int:
     """while / scan equations in a jaxpr, nested ones included."""
     n = 0
@@ -1321,10 +1330,7 @@ def test_unrolled_first_passes_that_fail_to_build_leave_the_looped_ones(params, 
     """CERTATTN_FIRST_PASS_UNROLLED=background where the unrolled first passes never build: a warning, and the
     looped ones decode to the end (the host's looks at the step limit never turn into a wait: decoding finishes in
     bounded time) with the plain loop's tokens."""
-    policy = dataclasses.replace(POLICY, eps=0.5, abs_tol=0.0)
-    prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 70).tolist()]
-    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, cache_factory=cache_spec(
-        "certified", CFG, jnp.float32, policy, schedule="adaptive"))
+    prompts, kw = _one_prompt_bridge_case("adaptive")
     _fresh_bridge_state(monkeypatch)
     monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
     monkeypatch.setattr(gen, "UPGRADE_POLL_STEPS", 2)
@@ -1393,10 +1399,8 @@ def test_a_failed_whole_program_build_is_reported_with_the_cache_and_built_again
     error says so, chains the build's error and carries the cache as they left it (the argument cache was
     donated); the failed build is not kept: the next call builds it again and decodes like the plain loop. A
     cache whose policy prefetches hot-set blocks at rung 0 is not bridged (every first pass would be redone)."""
-    policy = dataclasses.replace(POLICY, eps=0.5, abs_tol=0.0)
-    prompts = [np.random.default_rng(8).integers(0, CFG.vocab_size, 70).tolist()]
-    kw = dict(eos_token_ids=(), progress=False, prefill_chunk=32, cache_factory=cache_spec(
-        "certified", CFG, jnp.float32, policy, schedule="looped"))
+    prompts, kw = _one_prompt_bridge_case("looped")
+    policy = kw["cache_factory"].policy
     _fresh_bridge_state(monkeypatch)
     monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
     monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "0")
