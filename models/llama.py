@@ -299,9 +299,10 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     x = _embed(params, tokens)
     schedule = cache.schedule
     fast = cache.decode_fast_path(0)  # rung 0 alone (the straight schedules' own fast pass)
-    unrolled = first_pass_unrolled() if unrolled is None else unrolled
-    unrolled = schedule in ("straight", "two-pass") or (rung0 and unrolled)
-    layers = _layers_unrolled if unrolled else _layers_looped_stacked
+    if unrolled is None:
+        unrolled = first_pass_unrolled()
+    straight_line = schedule in ("straight", "two-pass") or (rung0 and unrolled)
+    layers = _layers_unrolled if straight_line else _layers_looped_stacked
     x, c_fast = layers(params, config, x, fast, cos, sin, new_lengths)
     redo = _step_is_rare(c_fast, new_lengths)
     done = _common_step_done(c_fast, new_lengths).undo_step(redo, cache)

@@ -121,7 +121,8 @@ DEFAULT_SELECT: str = choice_from_env("CERTATTN_RUNG0_SELECT", SELECT_CHOICES, "
 # Where one chunk holds every block column, the kernel loads the block statistics once and runs its passes over
 # chunks as straight-line code, taking a hot slot's column from the loaded tile (no dependent load per slot);
 # CERTATTN_RUNG0_SINGLE_CHUNK=0 keeps the general form (loops over chunks, loads per pass and per slot) at every
-# size, for measurements. The same float operations either way (tests compare the two bit for bit).
+# size, for measurements. The same float operations either way (tests compare the two bit for bit under the
+# suite's XLA flags; an optimizing compiler may fuse them into another rounding).
 SINGLE_CHUNK: bool = switch_from_env("CERTATTN_RUNG0_SINGLE_CHUNK") is not False
 
 

@@ -1282,8 +1282,8 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
         got, want = np.asarray(got), np.asarray(want)  # a bound's sum differently: 1 ulp seen on the CPU)
         if np.issubdtype(want.dtype, np.floating) and unrolled != "0":
             # the unrolled pass's dense code is another program (GEMMs inline, not in per-layer branches): its
-            # hidden states, hence K/V and bounds, differ from the loop's by float32 rounding (~1e-6 of a leaf's
-            # scale measured); every integer (codes, rungs, K*, tokens) must still agree
+            # hidden states, hence K/V and bounds, differ from the loop's by float32 rounding (the bounds by ~2e-6
+            # of their scale on the CPU); every integer (codes, rungs, K*, tokens) must still agree
             scale = float(np.max(np.abs(want), initial=0.0))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
         elif np.issubdtype(want.dtype, np.floating):
