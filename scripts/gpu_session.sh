@@ -608,6 +608,24 @@ for s in "$@"; do
       step u8_def 150 "$G8 --caches dense certified --out $W/u8_def.json"
       step u4_def2 60 "$S4 --out $W/u_4k_def_b.json"
       step u1 110 "$S --prompts 1024 --caches dense certified --out $W/u_1k_def.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_bg.json" ;;
+    unroll_smol|unroll_8b)  # thirtieth session: unroll_fp split in two calls of < 600 s (SmolLM2 rows + the
+      # compiled single-chunk kernel tests; then the 8B rows)
+      S="${B/--timeout 150/--timeout 100} --new-tokens 64 --models smollm2"
+      G8="CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 150} --new-tokens 32 --models llama3.1-8b --prompts 8192"
+      U="CERTATTN_FIRST_PASS_UNROLLED=background"
+      C="CERTATTN_RUNG0_SINGLE_CHUNK=0"
+      S4="$S --prompts 4096 --caches certified"
+      if [ "$s" = unroll_smol ]; then
+        step u4_def 90 "$S --prompts 4096 --caches dense certified --out $W/u_4k_def_a.json"
+        step u4_bg 120 "$U $S4 --out $W/u_4k_bg_a.json"
+        step u4_gen 60 "$C $S4 --out $W/u_4k_gen_a.json"
+        step u4_def2 60 "$S4 --out $W/u_4k_def_b.json"
+        step u1 110 "$S --prompts 1024 --caches dense certified --out $W/u_1k_def.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_bg.json"
+        step sc_tests 100 "python3 -m pytest -q -n 8 -p no:benchmark tests/test_certify_rung0.py -k 'matches_the_jnp or single_chunk or lowers'"
+      else
+        step u8_bg 150 "$U $G8 --caches certified --out $W/u8_bg.json"
+        step u8_def 150 "$G8 --caches dense certified --out $W/u8_def.json"
+      fi ;;
     att_grid)  # twenty-ninth session: issue 8's grid at the contexts with targets (32K, 128K), batch 1 and 8, every
       # dense baseline, naive and certified on both data kinds (the forced rungs: att_rungs, 2026-12-03)
       step att_grid 420 "python3 scripts/bench_attention.py --contexts 32768,131072 --batches 1,8 --impls torch_sdpa_bf16 jax_cudnn_bf16 jax_xla_bf16 pallas_dense_bf16 naive certified --out $W/att_grid.json" ;;
