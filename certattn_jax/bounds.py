@@ -133,7 +133,8 @@ def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array,
     into four int8 pieces times the codes shifted by off = 2^(bits-1), int32 accumulation), whose float part
     is bounded by gamma(d + 6) sum_c |q_c| (2 L s_c + |z_c|) + gamma(d + 6) 0.032 d off A + d off 2^-26 A
     (A = max_c |q_c| s_c: the piece split's remainder and the rounding of its four-term sum) plus a
-    d (L + off) 2^-124 floor for flushed products (docs/bounds.md section 12).
+    d (L + off) 2^-124 floor for flushed products (docs/bounds.md section 12). Every Delta also carries
+    `query_flush_delta` of the block's magnitudes (a query element a platform flushes to zero).
     """
     s = k_scale.astype(jnp.float32)
     z = k_zero.astype(jnp.float32)
@@ -142,7 +143,7 @@ def key_delta_quantized(q_abs: jax.Array, k_scale: jax.Array, k_zero: jax.Array,
     fp_dot = jnp.einsum("...gd,...nd->...gn", q_abs, mag, precision="highest")
     a_max = jnp.max(q_abs[..., :, None, :] * s[..., None, :, :], axis=-1) if int_pieces else None  # [..., G, nb]
     return key_delta_from_sums(quant_dot, fp_dot, a_max, jnp.sum(q_abs, axis=-1)[..., None], q_abs.shape[-1], bits,
-                               int_pieces)
+                               int_pieces, key_sum_scaled(mag)[..., None, :])
 
 
 def key_magnitude(s: jax.Array, z: jax.Array, bits: int, int_pieces: bool) -> jax.Array:
@@ -153,11 +154,12 @@ def key_magnitude(s: jax.Array, z: jax.Array, bits: int, int_pieces: bool) -> ja
 
 
 def key_delta_from_sums(quant_dot: jax.Array, fp_dot: jax.Array, a_max: jax.Array | None, q_abs_sum: jax.Array,
-                        d: int, bits: int, int_pieces: bool) -> jax.Array:
+                        d: int, bits: int, int_pieces: bool, mag_sum_scaled: jax.Array) -> jax.Array:
     """`key_delta_quantized` from its sums over the channels (any summation order: the round-up covers it):
     quant_dot = sum_c |q_c| s_c, fp_dot = sum_c |q_c| key_magnitude_c, a_max = max_c |q_c| s_c (int_pieces only),
-    q_abs_sum = sum_c |q_c| (for the flush term). Shared by the jnp path and the tier-1 kernel, which evaluates
-    it per block in registers."""
+    q_abs_sum = sum_c |q_c| (for the flush term), mag_sum_scaled = `key_sum_scaled` of the key magnitudes (for
+    the query flush term). Shared by the jnp path and the tier-1 kernel, which evaluates it per block in
+    registers."""
     L = quant.levels(bits)
     quant_part = quant_dot * (0.5 + quant.QUANT_ROUNDING_SLACK)
     fp_part = fp_dot * gamma(d + 6)
@@ -168,7 +170,7 @@ def key_delta_from_sums(quant_dot: jax.Array, fp_dot: jax.Array, a_max: jax.Arra
     delta = _over_sqrt(round_up_sum(quant_part + fp_part, d + 4), d) * (1.0 + 2 * U)
     if int_pieces:
         delta = delta + d * (L + off) * 2.0 ** -124
-    return delta + flush_delta_from_sum(q_abs_sum, d)
+    return delta + flush_delta_from_sum(q_abs_sum, d) + query_flush_delta_from_sum(mag_sum_scaled, d)
 
 
 def dequantization_mismatch(value_abs: jax.Array) -> jax.Array:
@@ -200,18 +202,50 @@ def flush_delta_from_sum(q_abs_sum: jax.Array, d: int) -> jax.Array:
     return (2.0 * q_abs_sum + 2 * d + 8) * TINY
 
 
+# Query elements flushed to zero. A platform that flushes subnormals (XLA:CPU: inputs and results; a GPU may)
+# reads a subnormal q_c as 0, and flushes q'_c = fl(q_c fl(1/sqrt(d))) to 0 where |q_c| < ~TINY sqrt(d): the
+# whole term q'_c k_ic of every score is lost, up to TINY (1 + 3u) |k_ic|, which no |q_c|-weighted term
+# covers when keys are huge (~1e36 and up: several nats; the thirtieth session's audit, docs/bounds.md section 1).
+# The term is TINY sum_c K_c for per-channel key bounds K_c, evaluated as 2^-62 sum_c (K_c 2^-64) so that
+# neither the products (K_c up to 3.4e38) overflow nor, for ordinary keys, underflow.
+KEY_SUM_SCALE = 2.0 ** -64
+
+
+def key_sum_scaled(key_abs: jax.Array) -> jax.Array:
+    """sum_c key_abs_c 2^-64 [...] of per-channel key bounds key_abs [..., d] (`query_flush_delta_from_sum`'s
+    input; the tier-1 kernel evaluates the same sum per block)."""
+    return jnp.sum(key_abs * KEY_SUM_SCALE, axis=-1)
+
+
+def query_flush_delta_from_sum(scaled_sum: jax.Array, d: int) -> jax.Array:
+    """Score error [...] from query elements flushed to zero, from scaled_sum = `key_sum_scaled` of K_c >=
+    max_i |k_ic| / 2 (an INT block's key_magnitude M_c: |k_ic| <= |k_hat_ic| + s_c (1/2 + rho_q) <= 2 M_c; an
+    exact item's max |k_ic|, with a factor 2 to spare). A lost channel moves a score by < TINY (1 + 3u) |k_ic|
+    <= 2^-125 (1 + 3u) K_c; the computed sum is within gamma_d of the exact one plus d TINY for scaled
+    products that flush, and 2^-60 covers 2^-62 * 2 (1 + 3u)(1 + gamma_d); (2d + 4) TINY covers the flushed
+    products and a subnormal result (2^-60 scaled_sum is exact otherwise: a power of two)."""
+    return scaled_sum * 2.0 ** -60 + (2 * d + 4) * TINY
+
+
+def query_flush_delta(key_abs: jax.Array) -> jax.Array:
+    """`query_flush_delta_from_sum` of per-channel key bounds key_abs [..., d] -> [...]."""
+    return query_flush_delta_from_sum(key_sum_scaled(key_abs), key_abs.shape[-1])
+
+
 def key_delta_exact(q_abs: jax.Array, k_abs_max: jax.Array) -> jax.Array:
-    """Delta for exact keys (float32 rounding only): [..., G, n] from |q| [..., G, d] and
-    max_i |k_ic| over each item [..., n, d]."""
+    """Delta for exact keys (float32 rounding only, and flushed query elements): [..., G, n] from |q|
+    [..., G, d] and max_i |k_ic| over each item [..., n, d]."""
     dot = jnp.einsum("...gd,...nd->...gn", q_abs, k_abs_max, precision="highest")
-    return key_delta_exact_from_sum(dot, jnp.sum(q_abs, axis=-1)[..., None], q_abs.shape[-1])
+    return key_delta_exact_from_sum(dot, jnp.sum(q_abs, axis=-1)[..., None], q_abs.shape[-1],
+                                    key_sum_scaled(k_abs_max)[..., None, :])
 
 
-def key_delta_exact_from_sum(dot: jax.Array, q_abs_sum: jax.Array, d: int) -> jax.Array:
-    """`key_delta_exact` from dot = sum_c |q_c| max_i |k_ic| (any summation order: rounded up here) and
-    q_abs_sum = sum_c |q_c|; shared with the tier-1 kernel's slot programs."""
+def key_delta_exact_from_sum(dot: jax.Array, q_abs_sum: jax.Array, d: int, kmax_sum_scaled: jax.Array) -> jax.Array:
+    """`key_delta_exact` from dot = sum_c |q_c| max_i |k_ic| (any summation order: rounded up here),
+    q_abs_sum = sum_c |q_c| and kmax_sum_scaled = `key_sum_scaled` of max_i |k_ic|; shared with the tier-1
+    kernel's slot programs."""
     return (_over_sqrt(round_up_sum(dot, d + 2) * gamma(d + 6), d) * (1.0 + 2 * U)
-            + flush_delta_from_sum(q_abs_sum, d))
+            + flush_delta_from_sum(q_abs_sum, d) + query_flush_delta_from_sum(kmax_sum_scaled, d))
 
 
 def _exp_up(arg: jax.Array) -> jax.Array:

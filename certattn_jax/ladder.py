@@ -70,7 +70,8 @@ def exact_bound(q_abs: jax.Array, k_abs_max: jax.Array, value_abs: jax.Array, ke
     """
     d = q_abs.shape[-1]
     dot = jnp.einsum("...gd,...d->...g", q_abs, k_abs_max, precision="highest")
-    delta = bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d) + bounds.flush_delta(q_abs)
+    delta = (bounds.round_up_sum(dot, d + 2) * bounds.gamma(d + 6) / math.sqrt(d) + bounds.flush_delta(q_abs)
+             + bounds.query_flush_delta(k_abs_max)[..., None])
     tv = jnp.tanh(delta / 2) * (1 + 4 * bounds.U)
     e_key = bounds.key_error(jnp.where(jnp.isnan(tv), jnp.inf, tv), key_scale[..., None])
     # one exp of an argument rounded three times; the normalizer's sum, the probabilities' division and the

@@ -651,7 +651,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
             mag = bounds.key_magnitude(ks, kz, key_bits, int_pieces=True)
             dl_ref[:, n] = bounds.key_delta_from_sums(
                 jnp.sum(qa * ks[None, :], axis=1), jnp.sum(qa * mag[None, :], axis=1),
-                jnp.max(qa * ks[None, :], axis=1), qa_sum, d, key_bits, int_pieces=True)
+                jnp.max(qa * ks[None, :], axis=1), qa_sum, d, key_bits, int_pieces=True,
+                mag_sum_scaled=jnp.sum(mag * bounds.KEY_SUM_SCALE))
         if value_planar and value_bits < 8:
             pvs, weights, chunks = [], {}, {}
             for _c0, width, j, b0, plane in parts:
@@ -762,7 +763,8 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
         sm_ref[:, slot] = m
         sl_ref[:, slot] = l
         sacc_ref[:, slot, :] = acc  # [G, d]
-        sdl_ref[:, slot] = bounds.key_delta_exact_from_sum(jnp.sum(qa * kmax[None, :], axis=1), qa_sum, d)
+        sdl_ref[:, slot] = bounds.key_delta_exact_from_sum(jnp.sum(qa * kmax[None, :], axis=1), qa_sum, d,
+                                                           jnp.sum(kmax * bounds.KEY_SUM_SCALE))
 
     if n_slots:
         pl.when(split < n_split)(split_work)

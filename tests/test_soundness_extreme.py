@@ -242,6 +242,52 @@ def test_bf16_max_key_from_float32_input():
     check(jnp.asarray(q), stored(k, jnp.bfloat16), stored(v, jnp.bfloat16), [T], cache, policy, what="bf16 max key")
 
 
+def _flushed_query_case(huge_where: str, seed: int = 1):
+    """One sequence, one KV head, d = 32, T = 40 (two blocks of 16, 8 residual tokens); keys ~3e38 and ~1e36
+    in the blocks (huge_where = "blocks") or in the residual ("residual"), ordinary elsewhere; values +1 / -1 / 0
+    by part, so losing a part's scores moves the output by O(1)."""
+    rng = np.random.default_rng(seed)
+    T, d = 40, 32
+    k = rng.standard_normal((1, T, 1, d))
+    huge = (slice(0, 16), slice(16, 32)) if huge_where == "blocks" else (slice(32, 36), slice(36, 40))
+    k[0, huge[0], 0] = 3e38 * (1 + 1e-3 * rng.standard_normal((4 if huge_where == "residual" else 16, d)))
+    k[0, huge[1], 0] = 1e36 * (1 + 1e-3 * rng.standard_normal((4 if huge_where == "residual" else 16, d)))
+    v = np.zeros((1, T, 1, d))
+    v[0, huge[0]], v[0, huge[1]] = 1.0, -1.0
+    v += 0.01 * rng.standard_normal(v.shape)
+    return k, v
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("q_val", [6e-38, 1.1e-38])  # q / sqrt(32) subnormal; q itself subnormal
+@pytest.mark.parametrize("huge_where", ["blocks", "residual"])
+@pytest.mark.parametrize("eps", [0.05, 0.0])  # rung 0 asked; the exact rungs
+def test_query_elements_flushed_to_zero_with_huge_keys_are_bounded(dtype, q_val, huge_where, eps):
+    """The thirtieth session's audit: a query element whose scaled value q_c / sqrt(d) (or itself) is subnormal is
+    flushed to 0 (XLA:CPU; a GPU may), losing q_c k_ic / sqrt(d) < TINY |k_ic| from every score: with keys
+    ~1e36-3e38 several nats, which no |q_c|-weighted term of Delta covered (error 5.66 against a certified bound
+    of 0.0063 at rung 0; rung 4's bound missed it too). bounds.query_flush_delta now counts it."""
+    policy = CertPolicy(block_size=16, group_size=16, k_max=1, eps=eps, abs_tol=0.0)
+    k, v = _flushed_query_case(huge_where)
+    q = np.full((1, 1, 32), q_val, np.float32)
+    q[0, 0, ::2] *= 0.5  # two magnitudes, both flushed
+    cache = _build(jnp.asarray(k, dtype), jnp.asarray(v, dtype), jnp.asarray([40], jnp.int32), policy)
+    check(jnp.asarray(q), stored(k, dtype), stored(v, dtype), [40], cache, policy,
+          what=f"flushed query {q_val} keys huge in the {huge_where}")
+
+
+def test_the_query_flush_term_bounds_tiny_times_the_key_sum_without_overflow():
+    """query_flush_delta >= 2 TINY sum_c |k_c| (the lost scores with the factor for |k| <= 2 M), finite for
+    keys at float32's largest value, and negligible (< 1e-30) for ordinary keys."""
+    d = 128
+    for k_abs in (np.full(d, 3.4e38, np.float32), np.geomspace(1e-38, 1e38, d).astype(np.float32),
+                  np.full(d, 10.0, np.float32), np.zeros(d, np.float32)):
+        got = float(bounds.query_flush_delta(jnp.asarray(k_abs)))
+        need = 2 * bounds.TINY * float(np.sum(k_abs.astype(np.float64)))
+        assert math.isfinite(got) and got >= need, (k_abs[:3], got, need)
+    assert float(bounds.query_flush_delta(jnp.full((d,), 10.0))) < 1e-30
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 3e38])
 def test_nonfinite_and_overflowing_queries_get_a_number_or_inf(bad):
     dtype, policy = EXT_CFGS["f32-K8V4"]
