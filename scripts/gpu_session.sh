@@ -618,9 +618,9 @@ for s in "$@"; do
       if [ "$s" = unroll_smol ]; then
         step u4_def 90 "$S --prompts 4096 --caches dense certified --out $W/u_4k_def_a.json"
         step u4_bg 120 "$U $S4 --out $W/u_4k_bg_a.json"
-        step u4_gen 60 "$C $S4 --out $W/u_4k_gen_a.json"
         step u4_def2 60 "$S4 --out $W/u_4k_def_b.json"
         step u1 110 "$S --prompts 1024 --caches dense certified --out $W/u_1k_def.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_bg.json"
+        step u4_gen 60 "$C $S4 --out $W/u_4k_gen_a.json"
         step sc_tests 100 "python3 -m pytest -q -n 8 -p no:benchmark tests/test_certify_rung0.py -k 'matches_the_jnp or single_chunk or lowers'"
       else
         step u8_bg 150 "$U $G8 --caches certified --out $W/u8_bg.json"
