@@ -36,6 +36,8 @@ __all__ = ["certified_attention", "certified_attention_step", "certified_attenti
 def _check_query(q: jax.Array, cache: TieredKVCache) -> jax.Array:
     """q as a jax array (a NumPy query is converted: the ladder indexes it with traced values), checked against
     the cache."""
+    if not isinstance(cache, TieredKVCache):
+        raise TypeError(f"cache must be a certattn_jax.TieredKVCache, got {type(cache).__name__}")
     if not isinstance(q, jax.Array):
         q = jnp.asarray(q)
     if q.ndim != 3:
@@ -43,6 +45,8 @@ def _check_query(q: jax.Array, cache: TieredKVCache) -> jax.Array:
     if not jnp.issubdtype(q.dtype, jnp.floating):
         raise TypeError(f"q must be floating point, got {q.dtype}")
     B, Hq, d = q.shape
+    if Hq == 0:
+        raise ValueError(f"q has no query heads: shape {q.shape}")
     if B != cache.batch or d != cache.head_dim or Hq % cache.num_kv_heads:
         raise ValueError(f"q shape {q.shape} does not fit the cache: batch {cache.batch}, head_dim "
                          f"{cache.head_dim}, query heads must be a multiple of {cache.num_kv_heads} KV heads")
@@ -51,12 +55,19 @@ def _check_query(q: jax.Array, cache: TieredKVCache) -> jax.Array:
     return q
 
 
+def _check_policy(policy: CertPolicy, cache: TieredKVCache) -> None:
+    """A CertPolicy whose layout is the cache's (`TieredKVCache.check_policy`)."""
+    if not isinstance(policy, CertPolicy):
+        raise TypeError(f"policy must be a certattn_jax.CertPolicy, got {type(policy).__name__}")
+    cache.check_policy(policy)
+
+
 def certified_attention_step(q: jax.Array, cache: TieredKVCache, policy: CertPolicy,
                              ) -> tuple[jax.Array, Certificate, TieredKVCache]:
     """Certified attention of q [B, Hq, d] over everything in the cache; returns (out [B, Hq, d] in q's dtype,
     Certificate with [B, Hq] leaves, the cache with its hot set updated)."""
     q = _check_query(q, cache)
-    cache.check_policy(policy)
+    _check_policy(policy, cache)
     return ladder.run(q, cache, policy)
 
 
@@ -66,7 +77,7 @@ def certified_attention_fast(q: jax.Array, cache: TieredKVCache, policy: CertPol
     Certificate, cache, escalate [B]); where escalate[b] is set the step of sequence b must be answered by
     `certified_attention_step` instead."""
     q = _check_query(q, cache)
-    cache.check_policy(policy)
+    _check_policy(policy, cache)
     return ladder.run_fast(q, cache, policy, top_rung)
 
 
@@ -94,6 +105,8 @@ def naive_attention(q: jax.Array, cache: TieredKVCache, policy: CertPolicy | Non
     float32; otherwise XLA over dequantized copies. Both compute softmax(q k_hat) v_hat; they differ in float32
     rounding only (nothing is certified here, so the kernel may use its fastest variant)."""
     q = _check_query(q, cache)
+    if policy is not None:
+        _check_policy(policy, cache)
     if policy is not None and step.tier1_kernel_runs(cache, policy.tier1):
         return _naive_through_kernel(q, cache)
     B, H, nb, Bk, _ = cache.k_codes.shape

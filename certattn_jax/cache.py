@@ -66,7 +66,7 @@ from certattn_jax import bounds, quant, select, tiers
 from certattn_jax.env import switch_from_env
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
-from certattn_jax.validate import is_integer
+from certattn_jax.validate import checked_counts, is_integer
 
 
 def checked_layer(layer: int | jax.Array, num_layers: int) -> int | jax.Array:
@@ -148,8 +148,11 @@ class TieredKVCache:
         """An empty cache holding up to `capacity` tokens (rounded up to a multiple of the block size); with
         `layers`, the stacked form (every array with a leading axis of that size). host=False leaves tier 2 in
         device memory (for building a cache whose tier 2 is moved to the host afterwards in one copy)."""
-        policy = policy or CertPolicy()
+        policy = _checked_policy(policy)
         Bk, g = policy.block_size, policy.group_size
+        sizes = dict(batch=batch, capacity=capacity, num_kv_heads=num_kv_heads, head_dim=head_dim)
+        if not all(is_integer(n) for n in sizes.values()):
+            raise TypeError(f"TieredKVCache.init: sizes must be integers, got {sizes}")
         if min(batch, capacity, num_kv_heads, head_dim) <= 0:
             raise ValueError("TieredKVCache.init: batch, capacity, num_kv_heads and head_dim must be positive")
         if head_dim % g:
@@ -195,7 +198,7 @@ class TieredKVCache:
         valid token. Works eagerly (one compiled program per shape, reused) and inside jit.
         """
         _check_kv(k, v)
-        policy = policy or CertPolicy()
+        policy = _checked_policy(policy)
         B, T, H, d = k.shape
         Bk = policy.block_size
         if capacity is not None and (not is_integer(capacity) or capacity < 1):
@@ -203,16 +206,13 @@ class TieredKVCache:
         cap = -(-(capacity or T) // Bk) * Bk
         if T > cap:
             raise ValueError(f"KV cache overflow: {T} tokens do not fit a capacity of {cap}")
-        if lengths is not None and not jnp.issubdtype(jnp.asarray(lengths).dtype, jnp.integer):
-            raise TypeError(f"lengths must be integers, got {jnp.asarray(lengths).dtype}")
-        valid = jnp.full((B,), T, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
-        if is_concrete(valid) and (bool(jnp.any(valid > T)) or bool(jnp.any(valid < 0))):
-            raise ValueError(f"lengths must lie in [0, {T}], got {valid.tolist()}")
+        valid, bad = (jnp.full((B,), T, jnp.int32), None) if lengths is None else \
+            checked_counts(lengths, B, T, "lengths")
 
         def head_major(x):
             return jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (0, cap - T), (0, 0)))
 
-        return cls.from_head_major(head_major(k), head_major(v), valid, policy)
+        return _poisoned(cls.from_head_major(head_major(k), head_major(v), valid, policy), bad)
 
     @classmethod
     def from_head_major(cls, k: jax.Array, v: jax.Array, lengths: jax.Array,
@@ -225,9 +225,10 @@ class TieredKVCache:
         exact residual. Nothing is read back from tier 2. Positions past the full blocks are zero in tier 1 and
         tier 2, as `init` + `append` leave them.
         """
-        policy = policy or CertPolicy()
+        policy = _checked_policy(policy)
         _check_kv(k, v)
-        return _from_head_major(k, v, _check_head_major(k.shape, lengths, policy), policy)
+        lengths, bad = _check_head_major(k.shape, lengths, policy)
+        return _poisoned(_from_head_major(k, v, lengths, policy), bad)
 
     @classmethod
     def stacked_from_head_major(cls, k: jax.Array, v: jax.Array, lengths: jax.Array,
@@ -235,11 +236,12 @@ class TieredKVCache:
         """The stacked form (a whole model) from k, v [L, B, Hkv, S, d] (a dense cache's layers stacked), the first
         lengths[b] tokens of every layer valid: every layer quantized in one batched pass, tier 2 moved to the
         host in one copy per array. Same checks and result per layer as `from_head_major`."""
-        policy = policy or CertPolicy()
+        policy = _checked_policy(policy)
         if k.ndim != 5 or v.shape != k.shape:
             raise ValueError(f"keys and values must both be [L, B, H, S, d]; got {k.shape} and {v.shape}")
         _check_kv(k[0], v[0])
-        return _from_head_major(k, v, _check_head_major(k.shape[1:], lengths, policy), policy)
+        lengths, bad = _check_head_major(k.shape[1:], lengths, policy)
+        return _poisoned(_from_head_major(k, v, lengths, policy), bad)
 
     @classmethod
     def stacked_from_layers(cls, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
@@ -251,7 +253,7 @@ class TieredKVCache:
         there is no loop over layers for XLA to hoist a float32 copy of every layer's K/V out of (that asked the
         H200 for 66.6 GiB at the 8B shape, 32K, batch 8: docs/performance.md, fourteenth session): the peak is
         the inputs, the result and one layer's temporaries. Same result, bit for bit."""
-        policy = policy or CertPolicy()
+        policy = _checked_policy(policy)
         if not ks or len(ks) != len(vs):
             raise ValueError(f"need as many key layers as value layers, at least one; got {len(ks)} and {len(vs)}")
         _check_kv(ks[0], vs[0])
@@ -259,14 +261,14 @@ class TieredKVCache:
             if k.shape != ks[0].shape or v.shape != ks[0].shape or k.dtype != ks[0].dtype or v.dtype != k.dtype:
                 raise ValueError(f"layer {i} holds k {k.shape} {k.dtype}, v {v.shape} {v.dtype}; layer 0 "
                                  f"{ks[0].shape} {ks[0].dtype}")
-        lengths = _check_head_major(ks[0].shape, lengths, policy)
+        lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
         B, H, S, d = ks[0].shape
         layout = conversion_layout(policy)
         store = cls.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=ks[0].dtype, policy=layout,
                          layers=len(ks))
         for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
             store = _convert_layer_into(store, k, v, lengths, jnp.int32(i), layout)
-        return store
+        return _poisoned(store, bad)
 
     # ------------------------------------------------------------------ shape facts
     @property
@@ -364,9 +366,12 @@ class TieredKVCache:
         """
         self._check_new(k, v)
         B, T = k.shape[:2]
-        valid = jnp.full((B,), T, jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
-        self._check_room(valid)
-        c = self.flush()  # a deferred full residual (see write_token) must leave first
+        if T == 0:
+            raise ValueError("append needs at least one token per sequence, got k, v with T = 0")
+        valid, bad = (jnp.full((B,), T, jnp.int32), None) if valid is None else checked_counts(valid, B, T, "valid")
+        lost = self._check_room(valid)
+        bad = lost if bad is None else bad | lost
+        c = _poisoned(self.flush(), bad)  # a deferred full residual (see write_token) must leave first
         Bk = c.block_size
         nw = -(-(Bk + T) // Bk)
         r = c.lengths - c.flushed
@@ -397,12 +402,19 @@ class TieredKVCache:
         if k.shape[1] != 1:
             raise ValueError(f"write_token takes one token per sequence, got {k.shape[1]}")
         B = k.shape[0]
-        self._check_room(jnp.ones((B,), jnp.int32))
+        lost = self._check_room(jnp.ones((B,), jnp.int32))
         r = self.lengths - self.flushed
+        if is_concrete(r) and bool(jnp.any(r >= self.block_size)):
+            full = np.flatnonzero(np.asarray(r) >= self.block_size).tolist()
+            raise ValueError(f"write_token: the residual block of sequence(s) {full} is full: call flush() before "
+                             f"writing the next token")
+        # inside jit a token into a full residual would be dropped: that sequence is poisoned instead
+        lost = lost | (r >= self.block_size)
         # a layer view's stack no longer holds this residual (a model cache writes the token back and views again)
         c = self.replace(res_k=_write_residual_token(self.res_k, k, r),
                          res_v=_write_residual_token(self.res_v, v, r), stack=None)
-        return c._note_values(k, v, jnp.ones((B,), jnp.int32)).replace(lengths=self.lengths + 1)
+        c = c._note_values(k, v, jnp.ones((B,), jnp.int32), lost=lost)
+        return c.replace(lengths=self.lengths + 1)
 
     def writes_token_by_kernel(self, token_dtype: Any = None) -> bool:
         """Whether `write_layer_token` (a model cache's decode step) writes a token of token_dtype (default: the
@@ -541,7 +553,8 @@ class TieredKVCache:
         # a layer view's stack no longer holds this view's tier 1: drop it (`tier1_arrays`, `resliced`)
         return c.replace(host_k=host_k, host_v=host_v, stack=None)
 
-    def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array) -> TieredKVCache:
+    def _note_values(self, k: jax.Array, v: jax.Array, valid: jax.Array, lost: jax.Array | None = None
+                     ) -> TieredKVCache:
         """Update the running value range, the running value norm and the non-finite flag with the valid new
         tokens *as stored*.
 
@@ -571,6 +584,8 @@ class TieredKVCache:
         v_max = jnp.maximum(self.v_max, hi)
         v_norm_max = jnp.maximum(self.v_norm_max, jnp.max(jnp.where(mask[..., 0], norms, 0.0), axis=1))
         bad = jnp.any(mask & ~finite, axis=(1, 3))  # [B, H]
+        if lost is not None:  # sequences whose tokens were dropped (`write_token`, `_check_room`)
+            bad = bad | lost[:, None]
         return self.replace(v_min=v_min, v_max=v_max, v_norm_max=v_norm_max,
                             nonfinite=self.nonfinite | bad).with_value_stats()
 
@@ -589,12 +604,16 @@ class TieredKVCache:
             raise ValueError(f"new keys/values have (batch, kv heads, head_dim) = {(B, H, d)} but the cache holds "
                              f"{(self.batch, self.num_kv_heads, self.head_dim)}")
 
-    def _check_room(self, valid: jax.Array) -> None:
-        if is_concrete(self.lengths) and is_concrete(valid):
-            worst = int(jnp.max(self.lengths + valid))
-            if worst > self.capacity:
-                raise ValueError(f"KV cache overflow: appending would reach {worst} tokens but the capacity is "
-                                 f"{self.capacity}")
+    def _check_room(self, valid: jax.Array) -> jax.Array:
+        """Raise where writing valid [B] more tokens would run past the capacity (outside jit); returns the mask
+        [B] of sequences that would (inside jit: their tokens past the capacity are dropped, so the caller
+        poisons them; all False outside jit, where it raised instead)."""
+        over = self.lengths + valid > self.capacity
+        if is_concrete(over):
+            if bool(jnp.any(over)):
+                raise ValueError(f"KV cache overflow: appending would reach {int(jnp.max(self.lengths + valid))} "
+                                 f"tokens but the capacity is {self.capacity}")
+        return over
 
     # ------------------------------------------------------------------ exact view (tier 2 + residual)
     def exact_kv(self) -> tuple[jax.Array, jax.Array]:
@@ -645,21 +664,36 @@ DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
 STACK_TRACKED_FIELDS = ("hot_used",)
 
 
-def _check_head_major(shape: tuple[int, ...], lengths: Any, policy: CertPolicy) -> jax.Array:
+def _check_head_major(shape: tuple[int, ...], lengths: Any, policy: CertPolicy) -> tuple[jax.Array, jax.Array]:
     """Check one layer's head-major shape [B, H, S, d] against the block size and lengths [B] (each in [0, S]);
-    returns lengths as int32."""
+    returns (lengths int32, the mask [B] of traced lengths outside [0, S]: `validate.checked_counts`)."""
     B, S = shape[0], shape[2]
-    lengths = jnp.asarray(lengths, jnp.int32)
-    if lengths.shape != (B,):
-        raise ValueError(f"lengths must be [B] = [{B}], got shape {lengths.shape}")
     if S % policy.block_size:
         raise ValueError(f"capacity {S} must be a multiple of the block size {policy.block_size}")
-    if is_concrete(lengths) and (bool(jnp.any(lengths > S)) or bool(jnp.any(lengths < 0))):
-        raise ValueError(f"lengths must lie in [0, {S}], got {lengths.tolist()}")
-    return lengths
+    return checked_counts(lengths, B, S, "lengths")
+
+
+def _checked_policy(policy: CertPolicy | None) -> CertPolicy:
+    """policy, or the default one for None; a TypeError for anything but a CertPolicy."""
+    if policy is None:
+        return CertPolicy()
+    if not isinstance(policy, CertPolicy):
+        raise TypeError(f"policy must be a certattn_jax.CertPolicy, got {type(policy).__name__}")
+    return policy
+
+
+def _poisoned(c: TieredKVCache, bad: jax.Array | None) -> TieredKVCache:
+    """c with the sequences where bad [B] marked non-finite (never certified again: their contents are not what
+    the caller meant, e.g. a traced length out of range); c itself where bad is None or known all False."""
+    if bad is None or is_concrete(bad) and not bool(jnp.any(bad)):
+        return c
+    return c.replace(nonfinite=c.nonfinite | bad[:, None])
 
 
 def _check_kv(k: jax.Array, v: jax.Array) -> None:
+    for name, x in (("keys", k), ("values", v)):
+        if not (hasattr(x, "ndim") and hasattr(x, "dtype")):
+            raise TypeError(f"{name} must be arrays (jax or NumPy), got {type(x).__name__}")
     if k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"keys and values must both be [B, T, Hkv, d]; got {k.shape} and {v.shape}")
     for name, x in (("keys", k), ("values", v)):

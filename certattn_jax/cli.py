@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--cache", default="dense", choices=CACHE_MODES)
     g.add_argument("--certificates", default=None, metavar="FILE.jsonl",
                    help="with --cache certified: write every step's per-layer certificates here")
+    g.add_argument("--block-size", type=int, default=None,
+                   help="naive/certified cache: tokens per key block (CertPolicy.block_size, a power of two)")
+    g.add_argument("--group-size", type=int, default=None,
+                   help="naive/certified cache: value channels per quantization group (CertPolicy.group_size; "
+                        "must divide the model's head_dim)")
     g.add_argument("--json", action="store_true", help="print one JSON object last")
 
     d = sub.add_parser("demo", help="the main job: generation with the default model, then dense vs naive vs "
@@ -91,6 +98,58 @@ def write_certificates(path: str, records) -> int:
     return steps * layers
 
 
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.key takes
+# policy flags -> the cache modes they apply to (given for another mode they would be ignored silently)
+POLICY_FLAGS = {"eps": ("certified",), "key_bits": ("naive", "certified"), "value_bits": ("naive", "certified"),
+                "block_size": ("naive", "certified"), "group_size": ("naive", "certified")}
+
+
+def check_generation_args(args: argparse.Namespace) -> None:
+    """ValueError naming the first bad sampling argument, checked before the (slow) model load."""
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be an integer >= 1, got {args.max_new_tokens}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 < args.top_p <= 1:  # (NaN fails it)
+        raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
+    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
+        raise ValueError(f"--seed must lie in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {args.seed}")
+    if args.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk must be an integer >= 1, got {args.prefill_chunk}")
+
+
+def check_certificates_path(path: str) -> None:
+    """ValueError unless `path` can be written: checked before generating, not after (which lost the output)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--certificates {path} is a directory: give a file name (e.g. {p / 'certs.jsonl'})")
+    parent = p.resolve().parent
+    if not parent.is_dir():
+        raise ValueError(f"--certificates {path}: its directory does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"--certificates {path}: not writable")
+
+
+def generation_policy(args: argparse.Namespace) -> Any:
+    """The CertPolicy of `generate`'s flags (all of them checked by CertPolicy), refusing a policy flag the cache
+    mode does not use; None for the dense cache."""
+    for name, modes in POLICY_FLAGS.items():
+        if getattr(args, name, None) is not None and args.cache not in modes:
+            raise ValueError(f"--{name.replace('_', '-')} applies to --cache {' or '.join(modes)} only")
+    if args.cache == "dense":
+        return None
+    layout = {k: v for k in ("block_size", "group_size") if (v := getattr(args, k)) is not None}
+    return policy_from_args(args).replace(**layout)
+
+
+def check_head_dim(config: Any, policy: Any) -> None:
+    """ValueError pointing at --group-size where the model's head_dim is no multiple of the value group size."""
+    if policy is not None and config.head_dim % policy.group_size:
+        raise ValueError(f"this model's head_dim {config.head_dim} is not a multiple of the value group size "
+                         f"{policy.group_size}: pass --group-size (a divisor of {config.head_dim}, e.g. "
+                         f"{math.gcd(config.head_dim, policy.group_size)})")
+
+
 def _cmd_generate(args: argparse.Namespace) -> None:
     from certattn_jax.certificate import summarize
 
@@ -99,13 +158,16 @@ def _cmd_generate(args: argparse.Namespace) -> None:
         raise ValueError("empty prompt")
     if args.certificates and args.cache != "certified":
         raise ValueError("--certificates needs --cache certified")
-    if args.certificates and not Path(args.certificates).resolve().parent.is_dir():  # before generating, not after
-        raise ValueError(f"--certificates {args.certificates}: its directory does not exist")
+    if args.certificates:
+        check_certificates_path(args.certificates)
+    check_generation_args(args)
+    policy = generation_policy(args)
     enable_compilation_cache()
     pretrained = load_model(args.model, args.dtype)
+    check_head_dim(pretrained.config, policy)
     ids = prompt_ids(pretrained, prompt, args.raw)
     certified = args.cache == "certified"
-    out = run_generation(pretrained, ids, args, args.cache, policy_from_args(args), record=certified)
+    out = run_generation(pretrained, ids, args, args.cache, policy, record=certified)
     new_ids = out.tokens[0]
     text = pretrained.tokenizer.decode(new_ids, skip_special_tokens=True) if pretrained.tokenizer else ""
     result: dict[str, Any] = {"token_ids": new_ids, "text": text, "tokens_per_s": out.tokens_per_s,
@@ -114,9 +176,6 @@ def _cmd_generate(args: argparse.Namespace) -> None:
                               "cache": args.cache}
     if certified:
         result["certificate_summary"] = summarize(out.step_records)
-        if args.certificates:
-            n = write_certificates(args.certificates, out.step_records)
-            print(f"[certattn] wrote {n} certificate rows to {args.certificates}", file=sys.stderr)
     if not args.json:
         print(text)
         if certified:
@@ -125,6 +184,12 @@ def _cmd_generate(args: argparse.Namespace) -> None:
           f"prompt {len(ids)} tokens in {out.prefill_seconds:.2f} s, cache {args.cache}]", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
+    if args.certificates:  # last: should writing fail after all, the generated text is out
+        try:
+            n = write_certificates(args.certificates, out.step_records)
+        except OSError as e:
+            raise ValueError(f"could not write --certificates {args.certificates}: {e}") from None
+        print(f"[certattn] wrote {n} certificate rows to {args.certificates}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             from certattn_jax.demo import run_demo
 
+            check_generation_args(args)
             enable_compilation_cache()
             run_demo(args)
         elif args.command == "convert":

@@ -3,13 +3,22 @@
 It is a pytree: the layout fields (which fix array shapes) are static, the tolerances are leaves. So a jitted
 function that takes a policy as an ordinary argument compiles once per layout and accepts any tolerances
 without recompiling; the policy is also hashable, so it can be a static argument too.
+
+Every field is checked when a policy is made (the constructor, `replace`, `dataclasses.replace`): a tolerance must
+be a real finite scalar (a Python or NumPy number, a 0-d array, or a 0-d jax array, whose value is read then; a
+tracer, inside jit, is checked for shape and dtype only). jax's own rebuilds of the pytree (every jitted call that
+returns a cache, `jax.tree.map`, placeholders jax fills the tree with) skip the checks: `_unflatten`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
@@ -59,17 +68,49 @@ def rung0_impl(impl: str, num_blocks: int) -> str:
     return "jnp" if backend.interpret() else "fused"
 
 
-def _is_number(x: object) -> bool:
-    """A tolerance given on the host (a Python or NumPy number), which the constructor validates. A jax.Array
-    tolerance is not read back: policies come out of every jitted call that returns a cache (the pytree is rebuilt
-    from device arrays), and reading each tolerance would be a blocking device-to-host transfer every time (7 per
-    prefill chunk, conversion and user decode step; docs/performance.md, 2026-12-02 seventh session)."""
-    if isinstance(x, jax.Array):
-        return False
-    return isinstance(x, (int, float, np.number)) or (isinstance(x, np.ndarray) and np.ndim(x) == 0)
+TOLERANCES = ("eps", "abs_tol", "tau_cov", "v_tol", "rank_margin", "layer_fallback_fraction")
 
 
-@struct.dataclass
+def _tolerance_value(name: str, x: Any) -> float | None:
+    """The value of tolerance `name` as a float, or None for a tracer (inside jit: no value to read).
+
+    Raises TypeError unless `x` is a real number (a Python or NumPy int or float, not a bool; a 0-d array of
+    one), ValueError for a non-scalar array. A concrete jax.Array is read back here, once, when a policy is made
+    by hand; the pytree rebuilds that jax makes from device arrays never come here (`_unflatten`).
+    """
+    if isinstance(x, (bool, type)) or not (isinstance(x, (int, float)) or hasattr(x, "dtype")):
+        raise TypeError(f"CertPolicy.{name} must be a real number, got {x!r}")
+    if not isinstance(x, (int, float)):  # NumPy / ml_dtypes scalars, NumPy and jax arrays, tracers
+        dtype = np.dtype(x.dtype)
+        if dtype == np.bool_ or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+            raise TypeError(f"CertPolicy.{name} must be a real number, got {x!r} of dtype {dtype}")
+        if np.ndim(x) != 0:
+            raise ValueError(f"CertPolicy.{name} must be a scalar, got shape {tuple(np.shape(x))}")
+        if isinstance(x, jax.core.Tracer):
+            return None
+    try:
+        value = float(x)
+    except OverflowError:  # a Python int beyond float64
+        value = math.inf if x > 0 else -math.inf
+    if math.isnan(value):  # NaN passes every comparison below as False
+        raise ValueError(f"CertPolicy.{name} must not be NaN")
+    if math.isinf(value):  # an infinite eps or abs_tol would certify every head whatever its bound
+        raise ValueError(f"CertPolicy.{name} must be finite, got {value}")
+    return value
+
+
+def _check_tolerances(values: dict[str, float]) -> None:
+    """Range checks of the (finite, host) tolerances `values`, by name."""
+    if "tau_cov" in values and not 0.0 < values["tau_cov"] <= 1.0:
+        raise ValueError(f"CertPolicy.tau_cov must be in (0, 1], got {values['tau_cov']}")
+    for name in ("eps", "abs_tol", "v_tol", "rank_margin"):
+        if name in values and values[name] < 0:
+            raise ValueError(f"CertPolicy.{name} must be >= 0 (and finite), got {values[name]}")
+    if "layer_fallback_fraction" in values and not values["layer_fallback_fraction"] > 0.0:
+        raise ValueError(f"CertPolicy.layer_fallback_fraction must be > 0, got {values['layer_fallback_fraction']}")
+
+
+@dataclasses.dataclass(frozen=True)
 class CertPolicy:
     """Layout (fixed when a cache is built) and tolerances (may change per call).
 
@@ -171,20 +212,12 @@ class CertPolicy:
             raise ValueError(f"need k_max >= 1 and v_max >= 0, got {self.k_max}, {self.v_max}")
         if self.hot_slots and self.hot_slots < self.k_max:
             raise ValueError(f"hot_slots ({self.hot_slots}) must be 0 (= k_max) or at least k_max ({self.k_max})")
-        tolerances = (self.eps, self.abs_tol, self.tau_cov, self.v_tol, self.rank_margin,
-                      self.layer_fallback_fraction)
-        if any(isinstance(t, (str, bytes, bool)) for t in tolerances):  # never a leaf jax rebuilds a policy with
-            raise TypeError("eps, abs_tol, tau_cov, v_tol, rank_margin and layer_fallback_fraction must be numbers")
-        if not all(_is_number(t) for t in tolerances):  # device arrays or tracers: rebuilt by jax, validated before
-            return
-        if any(np.isnan(t) for t in tolerances):  # NaN passes every comparison below as False
-            raise ValueError("eps, abs_tol, tau_cov, v_tol, rank_margin and layer_fallback_fraction must not be NaN")
-        if not 0.0 < self.tau_cov <= 1.0:
-            raise ValueError(f"tau_cov must be in (0, 1], got {self.tau_cov}")
-        if self.eps < 0 or self.abs_tol < 0 or self.v_tol < 0 or self.rank_margin < 0:
-            raise ValueError("eps, abs_tol, v_tol and rank_margin must be >= 0")
-        if not self.layer_fallback_fraction > 0.0:
-            raise ValueError(f"layer_fallback_fraction must be > 0, got {self.layer_fallback_fraction}")
+        values = {name: _tolerance_value(name, getattr(self, name)) for name in TOLERANCES}
+        _check_tolerances({name: v for name, v in values.items() if v is not None})
+
+    def replace(self, **updates: Any) -> CertPolicy:
+        """A copy with `updates` applied (checked like a new policy)."""
+        return dataclasses.replace(self, **updates)
 
     @property
     def slots(self) -> int:
@@ -195,3 +228,33 @@ class CertPolicy:
         """The storage fields a cache is built with (must match between a cache and the policy used on it;
         the cache's hot set is sized by its policy's k_max, and a later policy may use fewer slots)."""
         return (self.block_size, self.group_size, self.key_bits, self.value_bits)
+
+
+# The pytree: the tolerances are leaves, the other fields static (`pytree_node=False`). Registered by hand rather
+# than with flax.struct / jax.tree_util.register_dataclass, whose rebuilds call the constructor: those would check
+# every leaf, read each device-array tolerance back to the host (a blocking transfer, 7 per prefill chunk,
+# conversion or user decode step; docs/performance.md, 2026-12-02 seventh session) and refuse the placeholders jax
+# puts in a tree (tracers are fine, but `flatten_axes` fills one with sentinel objects).
+_DATA_FIELDS = tuple(f.name for f in dataclasses.fields(CertPolicy) if f.metadata.get("pytree_node", True))
+_META_FIELDS = tuple(f.name for f in dataclasses.fields(CertPolicy) if not f.metadata.get("pytree_node", True))
+assert _DATA_FIELDS == TOLERANCES
+
+
+def _flatten(policy: CertPolicy) -> tuple[list[Any], tuple[Any, ...]]:
+    return [getattr(policy, n) for n in _DATA_FIELDS], tuple(getattr(policy, n) for n in _META_FIELDS)
+
+
+def _flatten_with_keys(policy: CertPolicy) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
+    leaves, meta = _flatten(policy)
+    return [(jax.tree_util.GetAttrKey(n), x) for n, x in zip(_DATA_FIELDS, leaves, strict=True)], meta
+
+
+def _unflatten(meta: tuple[Any, ...], leaves: Any) -> CertPolicy:
+    """A policy from jax's pieces, unchecked and without reading any leaf (see above)."""
+    policy = object.__new__(CertPolicy)
+    for name, value in (*zip(_META_FIELDS, meta, strict=True), *zip(_DATA_FIELDS, leaves, strict=True)):
+        object.__setattr__(policy, name, value)
+    return policy
+
+
+jax.tree_util.register_pytree_with_keys(CertPolicy, _flatten_with_keys, _unflatten, _flatten)

@@ -15,3 +15,31 @@ def is_integer(x: Any) -> bool:
 def is_finite_number(x: Any) -> bool:
     """A finite real Python or NumPy number (not a bool, NaN or inf)."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def checked_counts(x: Any, batch: int, limit: int, name: str) -> tuple[Any, Any]:
+    """Per-sequence token counts x [batch] (lengths, valid tokens) as int32, each in [0, limit].
+
+    Raises TypeError for a non-integer dtype and ValueError for another shape or, where x holds values (outside
+    jit), for a value outside [0, limit] -- checked before the int32 cast, so that 2**32 + 5 does not wrap to 5.
+    Inside jit the values cannot be inspected: they come back clipped to [0, limit] together with the mask [batch]
+    of the sequences whose count was outside, for the caller to poison (mark non-finite, NaN outputs); outside jit
+    the mask is all False. Returns (counts int32 [batch], bad bool [batch])."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        raise TypeError(f"{name} must be integers (an array [{batch}]), got {dtype if dtype is not None else type(x)}")
+    if tuple(np.shape(x)) != (batch,):
+        raise ValueError(f"{name} must be [B] = [{batch}], got shape {tuple(np.shape(x))}")
+    if not isinstance(x, jax.core.Tracer):
+        values = np.asarray(x).astype(np.int64)
+        if np.any(values < 0) or np.any(values > limit):
+            raise ValueError(f"{name} must lie in [0, {limit}], got {values.tolist()}")
+        return jnp.asarray(values, jnp.int32), jnp.zeros((batch,), bool)
+    bad = (x < 0) | (x > limit)
+    return jnp.clip(x, 0, limit).astype(jnp.int32), bad

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -45,12 +46,14 @@ def save_checkpoint(path: str | Path, params: Params, config: LlamaConfig, token
     """Write a checkpoint directory at `path` (atomically: built beside it, then renamed).
 
     Params are stored in their own dtype (numpy/jax arrays, any floating dtype).
-    Raises FileExistsError if `path` exists and not `overwrite`.
+    Raises FileExistsError if `path` exists and not `overwrite`, or exists and is not a checkpoint directory
+    (`overwrite` replaces only a checkpoint: never a model directory or a user's files).
     """
     path = Path(path).expanduser().resolve()
     validate_params(params, config)
     if path.exists() and not overwrite:
         raise FileExistsError(f"checkpoint directory already exists: {path} (pass overwrite=True to replace it)")
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     host = params_to_numpy(params)
     dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(host)})
@@ -72,6 +75,56 @@ def save_checkpoint(path: str | Path, params: Params, config: LlamaConfig, token
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def check_replaceable(path: Path) -> None:
+    """FileExistsError unless `path` is absent or a checkpoint directory (which `overwrite` may replace)."""
+    if path.exists() and not is_checkpoint_dir(path):
+        kind = "directory" if path.is_dir() else "file"
+        raise FileExistsError(f"refusing to replace {path}: it is a {kind} but not a certattn checkpoint (no "
+                              f"{MARKER_FILE}); remove it yourself or choose another output directory")
+
+
+def _dotted(key_path: tuple[Any, ...]) -> str:
+    """``layers.3.wq`` for the tree path of a parameter (the names `validate_params` uses)."""
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
+
+
+def cast_array(x: Any, dtype: np.dtype, name: str) -> np.ndarray:
+    """Host array `x` cast to `dtype`; ValueError naming parameter `name` where a value is beyond the dtype's range.
+
+    A float32 weight above 65504 passes the loaders' finiteness check but becomes Inf in float16. NumPy's own
+    float casts raise on that overflow under `np.errstate(over="raise")` (no second pass over the data); for the
+    ml_dtypes ones (bfloat16, which ignore errstate) the result is checked only where `dtype` is narrower in range
+    than `x`'s dtype.
+    """
+    x = np.asarray(x)
+    if x.dtype == dtype:
+        return x
+    try:
+        with np.errstate(over="raise"):
+            out = x.astype(dtype)
+    except FloatingPointError:
+        out = None
+    narrower = (jnp.issubdtype(x.dtype, jnp.floating)
+                and float(jnp.finfo(dtype).max) < float(jnp.finfo(x.dtype).max))
+    if out is None or (narrower and not np.isfinite(out).all() and np.isfinite(x).all()):
+        biggest = float(np.max(np.abs(x.astype(np.float32))))
+        wider = [n for n in ("bfloat16", "float32") if float(jnp.finfo(n).max) > biggest and n != dtype.name]
+        raise ValueError(f"parameter {name!r} overflows {dtype.name} (max |value| {biggest:.1e} > "
+                         f"{float(jnp.finfo(dtype).max):.6g}): load in {' or '.join(wider) or 'float32'}")
+    return out
+
+
+def cast_host_params(params: Params, dtype: Any) -> Params:
+    """Every leaf as a host numpy array of `dtype` (None: unchanged), refusing values the dtype cannot hold
+    (`cast_array`): never an Inf made by the cast after the finiteness check passed."""
+    if dtype is None:
+        return params
+    dt = np.dtype(dtype)
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"params dtype must be floating, got {dt}")
+    return jax.tree_util.tree_map_with_path(lambda path, x: cast_array(x, dt, _dotted(path)), params)
 
 
 def _checksums(params: Params) -> dict[str, int]:
@@ -137,7 +190,6 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> tuple[LlamaConfig, P
     params = _restore_params(path / PARAMS_DIR, config)
     _verify_checksums(params, marker.get("checksums"), path)  # before the values are read as numbers
     validate_params(params, config, finite=True)
-    if dtype is not None:
-        params = jax.tree.map(lambda x: np.asarray(x).astype(dtype, copy=False), params)
+    params = cast_host_params(params, dtype)  # refuses a value `dtype` cannot hold (it would become Inf)
     tokenizer = Tokenizer.load(path) if (path / TOKENIZER_FILE).is_file() else None
     return config, params, tokenizer

@@ -49,6 +49,7 @@ from models.llama import (
     logits_from_hidden,
     params_for_decoding,
 )
+from models.params import nonfinite_parameter, unfused_shapes, validate_params
 
 CAPACITY_BUCKET = 256
 
@@ -497,7 +498,9 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
         capacity = round_up(need, CAPACITY_BUCKET)
     elif capacity < need:
         raise ValueError(f"cache capacity {capacity} is smaller than prompt + max_new_tokens = {need}")
-    eos = tuple(eos_token_ids) if eos_token_ids is not None else config.eos_token_ids
+    if not is_integer(seed) or not -2 ** 63 <= seed < 2 ** 63:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**63), got {seed!r}")
+    eos = _validate_eos(eos_token_ids, config) if eos_token_ids is not None else config.eos_token_ids
     eos_arr = jnp.asarray(eos if eos else (-2,), jnp.int32)
     t0 = time.perf_counter()
     cache, last_logits = prefill(params, config, prompts, capacity, cache_factory=cache_factory, policy=policy,
@@ -532,6 +535,28 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
                             compile_wait_seconds=getattr(decode, "waited_s", 0.0))
 
 
+def check_params(params: Params, config: LlamaConfig) -> None:
+    """Raise ValueError naming the first tensor of `params` whose name, shape or dtype the config does not
+    imply (fused projections accepted) or that holds NaN / Inf: either would make generation emit garbage tokens
+    (a NaN logit row argmaxes to token 0) rather than fail."""
+    validate_params(unfused_shapes(params, config), config)
+    bad = nonfinite_parameter(params)
+    if bad is not None:
+        raise ValueError(f"parameter {bad!r} holds NaN or Inf values: generation would emit garbage tokens")
+
+
+def _validate_eos(eos_token_ids: Any, config: LlamaConfig) -> tuple[int, ...]:
+    """End-of-sequence ids: a sequence of integer token ids inside the vocabulary."""
+    if isinstance(eos_token_ids, np.ndarray) and eos_token_ids.ndim == 1:
+        eos_token_ids = eos_token_ids.tolist()
+    if isinstance(eos_token_ids, (str, bytes)) or not isinstance(eos_token_ids, (Sequence, set, frozenset)):
+        raise TypeError(f"eos_token_ids must be a sequence of token ids, got {eos_token_ids!r}")
+    ids = list(eos_token_ids)
+    if not all(is_integer(t) and 0 <= t < config.vocab_size for t in ids):
+        raise ValueError(f"eos_token_ids must be token ids in [0, {config.vocab_size}), got {ids!r}")
+    return tuple(int(t) for t in ids)
+
+
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
             cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
             progress: bool = False, min_capacity: int | None = None) -> tuple[KVCache, jax.Array]:
@@ -544,6 +569,7 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     prompts = _validate_prompts(prompts, config)
     if not is_integer(prefill_chunk) or prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
+    check_params(params, config)
     B = len(prompts)
     lens = np.array([len(p) for p in prompts], np.int32)
     min_capacity = int(lens.max()) if min_capacity is None else min_capacity
@@ -557,7 +583,12 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         spec = cache_factory if isinstance(cache_factory, CacheSpec) else None
     if spec is not None:
         spec.check_model(config)
-    cache = commit_arrays(spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity))
+    cache = spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity)
+    if not (hasattr(cache, "lengths") and hasattr(cache, "capacity") and hasattr(cache, "attend")):
+        raise TypeError(f"cache_factory({B}, {capacity}) must return a KV cache, got {type(cache).__name__}")
+    if cache.lengths.shape[-1] != B:
+        raise ValueError(f"cache_factory({B}, {capacity}) returned a cache for {cache.lengths.shape[-1]} sequences")
+    cache = commit_arrays(cache)
     if cache.capacity < min_capacity:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")
     C = min(prefill_chunk, round_up(int(lens.max()), 8))

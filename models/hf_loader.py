@@ -31,6 +31,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from certattn_jax.validate import is_finite_number
 from models.config import LlamaConfig, read_json
 from models.params import Params, validate_params
 
@@ -137,6 +138,7 @@ def read_hf_config(path: str | Path) -> tuple[LlamaConfig, dict[str, Any]]:
     for flag in ("attention_bias", "mlp_bias"):
         if raw.get(flag):
             raise ValueError(f"unsupported {flag}=True in {cfg_path}: biases are not implemented")
+    check_rope_scaling(raw, cfg_path)
     try:
         config = LlamaConfig.from_hf_dict(raw)
     except ValueError as e:
@@ -153,6 +155,35 @@ def read_hf_config(path: str | Path) -> tuple[LlamaConfig, dict[str, Any]]:
             eos = tuple(dict.fromkeys([*config.eos_token_ids, *(int(e) for e in extra)]))
             config = dataclasses.replace(config, eos_token_ids=eos)
     return config, raw
+
+
+_LLAMA3_FLOAT_FIELDS = ("factor", "low_freq_factor", "high_freq_factor")
+
+
+def check_rope_scaling(raw: dict[str, Any], cfg_path: Path) -> None:
+    """Refuse a `rope_scaling` / `rope_parameters` entry of config.json that `LlamaConfig.from_hf_dict` cannot read,
+    naming `cfg_path` and the field: not an object, or (rope_type llama3) a missing or non-numeric, non-finite or
+    non-positive factor, or an original_max_position_embeddings that is no positive integer."""
+    key = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
+    rope = raw.get(key)
+    if not rope:
+        return
+    if not isinstance(rope, dict):
+        raise ValueError(f"{cfg_path}: field {key!r} must be a JSON object, got {rope!r}")
+    if rope.get("rope_type", rope.get("type")) != "llama3":
+        return  # default, or a type from_hf_dict refuses by name
+    for name in (*_LLAMA3_FLOAT_FIELDS, "original_max_position_embeddings"):
+        if name not in rope:
+            raise ValueError(f"{cfg_path}: {key} (rope_type 'llama3') is missing field {name!r}")
+        value = rope[name]
+        if name in _LLAMA3_FLOAT_FIELDS:
+            ok = is_finite_number(value) and value > 0
+            want = "a finite number > 0"
+        else:  # an integral float (8192.0) reads as its int, as from_hf_dict's int() does
+            ok = is_finite_number(value) and value > 0 and float(value).is_integer()
+            want = "a positive integer"
+        if not ok:
+            raise ValueError(f"{cfg_path}: {key} field {name!r} must be {want}, got {value!r}")
 
 
 def _safetensors_files(path: Path) -> list[Path]:

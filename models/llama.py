@@ -39,6 +39,7 @@ from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import choice_from_env, positive_int_from_env
 from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
+from certattn_jax.validate import checked_counts
 from models.config import LlamaConfig
 from models.rope import apply_rope, rope_cos_sin
 from pallas_kernels import backend as pallas_backend
@@ -146,10 +147,16 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     """
     _check_tokens(tokens, config)
     B, T = tokens.shape
+    cache_batch = cache.lengths.shape[-1]
+    if cache_batch != B:
+        raise ValueError(f"tokens have batch {B} but the cache holds {cache_batch} sequences")
+    bad_valid = None
     if valid_lengths is None:
         valid_lengths = jnp.full((B,), T, jnp.int32)
+    else:  # inside jit out-of-range counts cannot raise: clipped, and those sequences' outputs are NaN
+        valid_lengths, bad_valid = checked_counts(valid_lengths, B, T, "valid_lengths")
     start = cache.lengths
-    new_lengths = start + jnp.asarray(valid_lengths, jnp.int32)
+    new_lengths = start + valid_lengths
     positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     cos, sin = rope_cos_sin(config, positions)
 
@@ -197,15 +204,16 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
             first_pass = {"looped": _layers_looped, "straight-looped": _layers_looped_stacked}.get(
                 schedule, _layers_unrolled)
             x, cache = second_pass_if_needed(*first_pass(params, config, x, fast, cos, sin, new_lengths))
-    x = _final_hidden(params, config, x, new_lengths, cache.capacity)
+    x = _final_hidden(params, config, x, new_lengths, cache.capacity, bad_valid)
     return x, (cache if fast is not None else cache.with_lengths(new_lengths))  # (the fast path's: recorded)
 
 
 def _final_hidden(params: Params, config: LlamaConfig, x: jax.Array, new_lengths: jax.Array,
-                  capacity: int) -> jax.Array:
-    """The final norm of x [B, T, D]; never a silent wrong answer: a sequence that overflowed the cache gets NaN."""
+                  capacity: int, bad: jax.Array | None = None) -> jax.Array:
+    """The final norm of x [B, T, D]; never a silent wrong answer: a sequence that overflowed the cache, or whose
+    valid length was out of range (bad [B], inside jit), gets NaN."""
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    bad = overflow_mask(new_lengths, capacity)
+    bad = overflow_mask(new_lengths, capacity) if bad is None else overflow_mask(new_lengths, capacity) | bad
     return jnp.where(bad[:, None, None], jnp.nan, x)
 
 

@@ -96,6 +96,46 @@ def validate_params(params: Params, config: LlamaConfig, finite: bool = False) -
             raise ValueError(f"parameter {name!r} holds NaN or Inf values (a corrupt or mis-converted checkpoint)")
 
 
+# Fused projections (`models.llama.fuse_projections`): a layer may hold these concatenations instead of their parts.
+FUSED_LAYER_KEYS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+
+
+def unfused_shapes(params: Params, config: LlamaConfig) -> Params:
+    """The params' tree with every fused projection replaced by its parts' shapes (`jax.ShapeDtypeStruct`), so that
+    `validate_params` checks a fused model too. A fused tensor whose width is not its parts' widths together
+    raises ValueError naming it."""
+    if not isinstance(params, dict) or not isinstance(params.get("layers"), (list, tuple)):
+        return params  # validate_params names what is wrong
+    expected = config.param_shapes()["layers"][0]
+    layers = []
+    for i, layer in enumerate(params["layers"]):
+        if not isinstance(layer, dict) or not any(k in layer for k in FUSED_LAYER_KEYS):
+            layers.append(layer)
+            continue
+        layer = dict(layer)
+        for fused, parts in FUSED_LAYER_KEYS.items():
+            if fused not in layer:
+                continue
+            leaf = layer.pop(fused)
+            shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", None)
+            want = (expected[parts[0]][0], sum(expected[p][1] for p in parts))
+            if shape != want:
+                raise ValueError(f"parameter 'layers.{i}.{fused}' has shape {shape}, expected {want} from the config "
+                                 f"({' | '.join(parts)} concatenated)")
+            for p in parts:
+                layer[p] = jax.ShapeDtypeStruct(expected[p], dtype)
+        layers.append(layer)
+    return {**params, "layers": layers}
+
+
+def nonfinite_parameter(params: Params) -> str | None:
+    """The dotted name of the first tensor holding NaN or Inf (device arrays reduced where they live), or None."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not bool(jnp.all(jnp.isfinite(leaf))):
+            return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return None
+
+
 def cast_params(params: Params, dtype: Any) -> Params:
     """Every leaf as a `jax.Array` of `dtype` (None: keep each leaf's dtype) on the default device."""
     if dtype is None:

@@ -25,11 +25,16 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-from models.checkpoint import MARKER_FILE, is_checkpoint_dir, load_checkpoint, save_checkpoint
+from models.checkpoint import (
+    MARKER_FILE,
+    cast_host_params,
+    check_replaceable,
+    is_checkpoint_dir,
+    load_checkpoint,
+    save_checkpoint,
+)
 from models.config import LlamaConfig
 from models.hf_loader import load_hf_dir
 from models.params import Params, cast_params
@@ -232,21 +237,43 @@ def load_pretrained(source: str | os.PathLike, dtype: Any = jnp.bfloat16) -> Pre
     """Load a model from an HF directory, a `.gguf`, a checkpoint directory or a known name.
 
     Params are jax arrays of `dtype` (None: as stored) on the default device. Raises
-    FileNotFoundError for a missing path and ValueError (listing known names) for an unknown name.
+    FileNotFoundError for a missing path, ValueError (listing known names) for an unknown name, and ValueError
+    naming a parameter whose values `dtype` cannot hold (e.g. above 65504 in float16).
     """
     config, params, tokenizer, _ = _load_source(source)
-    return Pretrained(config=config, params=cast_params(params, dtype), tokenizer=tokenizer)
+    # cast on the host first: a value `dtype` cannot hold is refused by name (it would become Inf on the device)
+    params = cast_host_params(params, dtype)
+    return Pretrained(config=config, params=cast_params(params, None), tokenizer=tokenizer)
+
+
+def check_output_dir(source: str | os.PathLike, outdir: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse a `convert` output directory that would destroy data: ValueError where `outdir` is the source path,
+    contains it or lies inside it; FileExistsError where it exists and `overwrite` is off, or is not a checkpoint
+    directory (`overwrite` replaces only a checkpoint, never a model directory or a user's files)."""
+    out = Path(outdir).expanduser().resolve()
+    src = Path(os.fspath(source)).expanduser()
+    if src.exists():  # (a known model name is no path)
+        src = src.resolve()
+        if out == src or out in src.parents or src in out.parents:
+            where = "is" if out == src else "contains" if out in src.parents else "lies inside"
+            raise ValueError(f"output directory {out} {where} the source model {src}: choose another directory")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists (pass overwrite=True to replace it)")
+    check_replaceable(out)
 
 
 def convert(source: str | os.PathLike, outdir: str | os.PathLike, dtype: Any = None,
             overwrite: bool = False) -> Path:
     """Write `source` (any `load_pretrained` source) as a checkpoint directory at `outdir`.
 
-    `dtype=None` keeps the source dtype (float32 for GGUF, the stored dtype for safetensors).
+    `dtype=None` keeps the source dtype (float32 for GGUF, the stored dtype for safetensors). Refuses, before
+    loading anything, an `outdir` that is, contains or lies inside the source (ValueError) or, with `overwrite`,
+    an existing `outdir` that is not a checkpoint directory (FileExistsError); and, before writing anything, a
+    parameter `dtype` cannot hold (ValueError).
     """
+    check_output_dir(source, outdir, overwrite)
     config, params, tokenizer, desc = _load_source(source)
-    if dtype is not None:
-        params = jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
+    params = cast_host_params(params, dtype)
     out = save_checkpoint(outdir, params, config, tokenizer, source=desc, overwrite=overwrite)
     _log(f"wrote checkpoint {out}")
     return out

@@ -684,3 +684,66 @@ def test_a_policy_rebuilt_from_device_arrays_reads_nothing_back(monkeypatch):
     monkeypatch.setattr(jax_array.ArrayImpl, "_value", property(read_back))
     rebuilt = jax.tree.unflatten(tree, leaves)
     assert rebuilt.k_max == policy.k_max and any(rebuilt.eps is x for x in leaves)
+
+
+def test_writes_that_would_lose_tokens_raise_or_poison():
+    """The thirtieth session's audit: a token written into a full residual without flush() was dropped while the
+    length counted it, and attention certified the wrong output; append's `valid` was not checked (phantom tokens,
+    a length lowered, 2.7 truncated, another shape); inside jit, writes past the capacity and from_dense lengths out
+    of range changed lengths with nothing stored, and attention certified; a length of 2**32 + 5 wrapped to 5.
+    Outside jit these raise; inside jit the sequence is marked non-finite (never certified again)."""
+    q, k, v = _data(31, B=1, T=40)
+    c = TieredKVCache.from_dense(k[:, :15], v[:, :15], POLICY, capacity=64)
+    c = c.write_token(k[:, 15:16], v[:, 15:16])  # the residual is now full
+    with pytest.raises(ValueError, match=r"residual block of sequence\(s\) \[0\] is full: call flush"):
+        c.write_token(k[:, 16:17], v[:, 16:17])
+    assert int(c.flush().write_token(k[:, 16:17], v[:, 16:17]).lengths[0]) == 17
+    # inside jit the dropped token poisons its sequence instead
+    lost = jax.jit(lambda c, k, v: c.write_token(k, v))(c, k[:, 16:17], v[:, 16:17])
+    _, cert = cert_attn(q, lost, POLICY)
+    assert np.all(np.isposinf(np.asarray(cert.error_bound))) and not np.any(np.asarray(cert.certified))
+
+    base = TieredKVCache.from_dense(k[:, :20], v[:, :20], POLICY, capacity=64)
+    for valid, err, match in (([10], ValueError, r"valid must lie in \[0, 4\]"), ([-2], ValueError, "valid must lie"),
+                              ([2.7], TypeError, "valid must be integers"), ([2, 3], ValueError, r"\[B\] = \[1\]"),
+                              ([[2]], ValueError, r"\[B\] = \[1\]")):
+        with pytest.raises(err, match=match):
+            base.append(k[:, 20:24], v[:, 20:24], valid=np.asarray(valid))
+    with pytest.raises(ValueError, match="at least one token"):
+        base.append(k[:, :0], v[:, :0])
+    over = jax.jit(lambda c, k, v, n: c.append(k, v, n))(base, k[:, 20:24], v[:, 20:24], jnp.asarray([9]))
+    assert np.all(np.isposinf(np.asarray(cert_attn(q, over, POLICY)[1].error_bound)))
+
+    full = TieredKVCache.from_dense(k[:, :32], v[:, :32], POLICY, capacity=32).flush()
+    past = jax.jit(lambda c, k, v: c.flush().write_token(k, v))(full, k[:, 32:33], v[:, 32:33])
+    assert np.all(np.isposinf(np.asarray(cert_attn(q, past, POLICY)[1].error_bound)))
+
+    build = jax.jit(lambda k, v, n: TieredKVCache.from_dense(k, v, POLICY, lengths=n))
+    for n in ([100], [-3]):
+        bad = build(k, v, jnp.asarray(n))
+        assert np.all(np.isposinf(np.asarray(cert_attn(q, bad, POLICY)[1].error_bound)))
+    good = build(k, v, jnp.asarray([33]))
+    assert np.all(np.isfinite(np.asarray(cert_attn(q, good, POLICY)[1].error_bound)))
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, 40\]"):
+        TieredKVCache.from_dense(k, v, POLICY, lengths=np.asarray([2 ** 32 + 5], np.int64))
+
+
+def test_wrong_kinds_of_arguments_get_errors_that_name_them():
+    """Unclear errors the audit found (an AttributeError deep inside, a silent empty answer): lists for keys, a
+    dict for a policy, a float capacity, a tuple for a cache, zero query heads, a policy of another layout given
+    to naive attention."""
+    q, k, v = _data(32, B=1, T=40)
+    c = TieredKVCache.from_dense(k, v, POLICY)
+    cases = [(TypeError, "keys must be arrays", lambda: TieredKVCache.from_dense(np.asarray(k).tolist(), v, POLICY)),
+             (TypeError, "policy must be a certattn_jax.CertPolicy", lambda: TieredKVCache.from_dense(k, v, {"e": 1})),
+             (TypeError, "sizes must be integers", lambda: TieredKVCache.init(batch=1, capacity=32.5, num_kv_heads=2,
+                                                                              head_dim=32, policy=POLICY)),
+             (TypeError, "policy must be a certattn_jax.CertPolicy", lambda: certified_attention(q, c, {"e": 1})),
+             (TypeError, "cache must be a certattn_jax.TieredKVCache", lambda: certified_attention(q, (1, 2), POLICY)),
+             (ValueError, "no query heads", lambda: certified_attention(q[:, :0], c, POLICY)),
+             (ValueError, "no query heads", lambda: dense_attention(q[:, :0], c)),
+             (ValueError, "does not match this cache", lambda: naive_attention(
+                 q, c, CertPolicy(block_size=32, group_size=16)))]
+    for err, match, call in cases:
+        with pytest.raises(err, match=match):
+            call()

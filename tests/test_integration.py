@@ -1,6 +1,7 @@
 """The three cache modes inside the LLaMA and the decode loop, the CLI, and SmolLM2 end to end."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +125,78 @@ def test_cli_errors_are_clear(tiny_checkpoint, capsys):
     # an existing output directory: a one-line error, not a traceback; --overwrite replaces it
     assert cli.main(["convert", str(tiny_checkpoint), str(tiny_checkpoint)]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
+    (["--top-p", "0"], r"--top-p must lie in \(0, 1\]"),
+    (["--top-p", "1.5"], r"--top-p must lie in \(0, 1\]"),
+    (["--prefill-chunk", "0"], "--prefill-chunk must be an integer >= 1"),
+    (["--seed", "99999999999999999999"], "--seed must lie in"),
+    (["--eps", "0.1"], "--eps applies to --cache certified only"),
+    (["--cache", "naive", "--eps", "0.1"], "--eps applies to --cache certified only"),
+    (["--key-bits", "4"], "--key-bits applies to --cache naive or certified only"),
+    (["--value-bits", "2"], "--value-bits applies to --cache naive or certified only"),
+    (["--group-size", "16"], "--group-size applies to --cache naive or certified only"),
+    (["--cache", "certified", "--eps", "inf"], "eps must be finite"),
+    (["--cache", "certified", "--eps", "-1"], "eps must be >= 0"),
+    (["--cache", "certified", "--group-size", "1"], "group_size must be >= 2"),
+    (["--cache", "naive", "--block-size", "24"], "block_size must be a power of two"),
+    (["--cache", "certified", "--certificates", "{tmp}"], "is a directory"),
+])
+def test_cli_generate_checks_its_arguments_before_loading_the_model(tmp_path, capsys, monkeypatch, extra, message):
+    """Bad generation arguments are a one-line error (exit 2) before the slow model load -- not a traceback
+    (a huge --seed, a --certificates directory after the whole generation) and never silently ignored (--eps with
+    a cache that has no tolerance)."""
+    def load_model(*_):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(cli, "load_model", load_model)
+    argv = ["generate", "--model", "unused", "--prompt", "x"] + [a.format(tmp=tmp_path) for a in extra]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert re.search(message, err[0])
+
+
+@pytest.fixture(scope="module")
+def head_dim_16_checkpoint(tmp_path_factory):
+    from models.checkpoint import save_checkpoint
+    from tests.test_loaders import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = LlamaConfig(**{**CFG.__dict__, "vocab_size": tok.vocab_size, "head_dim": 16, "num_heads": 4})
+    path = tmp_path_factory.mktemp("ckpt16") / "tiny"
+    save_checkpoint(path, llama.init_params(cfg, jax.random.key(1), jnp.float32, scale=0.3), cfg, tok)
+    return path
+
+
+def test_cli_group_size_and_block_size_reach_the_policy(head_dim_16_checkpoint, capsys):
+    """head_dim 16 is no multiple of the default value group (32): the error names --group-size, which (with
+    --block-size) passes through to CertPolicy."""
+    argv = ["generate", "--model", str(head_dim_16_checkpoint), "--prompt", "hello", "--max-new-tokens", "2",
+            "--cache", "certified", "--dtype", "float32", "--json"]
+    assert cli.main(argv) == 2
+    assert "--group-size" in capsys.readouterr().err
+    assert cli.main(argv + ["--group-size", "16", "--block-size", "16"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(result["token_ids"]) >= 1 and result["certificate_summary"]["heads"] > 0
+
+
+def test_cli_convert_refuses_to_overwrite_its_source(tmp_path, capsys):
+    """`convert SRC SRC --overwrite` deleted the source model directory: now a one-line error, nothing touched."""
+    from tests.test_loaders import random_params, write_hf_dir
+
+    cfg = LlamaConfig(**{**CFG.__dict__, "max_position_embeddings": 128})
+    src = write_hf_dir(tmp_path / "hf", random_params(cfg), cfg)
+    (src / "notes.txt").write_text("precious")
+    before = sorted(f.name for f in src.iterdir())
+    assert cli.main(["convert", str(src), str(src), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "the source model" in err
+    assert sorted(f.name for f in src.iterdir()) == before
 
 
 @pytest.mark.slow

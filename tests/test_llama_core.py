@@ -373,3 +373,64 @@ def test_the_decode_loop_can_ask_for_control_flow_in_its_graphs(monkeypatch):
     monkeypatch.setenv("CERTATTN_DECODE_CONTROL_FLOW_GRAPHS", "sometimes")
     with pytest.raises(ValueError, match="CERTATTN_DECODE_CONTROL_FLOW_GRAPHS"):
         gen.decode_compiler_options("gpu")
+
+
+def test_the_model_level_inputs_of_the_thirtieth_session_audit_are_refused_or_poisoned():
+    """An audit's silent wrong answers at the model level: tokens of another batch than the cache (wrong logits
+    and a corrupted cache), valid_lengths out of range or non-integer (lengths moved past the tokens given),
+    params that do not match the config (a layer short, fused widths wrong) or hold NaN / Inf (token 0 forever),
+    a cache_factory of another batch, seeds and eos ids of the wrong kind."""
+    from certattn_jax.model_cache import cache_spec
+
+    cfg, params = _setup("gqa")
+    cache = llama.init_cache_for(params, cfg, 1, 32)
+    with pytest.raises(ValueError, match="batch 2 but the cache holds 1"):
+        llama.forward(params, cfg, jnp.asarray([[1, 2], [3, 4]]), cache)
+    for bad, err, match in (([5], ValueError, r"valid_lengths must lie in \[0, 2\]"),
+                            ([-1], ValueError, "valid_lengths must lie"),
+                            ([1.5], TypeError, "valid_lengths must be integers"),
+                            ([1, 1], ValueError, r"valid_lengths must be \[B\] = \[1\]")):
+        with pytest.raises(err, match=match):
+            llama.forward(params, cfg, jnp.asarray([[1, 2]]), cache, valid_lengths=jnp.asarray(bad))
+    # inside jit the count cannot raise: that sequence's logits are NaN, the other's are untouched
+    cache2 = llama.init_cache_for(params, cfg, 2, 32)
+    f = jax.jit(lambda t, vl, c: llama.forward(params, cfg, t, c, valid_lengths=vl)[0])
+    toks = jnp.asarray([[1, 2], [3, 4]])
+    good = np.asarray(f(toks, jnp.asarray([2, 2]), cache2))
+    out = np.asarray(f(toks, jnp.asarray([7, 2]), cache2))
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+    np.testing.assert_allclose(out[1], good[1], rtol=1e-6)
+
+    def run(p=params, **kw):
+        kw = {"eos_token_ids": (), **kw}
+        return gen.generate(p, cfg, [[1, 2, 3]], 2, progress=False, **kw)
+
+    short = {**params, "layers": params["layers"][:1]}
+    with pytest.raises(ValueError, match="params has 1 layers"):
+        run(short)
+    nan_embed = {**params, "embed": params["embed"].at[3].set(jnp.nan)}
+    with pytest.raises(ValueError, match="parameter 'embed' holds NaN or Inf"):
+        run(nan_embed)
+    inf_wq = {**params, "layers": [{**params["layers"][0], "wq": params["layers"][0]["wq"].at[0, 0].set(jnp.inf)},
+                                   params["layers"][1]]}
+    with pytest.raises(ValueError, match="layers.0.wq"):
+        run(inf_wq)
+    fused = llama.fuse_projections(params)
+    assert run(fused).tokens == run().tokens  # fused projections are accepted
+    bad_fused = {**fused, "layers": [{**fused["layers"][0], "wqkv": fused["layers"][0]["wqkv"][:, :-1]},
+                                     fused["layers"][1]]}
+    with pytest.raises(ValueError, match="layers.0.wqkv"):
+        run(bad_fused)
+    spec = cache_spec("dense", cfg, jnp.float32)
+    with pytest.raises(ValueError, match="returned a cache for 2 sequences"):
+        run(cache_factory=lambda b, cap: spec(2, cap))
+    with pytest.raises(TypeError, match="must return a KV cache"):
+        run(cache_factory=lambda b, cap: None)
+    for seed in (1.5, None, 2 ** 70):
+        with pytest.raises(ValueError, match="seed must be an integer"):
+            run(seed=seed)
+    for eos, err in ((5, TypeError), ("5", TypeError), ([5.5], ValueError), ([cfg.vocab_size], ValueError),
+                     ([2 ** 40], ValueError)):
+        with pytest.raises(err, match="eos_token_ids"):
+            run(eos_token_ids=eos)
+    assert len(run(eos_token_ids=np.asarray([96])).tokens[0]) >= 1  # a NumPy array of ids is accepted

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 
 import gguf
@@ -312,6 +313,30 @@ def test_hf_dir_errors(tmp_path):
         pre.load_pretrained(d / "config.json")
 
 
+@pytest.mark.parametrize("rope, field", [
+    ({"rope_type": "llama3"}, "factor"),
+    ({"factor": "x"}, "factor"),
+    ({"factor": float("nan")}, "factor"),
+    ({"factor": 0}, "factor"),
+    ({"high_freq_factor": None}, "high_freq_factor"),
+    ({"low_freq_factor": True}, "low_freq_factor"),
+    ({"original_max_position_embeddings": 1.5}, "original_max_position_embeddings"),
+    ("llama3", "rope_scaling"),
+])
+def test_hf_rope_scaling_errors_name_the_file_and_the_field(tmp_path, rope, field):
+    """A llama3 `rope_scaling` with a missing or bad field: a ValueError naming config.json and the field (it was
+    a bare KeyError: 'factor', or a float() message naming neither)."""
+    d = write_hf_dir(tmp_path / "m", random_params(CFG), CFG)
+    good = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    scaling = rope if isinstance(rope, str) or "rope_type" in rope else {**good, **rope}
+    (d / "config.json").write_text(json.dumps({**CFG.to_hf_dict(), "rope_scaling": scaling}))
+    with pytest.raises(ValueError, match=re.escape(str(d / "config.json")) + f".*'{field}'"):
+        load_hf_dir(d)
+    (d / "config.json").write_text(json.dumps({**CFG.to_hf_dict(), "rope_parameters": good}))
+    assert load_hf_dir(d)[0].rope_scaling == RopeScaling(8.0, 1.0, 4.0, 64)
+
+
 def test_hf_generation_config_eos(tmp_path):
     d = write_hf_dir(tmp_path / "m", random_params(CFG), CFG)
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
@@ -357,6 +382,65 @@ def test_checkpoint_roundtrip_via_convert(tmp_path):
     _, p32, _ = ckpt.load_checkpoint(out16, dtype=np.float32)
     assert {x.dtype for x in jax.tree.leaves(p32)} == {np.dtype(np.float32)}
     assert_params_equal(p32, jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16), p))
+
+
+def test_float16_overflow_is_refused_by_name_not_cast_to_inf(tmp_path):
+    """A weight beyond float16's range (65504) passes the source's finiteness check but became Inf in the cast
+    (lm_head: token 0 forever). load_pretrained (HF and GGUF), load_checkpoint and convert refuse it by name,
+    convert before writing anything; bfloat16 holds it; a value that rounds to 65504 is fine."""
+    p = random_params(CFG)
+    p["lm_head"] = p["lm_head"] * 1e6
+    hf = write_hf_dir(tmp_path / "hf", p, CFG)
+    g = write_gguf(tmp_path / "m.gguf", p, CFG)
+    overflow = r"parameter 'lm_head' overflows float16 \(max \|value\| \d\.\de\+0\d > 65504\): load in bfloat16"
+    for src in (hf, g):
+        with pytest.raises(ValueError, match=overflow):
+            pre.load_pretrained(src, dtype=jnp.float16)
+        assert bool(jnp.isfinite(pre.load_pretrained(src, dtype=jnp.bfloat16).params["lm_head"]).all())
+    with pytest.raises(ValueError, match=overflow):
+        pre.convert(hf, tmp_path / "ck16", dtype=np.float16)
+    assert not (tmp_path / "ck16").exists()
+    ck = pre.convert(hf, tmp_path / "ck32")
+    with pytest.raises(ValueError, match=overflow):
+        ckpt.load_checkpoint(ck, dtype=np.float16)
+    edge = random_params(CFG)
+    edge["final_norm"][0] = -65519.0  # rounds to -65504 in float16
+    half = ckpt.cast_host_params(edge, np.float16)
+    assert half["final_norm"].dtype == np.float16 and half["final_norm"][0] == -65504
+    edge["layers"][1]["wq"][3, 4] = 65520.0  # rounds to Inf
+    with pytest.raises(ValueError, match=r"'layers\.1\.wq' overflows float16 \(max \|value\| 6\.6e\+04"):
+        ckpt.cast_host_params(edge, np.float16)
+
+
+def test_convert_never_deletes_its_source_or_a_directory_that_is_no_checkpoint(tmp_path):
+    """convert(src, src, overwrite=True) deleted the source model directory (weights and the user's files). The
+    output may not be, contain or lie inside the source; with overwrite, only a certattn checkpoint is replaced."""
+    p = random_params(CFG)
+    src = write_hf_dir(tmp_path / "models" / "hf", p, CFG)
+    (src / "notes.txt").write_text("precious")
+    before = sorted(f.name for f in src.iterdir())
+    for out in (src, src / "ck", src.parent):
+        with pytest.raises(ValueError, match="the source model"):
+            pre.convert(src, out, overwrite=True)
+    assert sorted(f.name for f in src.iterdir()) == before and (src / "notes.txt").read_text() == "precious"
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=re.escape(str(other)) + ".*not a certattn checkpoint"):
+        pre.convert(src, other, overwrite=True)
+    with pytest.raises(FileExistsError, match="not a certattn checkpoint"):
+        ckpt.save_checkpoint(other, p, CFG, overwrite=True)
+    assert (other / "keep.txt").read_text() == "mine"
+
+    ck = pre.convert(src, tmp_path / "ck")  # an existing checkpoint is still replaced ...
+    assert pre.convert(src, ck, overwrite=True) == ck and ckpt.is_checkpoint_dir(ck)
+    with pytest.raises(ValueError, match="the source model"):  # ... but not by itself
+        pre.convert(ck, ck, overwrite=True)
+    g = write_gguf(tmp_path / "g.gguf", p, CFG)
+    with pytest.raises(ValueError, match="the source model"):
+        pre.convert(g, g, overwrite=True)
+    assert ckpt.is_checkpoint_dir(ck) and g.is_file()
 
 
 def test_checkpoint_errors(tmp_path):
