@@ -608,7 +608,7 @@ for s in "$@"; do
       step u8_def 150 "$G8 --caches dense certified --out $W/u8_def.json"
       step u4_def2 60 "$S4 --out $W/u_4k_def_b.json"
       step u1 110 "$S --prompts 1024 --caches dense certified --out $W/u_1k_def.json; $U $S --prompts 1024 --caches certified --out $W/u_1k_bg.json" ;;
-    unroll_smol|unroll_8b|unroll_key|unroll_min)  # thirtieth session: unroll_fp split in two calls of < 600 s (SmolLM2 rows +
+    unroll_smol|unroll_8b|unroll_key|unroll_min|unroll_tiny)  # thirtieth session: unroll_fp split in two calls of < 600 s (SmolLM2 rows +
       # the compiled single-chunk kernel tests; then the 8B rows); unroll_key: the deciding rows alone, in one call
       # (SmolLM2 4K default / background-unrolled, 8B 8K background-unrolled / dense + default, then SmolLM2 1K)
       S="${B/--timeout 150/--timeout 100} --new-tokens 64 --models smollm2"
@@ -616,7 +616,10 @@ for s in "$@"; do
       U="CERTATTN_FIRST_PASS_UNROLLED=background"
       C="CERTATTN_RUNG0_SINGLE_CHUNK=0"
       S4="$S --prompts 4096 --caches certified"
-      if [ "$s" = unroll_min ]; then  # with little device time left: SmolLM2 4K both ways, 8B 8K unrolled
+      if [ "$s" = unroll_tiny ]; then  # the least that compares: SmolLM2 4K dense + unrolled, then the default
+        step u4_bgd 120 "$U $S --prompts 4096 --caches dense certified --out $W/u_4k_bg_dense.json"
+        step u4_def2 70 "$S4 --out $W/u_4k_def_b.json"
+      elif [ "$s" = unroll_min ]; then  # with little device time left: SmolLM2 4K both ways, 8B 8K unrolled
         step u4_def 90 "$S --prompts 4096 --caches dense certified --out $W/u_4k_def_a.json"
         step u4_bg 120 "$U $S4 --out $W/u_4k_bg_a.json"
         step u8_bg 150 "$U $G8 --caches certified --out $W/u8_bg.json"
