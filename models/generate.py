@@ -502,9 +502,11 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
         raise ValueError(f"seed must be an integer in [-2**63, 2**63), got {seed!r}")
     eos = _validate_eos(eos_token_ids, config) if eos_token_ids is not None else config.eos_token_ids
     eos_arr = jnp.asarray(eos if eos else (-2,), jnp.int32)
+    check_params(params, config)  # before the clock: prefill_seconds stays the time to the first token's logits
     t0 = time.perf_counter()
     cache, last_logits = prefill(params, config, prompts, capacity, cache_factory=cache_factory, policy=policy,
-                                 prefill_chunk=prefill_chunk, progress=progress, min_capacity=need)
+                                 prefill_chunk=prefill_chunk, progress=progress, min_capacity=need,
+                                 check_finite=False)
     prefill_s = time.perf_counter() - t0
 
     # ---- decode, one jit (compiled ahead so that the timing below is the decode alone) ----
@@ -535,12 +537,12 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
                             compile_wait_seconds=getattr(decode, "waited_s", 0.0))
 
 
-def check_params(params: Params, config: LlamaConfig) -> None:
+def check_params(params: Params, config: LlamaConfig, finite: bool = True) -> None:
     """Raise ValueError naming the first tensor of `params` whose name, shape or dtype the config does not
-    imply (fused projections accepted) or that holds NaN / Inf: either would make generation emit garbage tokens
-    (a NaN logit row argmaxes to token 0) rather than fail."""
+    imply (fused projections accepted) or, with `finite`, that holds NaN / Inf: either would make generation emit
+    garbage tokens (a NaN logit row argmaxes to token 0) rather than fail."""
     validate_params(unfused_shapes(params, config), config)
-    bad = nonfinite_parameter(params)
+    bad = nonfinite_parameter(params) if finite else None
     if bad is not None:
         raise ValueError(f"parameter {bad!r} holds NaN or Inf values: generation would emit garbage tokens")
 
@@ -559,17 +561,20 @@ def _validate_eos(eos_token_ids: Any, config: LlamaConfig) -> tuple[int, ...]:
 
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
             cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
-            progress: bool = False, min_capacity: int | None = None) -> tuple[KVCache, jax.Array]:
+            progress: bool = False, min_capacity: int | None = None,
+            check_finite: bool = True) -> tuple[KVCache, jax.Array]:
     """Prefill prompts (token-id lists, right-padded into chunks of `prefill_chunk`) into a new cache of
     `capacity`; returns (cache, logits [B, V] at each prompt's last token), both ready (blocked on).
 
     cache_factory as in `generate`. A mode name or CacheSpec prefills into the dense staging cache and converts
     it once (`CacheSpec.from_staging`); another factory's cache prefills through its own `attend`.
+    The params are checked against the config and, with check_finite, for NaN / Inf (`check_params`; `generate`
+    checks them before its clock and passes False).
     """
     prompts = _validate_prompts(prompts, config)
     if not is_integer(prefill_chunk) or prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
-    check_params(params, config)
+    check_params(params, config, finite=check_finite)
     B = len(prompts)
     lens = np.array([len(p) for p in prompts], np.int32)
     min_capacity = int(lens.max()) if min_capacity is None else min_capacity

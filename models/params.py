@@ -129,9 +129,14 @@ def unfused_shapes(params: Params, config: LlamaConfig) -> Params:
 
 
 def nonfinite_parameter(params: Params) -> str | None:
-    """The dotted name of the first tensor holding NaN or Inf (device arrays reduced where they live), or None."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if not bool(jnp.all(jnp.isfinite(leaf))):
+    """The dotted name of the first tensor holding NaN or Inf, or None. Each array is reduced where it lives
+    (one small reduction per tensor, dispatched without waiting) and the flags come back in one transfer."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    if not leaves:
+        return None
+    flags = np.asarray(jnp.stack([jnp.all(jnp.isfinite(leaf)) for _, leaf in leaves]))
+    for (path, _), ok in zip(leaves, flags, strict=True):
+        if not ok:
             return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
     return None
 
