@@ -206,8 +206,9 @@ def flush_delta_from_sum(q_abs_sum: jax.Array, d: int) -> jax.Array:
 # reads a subnormal q_c as 0, and flushes q'_c = fl(q_c fl(1/sqrt(d))) to 0 where |q_c| < ~TINY sqrt(d): the
 # whole term q'_c k_ic of every score is lost, up to TINY (1 + 3u) |k_ic|, which no |q_c|-weighted term
 # covers when keys are huge (~1e36 and up: several nats; the thirtieth session's audit, docs/bounds.md section 1).
-# The term is TINY sum_c K_c for per-channel key bounds K_c, evaluated as 2^-62 sum_c (K_c 2^-64) so that
-# neither the products (K_c up to 3.4e38) overflow nor, for ordinary keys, underflow.
+# The term is 2 (1 + 3u) TINY sum_c K_c = 2^-61 (1 + 3u) sum_c (K_c 2^-64) for per-channel key bounds K_c
+# (|k_ic| <= 2 K_c), evaluated as 2^-60 sum_c fl(K_c 2^-64) so that neither the products (K_c up to 3.4e38)
+# overflow nor, for ordinary keys, underflow.
 KEY_SUM_SCALE = 2.0 ** -64
 
 
@@ -221,8 +222,8 @@ def query_flush_delta_from_sum(scaled_sum: jax.Array, d: int) -> jax.Array:
     """Score error [...] from query elements flushed to zero, from scaled_sum = `key_sum_scaled` of K_c >=
     max_i |k_ic| / 2 (an INT block's key_magnitude M_c: |k_ic| <= |k_hat_ic| + s_c (1/2 + rho_q) <= 2 M_c; an
     exact item's max |k_ic|, with a factor 2 to spare). A lost channel moves a score by < TINY (1 + 3u) |k_ic|
-    <= 2^-125 (1 + 3u) K_c; the computed sum is within gamma_d of the exact one plus d TINY for scaled
-    products that flush, and 2^-60 covers 2^-62 * 2 (1 + 3u)(1 + gamma_d); (2d + 4) TINY covers the flushed
+    <= 2^-125 (1 + 3u) K_c; the computed sum is at least (1 - gamma_d) times the exact one less d TINY for
+    scaled products that flush, and 2^-60 covers 2^-61 (1 + 3u) / (1 - gamma_d); (2d + 4) TINY covers the flushed
     products and a subnormal result (2^-60 scaled_sum is exact otherwise: a power of two)."""
     return scaled_sum * 2.0 ** -60 + (2 * d + 4) * TINY
 

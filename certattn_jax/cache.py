@@ -454,6 +454,9 @@ class TieredKVCache:
             self.res_k, self.res_v, self.v_min, self.v_max, self.v_norm_max, self.value_stats, self.v_err_max,
             k[:, 0], v[:, 0], lengths - flushed, layer)
         bad = ~jnp.all(jnp.isfinite(k[:, 0]) & jnp.isfinite(v[:, 0]), axis=-1)  # [B, H]
+        # a token the kernel cannot store (a full residual, past the capacity) poisons its sequence, as in write_token
+        lost = (lengths - flushed >= self.block_size) | (lengths + 1 > self.capacity)
+        bad = bad | lost[:, None]
         # the flag of every layer at once ([L, B, H] booleans: a tiny fusion), not the layer's slice read and
         # written back: on a GPU that slice is a copy of its own (an async dynamic-slice launch pair per
         # layer-step) whose host-computed, loop-dependent offset keeps XLA from taking the loop over layers into

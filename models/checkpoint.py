@@ -78,8 +78,10 @@ def save_checkpoint(path: str | Path, params: Params, config: LlamaConfig, token
 
 
 def check_replaceable(path: Path) -> None:
-    """FileExistsError unless `path` is absent or a checkpoint directory (which `overwrite` may replace)."""
-    if path.exists() and not is_checkpoint_dir(path):
+    """FileExistsError unless `path` is absent, an empty directory or a checkpoint directory (which `overwrite`
+    may replace)."""
+    empty_dir = path.is_dir() and not any(path.iterdir())
+    if path.exists() and not empty_dir and not is_checkpoint_dir(path):
         kind = "directory" if path.is_dir() else "file"
         raise FileExistsError(f"refusing to replace {path}: it is a {kind} but not a certattn checkpoint (no "
                               f"{MARKER_FILE}); remove it yourself or choose another output directory")

@@ -562,14 +562,14 @@ def _validate_eos(eos_token_ids: Any, config: LlamaConfig) -> tuple[int, ...]:
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
             cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
             progress: bool = False, min_capacity: int | None = None,
-            check_finite: bool = True) -> tuple[KVCache, jax.Array]:
+            check_finite: bool = False) -> tuple[KVCache, jax.Array]:
     """Prefill prompts (token-id lists, right-padded into chunks of `prefill_chunk`) into a new cache of
     `capacity`; returns (cache, logits [B, V] at each prompt's last token), both ready (blocked on).
 
     cache_factory as in `generate`. A mode name or CacheSpec prefills into the dense staging cache and converts
     it once (`CacheSpec.from_staging`); another factory's cache prefills through its own `attend`.
-    The params are checked against the config and, with check_finite, for NaN / Inf (`check_params`; `generate`
-    checks them before its clock and passes False).
+    The params are checked against the config and, with check_finite, for NaN / Inf (`check_params`: a read of
+    every weight; `generate` checks them before its clock, and the loaders when they read them).
     """
     prompts = _validate_prompts(prompts, config)
     if not is_integer(prefill_chunk) or prefill_chunk < 1:

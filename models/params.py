@@ -106,6 +106,8 @@ def unfused_shapes(params: Params, config: LlamaConfig) -> Params:
     raises ValueError naming it."""
     if not isinstance(params, dict) or not isinstance(params.get("layers"), (list, tuple)):
         return params  # validate_params names what is wrong
+    # the stacked copy of the layer weights that `models.llama.params_for_decoding` adds for some schedules
+    params = {k: v for k, v in params.items() if k != "layers_stacked"}
     expected = config.param_shapes()["layers"][0]
     layers = []
     for i, layer in enumerate(params["layers"]):

@@ -259,7 +259,7 @@ def _flushed_query_case(huge_where: str, seed: int = 1):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("q_val", [6e-38, 1.1e-38])  # q / sqrt(32) subnormal; q itself subnormal
+@pytest.mark.parametrize("q_val", [6e-38, 1.1e-38, "mixed"])  # q / sqrt(32) subnormal; q subnormal; half
 @pytest.mark.parametrize("huge_where", ["blocks", "residual"])
 @pytest.mark.parametrize("eps", [0.05, 0.0])  # rung 0 asked; the exact rungs
 def test_query_elements_flushed_to_zero_with_huge_keys_are_bounded(dtype, q_val, huge_where, eps):
@@ -269,8 +269,10 @@ def test_query_elements_flushed_to_zero_with_huge_keys_are_bounded(dtype, q_val,
     of 0.0063 at rung 0; rung 4's bound missed it too). bounds.query_flush_delta now counts it."""
     policy = CertPolicy(block_size=16, group_size=16, k_max=1, eps=eps, abs_tol=0.0)
     k, v = _flushed_query_case(huge_where)
-    q = np.full((1, 1, 32), q_val, np.float32)
+    q = np.full((1, 1, 32), 6e-38 if q_val == "mixed" else q_val, np.float32)
     q[0, 0, ::2] *= 0.5  # two magnitudes, both flushed
+    if q_val == "mixed":  # half the channels ordinary (scores ~1e34: finite), half flushed
+        q[0, 0, 1::4] = 1e-3
     cache = _build(jnp.asarray(k, dtype), jnp.asarray(v, dtype), jnp.asarray([40], jnp.int32), policy)
     check(jnp.asarray(q), stored(k, dtype), stored(v, dtype), [40], cache, policy,
           what=f"flushed query {q_val} keys huge in the {huge_where}")
@@ -281,7 +283,7 @@ def test_the_query_flush_term_bounds_tiny_times_the_key_sum_without_overflow():
     keys at float32's largest value, and negligible (< 1e-30) for ordinary keys."""
     d = 128
     for k_abs in (np.full(d, 3.4e38, np.float32), np.geomspace(1e-38, 1e38, d).astype(np.float32),
-                  np.full(d, 10.0, np.float32), np.zeros(d, np.float32)):
+                  np.full(d, 10.0, np.float32), np.full(d, 1e-30, np.float32)):
         got = float(bounds.query_flush_delta(jnp.asarray(k_abs)))
         need = 2 * bounds.TINY * float(np.sum(k_abs.astype(np.float64)))
         assert math.isfinite(got) and got >= need, (k_abs[:3], got, need)
