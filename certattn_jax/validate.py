@@ -6,6 +6,10 @@ import math
 import numbers
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 
 def is_integer(x: Any) -> bool:
     """A Python or NumPy integer (not a bool, not an integral float such as 2.0)."""
@@ -25,10 +29,6 @@ def checked_counts(x: Any, batch: int, limit: int, name: str) -> tuple[Any, Any]
     Inside jit the values cannot be inspected: they come back clipped to [0, limit] together with the mask [batch]
     of the sequences whose count was outside, for the caller to poison (mark non-finite, NaN outputs); outside jit
     the mask is all False. Returns (counts int32 [batch], bad bool [batch])."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
     dtype = getattr(x, "dtype", None)

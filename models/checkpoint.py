@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from models.config import LlamaConfig, read_json
-from models.params import Params, params_to_numpy, validate_params
+from models.params import Params, dotted_name, params_to_numpy, validate_params
 from models.tokenizer import TOKENIZER_FILE, Tokenizer
 
 MARKER_FILE = "certattn_checkpoint.json"
@@ -87,11 +87,6 @@ def check_replaceable(path: Path) -> None:
                               f"{MARKER_FILE}); remove it yourself or choose another output directory")
 
 
-def _dotted(key_path: tuple[Any, ...]) -> str:
-    """``layers.3.wq`` for the tree path of a parameter (the names `validate_params` uses)."""
-    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
-
-
 def cast_array(x: Any, dtype: np.dtype, name: str) -> np.ndarray:
     """Host array `x` cast to `dtype`; ValueError naming parameter `name` where a value is beyond the dtype's range.
 
@@ -126,7 +121,7 @@ def cast_host_params(params: Params, dtype: Any) -> Params:
     dt = np.dtype(dtype)
     if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(f"params dtype must be floating, got {dt}")
-    return jax.tree_util.tree_map_with_path(lambda path, x: cast_array(x, dt, _dotted(path)), params)
+    return jax.tree_util.tree_map_with_path(lambda path, x: cast_array(x, dt, dotted_name(path)), params)
 
 
 def _checksums(params: Params) -> dict[str, int]:

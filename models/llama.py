@@ -41,6 +41,7 @@ from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mas
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from certattn_jax.validate import checked_counts
 from models.config import LlamaConfig
+from models.params import FUSED_LAYER_KEYS, STACKED_LAYERS
 from models.rope import apply_rope, rope_cos_sin
 from pallas_kernels import backend as pallas_backend
 from pallas_kernels import stacked_matmul as stacked_kernel
@@ -92,10 +93,9 @@ def fuse_projections(params: Params) -> Params:
     layers = []
     for layer in params["layers"]:
         layer = dict(layer)
-        if "wq" in layer:
-            layer["wqkv"] = jnp.concatenate([layer.pop("wq"), layer.pop("wk"), layer.pop("wv")], axis=1)
-        if "w_gate" in layer:
-            layer["w_gate_up"] = jnp.concatenate([layer.pop("w_gate"), layer.pop("w_up")], axis=1)
+        for fused, parts in FUSED_LAYER_KEYS.items():
+            if parts[0] in layer:
+                layer[fused] = jnp.concatenate([layer.pop(p) for p in parts], axis=1)
         layers.append(layer)
     return {**params, "layers": layers}
 
@@ -213,8 +213,10 @@ def _final_hidden(params: Params, config: LlamaConfig, x: jax.Array, new_lengths
     """The final norm of x [B, T, D]; never a silent wrong answer: a sequence that overflowed the cache, or whose
     valid length was out of range (bad [B], inside jit), gets NaN."""
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    bad = overflow_mask(new_lengths, capacity) if bad is None else overflow_mask(new_lengths, capacity) | bad
-    return jnp.where(bad[:, None, None], jnp.nan, x)
+    poison = overflow_mask(new_lengths, capacity)
+    if bad is not None:
+        poison = poison | bad
+    return jnp.where(poison[:, None, None], jnp.nan, x)
 
 
 def _step_is_rare(c_fast: KVCache, new_lengths: jax.Array) -> jax.Array:
@@ -466,7 +468,6 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     return x, cache
 
 
-STACKED_LAYERS = "layers_stacked"  # params key of the stacked layer weights (`with_stacked_layers`)
 
 
 def _stack_layer_weights(layers: Sequence[Params]) -> Params:

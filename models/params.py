@@ -27,6 +27,14 @@ from models.config import LlamaConfig
 Params = dict[str, Any]
 
 LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+# Fused projections (`models.llama.fuse_projections`): a layer may hold these concatenations instead of their parts.
+FUSED_LAYER_KEYS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+STACKED_LAYERS = "layers_stacked"  # params key of the stacked layer weights (`models.llama.with_stacked_layers`)
+
+
+def dotted_name(key_path: tuple[Any, ...]) -> str:
+    """``layers.3.wq`` for a parameter's tree path (the names `validate_params` uses)."""
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
 
 
 def param_path_names(config: LlamaConfig) -> list[str]:
@@ -96,10 +104,6 @@ def validate_params(params: Params, config: LlamaConfig, finite: bool = False) -
             raise ValueError(f"parameter {name!r} holds NaN or Inf values (a corrupt or mis-converted checkpoint)")
 
 
-# Fused projections (`models.llama.fuse_projections`): a layer may hold these concatenations instead of their parts.
-FUSED_LAYER_KEYS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
-
-
 def unfused_shapes(params: Params, config: LlamaConfig) -> Params:
     """The params' tree with every fused projection replaced by its parts' shapes (`jax.ShapeDtypeStruct`), so that
     `validate_params` checks a fused model too. A fused tensor whose width is not its parts' widths together
@@ -107,7 +111,7 @@ def unfused_shapes(params: Params, config: LlamaConfig) -> Params:
     if not isinstance(params, dict) or not isinstance(params.get("layers"), (list, tuple)):
         return params  # validate_params names what is wrong
     # the stacked copy of the layer weights that `models.llama.params_for_decoding` adds for some schedules
-    params = {k: v for k, v in params.items() if k != "layers_stacked"}
+    params = {k: v for k, v in params.items() if k != STACKED_LAYERS}
     expected = config.param_shapes()["layers"][0]
     layers = []
     for i, layer in enumerate(params["layers"]):
@@ -139,7 +143,7 @@ def nonfinite_parameter(params: Params) -> str | None:
     flags = np.asarray(jnp.stack([jnp.all(jnp.isfinite(leaf)) for _, leaf in leaves]))
     for (path, _), ok in zip(leaves, flags, strict=True):
         if not ok:
-            return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+            return dotted_name(path)
     return None
 
 
