@@ -25,6 +25,18 @@ from models.sampling import select_next
 # How many times each jitted function has been traced (tests use it to prove "compiles once").
 TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0, "decode_bridge": 0}
 
+# What `out` holds at a step whose logits were not all finite (NaN / Inf: an activation overflow, or a row the model
+# poisoned for bad input); the sequence stops there and `models.generate` raises `NonFiniteLogitsError` naming it.
+NONFINITE_TOKEN = -2
+
+
+def _token_or_marker(nxt: jax.Array, logits: jax.Array, stops: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(what `out` records [B], whether the sequence ends [B]): -1 where it stops (EOS or already done),
+    NONFINITE_TOKEN where its logits [B, V] hold a NaN / Inf (a token sampled from them would be garbage: argmax of
+    NaN is token 0), else the token."""
+    bad = ~jnp.all(jnp.isfinite(logits), axis=-1)
+    return jnp.where(bad, NONFINITE_TOKEN, jnp.where(stops, -1, nxt)), stops | bad
+
 
 def start_state(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key: jax.Array, temperature: jax.Array,
            top_p: jax.Array, *, greedy: bool, record: bool) -> tuple:
@@ -34,8 +46,8 @@ def start_state(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key
     cap = cache.capacity
     key, sub = jax.random.split(key)
     tok = select_next(first_logits, sub, greedy=greedy, temperature=temperature, top_p=top_p)
-    done = jnp.isin(tok, eos_ids)
-    out = jnp.full((B, cap), -1, jnp.int32).at[:, 0].set(jnp.where(done, -1, tok))
+    first, done = _token_or_marker(tok, first_logits, jnp.isin(tok, eos_ids))
+    out = jnp.full((B, cap), -1, jnp.int32).at[:, 0].set(first)
     rec0 = cache.step_record()
     records = jax.tree.map(lambda x: jnp.zeros((cap,) + x.shape, x.dtype), rec0) if record else {}
     return tok, done, out, key, records
@@ -57,9 +69,9 @@ def loop_parts(params: Params, config: LlamaConfig, max_new: jax.Array, eos_ids:
         nxt = pick(logits, sub)
         if record:
             records = jax.tree.map(lambda buf, r: buf.at[step].set(r), records, cache.step_record())
-        newly_done = jnp.isin(nxt, eos_ids)
-        out = out.at[:, step + 1].set(jnp.where(done | newly_done, -1, nxt))
-        return step + 1, cache, nxt, done | newly_done, out, key, records
+        written, ends = _token_or_marker(nxt, logits, jnp.isin(nxt, eos_ids))
+        out = out.at[:, step + 1].set(jnp.where(done, -1, written))
+        return step + 1, cache, nxt, done | ends, out, key, records
 
     def body(state):
         return advance(state, *forward_hidden(params, config, state[2][:, None], state[1]))

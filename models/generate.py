@@ -33,6 +33,7 @@ from certattn_jax.model_cache import CacheSpec, cache_spec
 from certattn_jax.validate import is_finite_number, is_integer
 from models.config import LlamaConfig
 from models.decode_loop import (
+    NONFINITE_TOKEN,
     TRACE_COUNTS,
     bridge_first_passes,
     bridge_start,
@@ -260,6 +261,19 @@ def compiled_decode_loop(config: LlamaConfig, greedy: bool, record: bool, args: 
         # the program only once they confirm the kernels it uses (else it is compiled again without them)
         _COMPILED[sig] = kernel_checks.compile_while_checking(lambda: _build(fn, args, options, (1,)))
     return _COMPILED[sig]
+
+
+class NonFiniteLogitsError(ValueError):
+    """A step's logits held a NaN or Inf (an activation overflow in the model, or a row it poisoned for bad input),
+    so no token could honestly be chosen. `output` is the GenerationOutput up to that step (its sequences cut
+    before the first bad step; `cache` as the decode left it), `rows` the (sequence, step) pairs that met one."""
+
+    def __init__(self, output: Any, rows: list[tuple[int, int]]):
+        where = ", ".join(f"sequence {i} at generated token {t}" for i, t in rows[:4])
+        super().__init__(f"non-finite logits (NaN or Inf) in {where}{' ...' if len(rows) > 4 else ''}: the model's "
+                         "activations overflowed or its inputs were bad; the tokens before it are this error's "
+                         "`.output`")
+        self.output, self.rows = output, rows
 
 
 class DecodeBridgeError(RuntimeError):
@@ -525,16 +539,22 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     decode_s = time.perf_counter() - t0
     steps = int(steps)
     done = np.asarray(done)
-    tokens = []
-    for row in out[:, :steps]:
+    tokens, nonfinite = [], []
+    for i, row in enumerate(out[:, :steps]):
         stop = np.flatnonzero(row < 0)
         tokens.append(row[: stop[0] if stop.size else steps].tolist())
+        if stop.size and row[stop[0]] == NONFINITE_TOKEN:
+            nonfinite.append((i, int(stop[0])))
     if record_steps:
         records = jax.tree.map(lambda x: np.asarray(x)[: max(steps - 1, 0)], records)
-    return GenerationOutput(tokens=tokens, finished=[bool(d) for d in done], prefill_seconds=prefill_s,
-                            decode_seconds=decode_s, compile_seconds=compile_s, num_steps=steps, cache=cache,
-                            step_records=records if record_steps else None,
-                            compile_wait_seconds=getattr(decode, "waited_s", 0.0))
+    bad = {i for i, _ in nonfinite}
+    result = GenerationOutput(tokens=tokens, finished=[bool(d) and i not in bad for i, d in enumerate(done)],
+                              prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s,
+                              num_steps=steps, cache=cache, step_records=records if record_steps else None,
+                              compile_wait_seconds=getattr(decode, "waited_s", 0.0))
+    if nonfinite:
+        raise NonFiniteLogitsError(result, nonfinite)
+    return result
 
 
 def check_params(params: Params, config: LlamaConfig, finite: bool = True) -> None:

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models import decode_loop as decode_loop_module
 from models import generate as gen
 from models import llama
 from models.config import LlamaConfig, RopeScaling
@@ -434,3 +435,39 @@ def test_the_model_level_inputs_of_the_thirtieth_session_audit_are_refused_or_po
         with pytest.raises(err, match="eos_token_ids"):
             run(eos_token_ids=eos)
     assert len(run(eos_token_ids=np.asarray([96])).tokens[0]) >= 1  # a NumPy array of ids is accepted
+
+
+def test_non_finite_logits_stop_the_sequence_and_raise_naming_it(monkeypatch):
+    """A step whose logits hold NaN / Inf (activations that overflow from finite weights) once chose token 0
+    (argmax of NaN) and went on silently. Now that sequence stops there and generate raises
+    NonFiniteLogitsError naming (sequence, step), with the tokens before it as `.output`."""
+    cfg, params = _setup("gqa", seed=6)
+    prompts = [[5, 6, 7], [8, 9]]
+    ref = gen.generate(params, cfg, prompts, 6, eos_token_ids=(), progress=False).tokens
+    # a real overflow from finite weights: one lm_head column of 3e38 sends every logit row to +-Inf (the first
+    # token's, from the prefill, already)
+    huge = {**params, "lm_head": params["lm_head"].at[:, 4].set(3e38)}
+    with pytest.raises(gen.NonFiniteLogitsError, match="sequence 0 at generated token 0") as info:
+        gen.generate(huge, cfg, prompts, 6, eos_token_ids=(), progress=False)
+    assert info.value.rows == [(0, 0), (1, 0)] and info.value.output.tokens == [[], []]
+    assert info.value.output.finished == [False, False]
+
+    # an overflow at a later step, injected where a token T would be chosen; the decode loops are traced again
+    trigger = ref[0][2]
+    first = [r.index(trigger) if trigger in r else None for r in ref]
+    assert first[0] == 2
+    real = decode_loop_module.logits_from_hidden
+
+    def overflowing(p, c, hidden):
+        logits = real(p, c, hidden)
+        hit = jnp.argmax(logits, axis=-1) == trigger
+        return jnp.where(hit[:, None], jnp.nan, logits)
+
+    monkeypatch.setattr(decode_loop_module, "logits_from_hidden", overflowing)
+    monkeypatch.setattr(gen, "_COMPILED", {})
+    monkeypatch.setattr(gen, "_BRIDGE_COMPILED", {})
+    with pytest.raises(gen.NonFiniteLogitsError, match="sequence 0 at generated token 2") as info:
+        gen.generate(params, cfg, prompts, 6, eos_token_ids=(), progress=False)
+    assert info.value.rows == [(i, f) for i, f in enumerate(first) if f is not None]
+    assert info.value.output.tokens == [r[:f] if f is not None else r for r, f in zip(ref, first, strict=True)]
+    assert info.value.output.finished == [False, False]
