@@ -562,13 +562,15 @@ class TieredKVCache:
         tokens *as stored*.
 
         When the inputs are wider than the cache dtype (float32 into bf16/f16) the stored values are the inputs
-        rounded: the range and the norm are widened by that rounding (`quant.narrowing_slack`: half an ulp,
-        relative, plus half the smallest subnormal per channel) so that they cover every stored value, and an input
-        at or beyond the dtype's largest finite value (it may round to Inf) sets the flag. Computing them from an
-        f32 -> bf16 -> f32 round trip is not an option: XLA may elide the round trip (excess precision, on GPU).
-        (An f32 1002.1 is stored as 1000 in bf16; 7e4 is Inf in f16: the audit found a range recorded before the
-        cast, 0.2 against a stored 4.) The norm is noted here, per token, rather than per flushed block plus the
-        residual at every step: the step then reads one number (docs/performance.md, twenty-first session).
+        rounded: the extremes are rounded as the cast rounds them (`_stored_extremes`), so the range is the stored
+        values' own, and the norm is widened by that rounding (`quant.narrowing_slack`); an input at or beyond the
+        dtype's largest finite value (it may round to Inf) sets the flag. An f32 -> bf16 -> f32 round trip is not
+        an option: XLA may elide it (excess precision, on GPU). (An f32 1002.1 is stored as 1000 in bf16; 7e4 is
+        Inf in f16: an audit found a range recorded before the cast, 0.2 against a stored 4. Widening the range by
+        half an ulp per side instead, as before, inflated the tolerance eps ||r|| up to 3x: values 1000 and 1004
+        written as float32 into bf16 were certified against 2.96 eps times their stored range.) The norm is noted
+        here, per token, rather than per flushed block plus the residual at every step: the step then reads one
+        number (docs/performance.md, twenty-first session).
         """
         T = k.shape[1]
         mask = (jnp.arange(T)[None, :] < valid[:, None])[:, :, None, None]  # [B, T, 1, 1]
@@ -579,8 +581,7 @@ class TieredKVCache:
         norms = quant.norm_upper(v32)  # [B, T, H]
         slack = quant.narrowing_slack(k.dtype, self.dtype)
         if slack is not None:
-            lo = jnp.where(jnp.isfinite(lo), lo - jnp.abs(lo) * slack.rel - slack.absolute, lo)
-            hi = jnp.where(jnp.isfinite(hi), hi + jnp.abs(hi) * slack.rel + slack.absolute, hi)
+            lo, hi = _stored_extremes(lo, hi, self.dtype)
             finite = finite & (jnp.abs(k32) < slack.fmax) & (jnp.abs(v32) < slack.fmax)
             norms = quant.widen_norm(norms, slack, v.shape[-1])
         v_min = jnp.minimum(self.v_min, lo)
@@ -791,6 +792,20 @@ def _quantize_blocks(blocks_k: jax.Array, blocks_v: jax.Array, key_bits: int, gr
             # bf16 rounded up (upper bounds stay upper bounds) keeps tier 1 within 44% of dense bf16
             "v_mean_err": quant.round_up_to_bf16(quant.mean_error_norm(blocks_v, v_hat)),
             "v_err_op": quant.round_up_to_bf16(quant.error_op_norm(blocks_v, v_hat))}
+
+
+def _stored_extremes(lo: jax.Array, hi: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """The per-channel extremes lo, hi (float32) of values about to be cast to the narrower `dtype`, as that cast
+    stores them (`quant.round_nearest_to`; rounding is monotone, so the rounded extremes are the stored values'
+    extremes). Within float32's smallest normal of 0 a platform may store 0 instead (it flushes subnormal inputs,
+    and XLA:CPU's min / max may read them as 0): there each extreme also covers 0 and moves out by TINY, so the
+    recorded range covers the stored one and exceeds it by at most 2 TINY per channel (`bounds.tolerance_range`
+    takes that off again)."""
+    tiny = bounds.TINY
+    lo, hi = quant.round_nearest_to(lo, dtype), quant.round_nearest_to(hi, dtype)
+    lo = jnp.where(jnp.abs(lo) <= tiny, jnp.minimum(lo, 0.0) - tiny, lo)
+    hi = jnp.where(jnp.abs(hi) <= tiny, jnp.maximum(hi, 0.0) + tiny, hi)
+    return lo, hi
 
 
 def _running_maxima(c: TieredKVCache, t1: dict[str, jax.Array], stored: jax.Array) -> dict[str, jax.Array]:

@@ -19,7 +19,8 @@ class Certificate:
     error_bound: proven bound on ||o_returned - o_exact||_2 against exact attention over the tier-2 originals
                  (= e_key + e_val + e_num; +inf when nothing can be proven, e.g. NaN/Inf in the cache).
     e_key, e_val, e_num: the key (softmax perturbation), value (quantization) and floating-point terms.
-    tolerance:   eps * value_scale + abs_tol for this head (see CertPolicy).
+    tolerance:   eps * value_scale + abs_tol for this head (see CertPolicy), value_scale a lower bound of the
+                 norm of the stored values' per-channel range (`bounds.tolerance_range`).
     k_star:      number of blocks attended with exact keys (and values).
     rung:        0 = certified as is, 1 = widened K*, 2 = exact values promoted, 3 = exact dense for the head,
                  4 = exact dense for the whole layer.

@@ -159,9 +159,10 @@ class CertPolicy:
     shapes the step falls back to the jnp computation of that part (same bound).
     Tolerances
       eps:         a head is certified when error_bound <= eps * value_scale + abs_tol, where value_scale is
-                   ||r||_2, r_c = max_i v_ic - min_i v_ic the per-channel range of that KV head's values
-                   (so eps is a relative error of the attention output, relative to how much the output
-                   can vary at all). See docs/bounds.md.
+                   ||r||_2, r_c = max_i v_ic - min_i v_ic the per-channel range of that KV head's values as
+                   the cache stores them (so eps is a relative error of the attention output, relative to how
+                   much the output can vary at all; taken from a lower bound of ||r||_2, so a certificate never
+                   measures against more). See docs/bounds.md section 6.
       abs_tol:     absolute slack added to the tolerance (default 0).
       tau_cov:     adaptive K*: the smallest number of top blocks whose estimated mass (plus the exact
                    residual block's) reaches tau_cov for every query head of the KV head.

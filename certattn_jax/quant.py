@@ -277,6 +277,40 @@ def narrowing_slack(src, dst) -> NarrowingSlack | None:
     return NarrowingSlack(rel=float(b.eps) / 2 * (1.0 + 2.0 ** -20), absolute=absolute, fmax=float(b.max))
 
 
+def round_nearest_to(x: jax.Array, dtype) -> jax.Array:
+    """float32 x rounded to the nearest value of `dtype` (bfloat16 or float16, ties to even), as float32: what a
+    cast to dtype stores. Computed on the bit pattern with integer operations, so that no compiler can elide it
+    (XLA on GPU drops f32 -> bf16 -> f32 round trips under its excess-precision rule) and no float flushing
+    touches it. Overflow gives +-inf, NaN stays NaN, and float16's subnormals are rounded on their fixed grid of
+    2^-24. A platform that flushes subnormal float32 inputs stores 0 where this returns a bfloat16 subnormal (a
+    difference below float32's smallest normal; callers allow for it)."""
+    dt = jnp.dtype(dtype)
+    x = x.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    if dt == jnp.bfloat16:  # the top 16 bits of a float32, rounded to nearest even on the 16 dropped
+        rounded = (bits + jnp.uint32(0x7FFF) + ((bits >> 16) & jnp.uint32(1))) & jnp.uint32(0xFFFF0000)
+        return jnp.where(jnp.isnan(x), x, jax.lax.bitcast_convert_type(rounded, jnp.float32))
+    if dt != jnp.float16:
+        raise ValueError(f"round_nearest_to rounds to bfloat16 or float16, not {dt}")
+    mag = bits & jnp.uint32(0x7FFFFFFF)
+    # normal float16 range (from 2^-14): 10 of float32's 23 mantissa bits kept, to nearest even; 2^16 and above
+    # (65520 rounds up to it) is beyond float16's largest finite value: inf
+    normal = (mag + jnp.uint32(0xFFF) + ((mag >> 13) & jnp.uint32(1))) & jnp.uint32(0xFFFFE000)
+    normal = jnp.where(normal >= jnp.uint32(0x47800000), jnp.uint32(0x7F800000), normal)
+    # subnormal range (below 2^-14): multiples k 2^-24 of the smallest subnormal, k = the significand m (implicit
+    # bit included) shifted right by s = 126 - exponent, rounded to nearest even; s >= 25 (below 2^-25) gives 0
+    exponent = (mag >> 23).astype(jnp.int32)
+    m = (mag & jnp.uint32(0x7FFFFF)) | jnp.uint32(0x800000)
+    s = jnp.clip(126 - exponent, 1, 31).astype(jnp.uint32)
+    half = (jnp.uint32(1) << (s - jnp.uint32(1))) - jnp.uint32(1)
+    k = (m + half + ((m >> s) & jnp.uint32(1))) >> s
+    k = jnp.where((126 - exponent >= 25) | (exponent == 0), jnp.uint32(0), k)
+    sub = k.astype(jnp.float32) * jnp.float32(2.0 ** -24)  # exact: k <= 2^10
+    out = jnp.where(mag >= jnp.uint32(0x38800000), jax.lax.bitcast_convert_type(normal, jnp.float32), sub)
+    out = jnp.where(bits >> 31 == jnp.uint32(1), -out, out)
+    return jnp.where(jnp.isnan(x), x, out)
+
+
 def widen_norm(norm: jax.Array, slack: NarrowingSlack, d: int) -> jax.Array:
     """An upper bound of ||stored||_2 from norm >= ||x||_2 (float32) of a d-vector x stored with `slack`:
     ||stored|| <= (1 + rel) ||x|| + absolute sqrt(d), rounded up."""

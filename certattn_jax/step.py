@@ -211,7 +211,7 @@ def value_terms(cache: TieredKVCache, policy: CertPolicy, block_valid: jax.Array
     # v_norm_max: every token written, the residual's included (noted at the write, `TieredKVCache._note_values`)
     return ValueTerms(eta=eta, eta_mean=eta_mean, eta_op=eta_op, value_range=value_range,
                       key_scale=key_term_scale(value_range, cache.v_norm_max), stats=stats,
-                      tolerance=policy.eps * value_range + policy.abs_tol)
+                      tolerance=policy.eps * bounds.tolerance_range(value_range, cache.head_dim) + policy.abs_tol)
 
 
 def residual_partials(qt: QueryTerms, cache: TieredKVCache) -> tuple[Partials, jax.Array]:

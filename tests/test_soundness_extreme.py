@@ -124,6 +124,59 @@ def test_incremental_float32_inputs_into_low_precision_caches(dtype, policy, mod
         assert np.all(got >= norms) and np.all(got <= norms * (1 + 4 * float(jnp.finfo(dtype).eps)) + 1e-30)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("values", ["offset_representable", "offset_rounded", "plain", "subnormal_zone"])
+@pytest.mark.parametrize("mode", ["tokens", "chunks"])
+def test_the_tolerance_is_measured_against_the_stored_range(dtype, values, mode):
+    """`certified` means error_bound <= eps ||r||_2 + abs_tol with r the range of the values the cache *stores*.
+    An audit (2026-12-07) found float32 tokens written into a bf16 cache certified against 2.96 eps ||r||: the
+    recorded range was widened by half an ulp per side (values 1000 and 1004, range 4, ulp 4), and the tolerance
+    was computed from it. Now the extremes are rounded as the cast rounds them: the recorded range is the stored
+    one (tightly, outside the subnormal zone), and the tolerance never exceeds eps ||r_stored|| + abs_tol."""
+    rng = np.random.default_rng(hash((str(dtype), values, mode)) % 2 ** 32)
+    B, T, H, G, d = 2, 45, 2, 2, 16
+    k = rng.standard_normal((B, T, H, d)).astype(np.float32)
+    v = {"offset_representable": 1000.0 + 4.0 * rng.integers(0, 2, (B, T, H, d)),
+         "offset_rounded": 1002.0 + 3.0 * rng.standard_normal((B, T, H, d)),
+         "plain": rng.standard_normal((B, T, H, d)),
+         "subnormal_zone": 1e-39 * rng.standard_normal((B, T, H, d))}[values].astype(np.float32)
+    v[1, :, 1] = rng.standard_normal((T, d)) * 5  # a plain head beside it
+    q = (rng.standard_normal((B, H * G, d)) * 2).astype(np.float32)
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2, eps=0.05, abs_tol=0.0)
+    cache = _build_incremental(jnp.asarray(k), jnp.asarray(v), dtype, policy, mode)
+    vs = stored(v, dtype)  # what the cache holds
+    lo, hi = np.asarray(cache.v_min, np.float64), np.asarray(cache.v_max, np.float64)
+    assert np.all(lo <= vs.min(axis=1)) and np.all(hi >= vs.max(axis=1))  # still covers every stored value
+    slack = 2 * bounds.TINY
+    assert np.all(lo >= vs.min(axis=1) - slack) and np.all(hi <= vs.max(axis=1) + slack)  # and no more
+    _, c, _ = check(jnp.asarray(q), stored(k, dtype), vs, np.full(B, T), cache, policy, what=f"{values} {mode}")
+    r_stored = np.linalg.norm(vs.max(axis=1) - vs.min(axis=1), axis=-1)  # [B, H]
+    allowed = policy.eps * np.repeat(r_stored, G, axis=1)
+    assert np.all(c.tolerance.astype(np.float64) <= allowed), (c.tolerance, allowed)
+    assert np.all(c.tolerance >= allowed * (1 - 1e-3) - 1e-30)  # lower only by the norm's rounding margins
+    assert not np.any(c.certified & (c.error_bound > allowed))
+
+
+def test_rounding_to_bf16_and_f16_matches_the_cast_bit_for_bit():
+    """`quant.round_nearest_to` (integer operations, no float rounding for a compiler to elide) is the cast:
+    random bit patterns (every exponent, NaN, Inf, subnormals) and the edges (f16's largest finite value, the
+    halfway points to Inf and to its smallest subnormal)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 2 ** 32, size=200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.asarray([0.0, -0.0, 65504, 65519.99, 65520, -65520, 6.1035156e-05, 5.9604645e-08, 2.9802322e-08,
+                        2.99e-08, 1e-45, 1e-39, -1e-39, np.inf, -np.inf, 3.4e38, 1000.1, 1002.1, 1003.0, 1005.0],
+                       np.float32)
+    x = np.concatenate([x, edges])
+    for dtype, np_dtype in ((jnp.bfloat16, ml_dtypes.bfloat16), (jnp.float16, np.float16)):
+        got = np.asarray(jax.jit(lambda a, dt=dtype: quant.round_nearest_to(a, dt))(x))
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = x.astype(np_dtype).astype(np.float32)
+        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (dtype, x[~same][:5], got[~same][:5], want[~same][:5])
+
+
 def test_f16_overflow_from_float32_inputs_sets_nonfinite():
     """f32 inputs above 65504 become Inf in an f16 cache: the head must be flagged and never certified."""
     B, T, H, G, d = 1, 40, 2, 2, 32
