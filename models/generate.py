@@ -50,7 +50,7 @@ from models.llama import (
     logits_from_hidden,
     params_for_decoding,
 )
-from models.params import nonfinite_parameter, unfused_shapes, validate_params
+from models.params import STACKED_LAYERS, nonfinite_parameter, stale_stacked_layers, unfused_shapes, validate_params
 
 CAPACITY_BUCKET = 256
 
@@ -218,12 +218,27 @@ def decode_bridge(cache: Any) -> bool:
     return bool(on) and has_rung0_first_pass(cache) and decode_loop_kind(cache) == "plain" and not prefetch
 
 
+def _jax_settings() -> tuple:
+    """The JAX settings a trace depends on, as `jax.jit` keys its own cache on them (its trace context: PRNG
+    partitioning, default matmul precision, x64, dtype promotion, ...). A setting changed between two `generate`
+    calls once reused the first call's program: `jax_threefry_partitionable` flipped, the same sampled tokens as
+    before where a fresh process gave others (audit of 2026-12-07)."""
+    try:
+        from jax._src import config as jax_config
+
+        return ("trace_context", jax_config.trace_context())
+    except (ImportError, AttributeError):  # a jax without it: the public settings that change a decode loop
+        names = ("jax_threefry_partitionable", "jax_default_matmul_precision", "jax_enable_x64",
+                 "jax_default_prng_impl", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion")
+        return tuple((n, str(getattr(jax.config, n, None))) for n in names)
+
+
 def _signature(name: str, config: LlamaConfig, greedy: bool, record: bool, loop: str, options: dict,
                args: tuple) -> tuple:
-    """A compiled program's cache key: its name, the static settings, and its arguments' shapes, dtypes and
-    memory kinds (only shapes matter: a different max_new reuses the executable)."""
+    """A compiled program's cache key: its name, the static settings, the JAX settings (`_jax_settings`), and its
+    arguments' shapes, dtypes and memory kinds (only shapes matter: a different max_new reuses the executable)."""
     leaves, treedef = jax.tree.flatten(args)
-    return (name, config, greedy, record, loop, tuple(sorted(options.items())), treedef, tuple(
+    return (name, config, greedy, record, loop, tuple(sorted(options.items())), _jax_settings(), treedef, tuple(
         (np.shape(x), str(jnp.result_type(x)), getattr(getattr(x, "sharding", None), "memory_kind", None))
         for x in leaves))
 
@@ -565,6 +580,10 @@ def check_params(params: Params, config: LlamaConfig, finite: bool = True) -> No
     bad = nonfinite_parameter(params) if finite else None
     if bad is not None:
         raise ValueError(f"parameter {bad!r} holds NaN or Inf values: generation would emit garbage tokens")
+    stale = stale_stacked_layers(params)
+    if stale is not None:
+        raise ValueError(f"params['{STACKED_LAYERS}'] {stale}: rebuild it with models.llama.with_stacked_layers "
+                         "after changing params['layers'], or drop it")
 
 
 def _validate_eos(eos_token_ids: Any, config: LlamaConfig) -> tuple[int, ...]:

@@ -480,7 +480,9 @@ def with_stacked_layers(params: Params) -> Params:
     the "straight-looped" and "adaptive" schedules read by index. Build it once, outside the decode loop
     (`params_for_decoding`; `generate` and the eval's loops do): a loop given only the per-layer weights stacks
     them on every step (476 µs per SmolLM2 step on the H200, traced; docs/performance.md, 2026-12-02). It costs
-    the layer weights' bytes once more on the device."""
+    the layer weights' bytes once more on the device. The copy is kept as it is when params already carry one:
+    after changing params["layers"], drop it and build it again (`generate` refuses a copy that differs from the
+    layers: `models.params.stale_stacked_layers`)."""
     if STACKED_LAYERS in params:
         return params
     return {**params, STACKED_LAYERS: jax.jit(_stack_layer_weights)(params["layers"])}

@@ -134,6 +134,38 @@ def unfused_shapes(params: Params, config: LlamaConfig) -> Params:
     return {**params, "layers": layers}
 
 
+def stale_stacked_layers(params: Params) -> str | None:
+    """What is wrong with the stacked copy of the layer weights that params may carry (`STACKED_LAYERS`, built by
+    `models.llama.with_stacked_layers`), or None when there is none or it holds exactly `params["layers"]`. A decode
+    loop's first passes read the copy and everything else the layers, so a copy left from weights since replaced
+    decoded with the old ones under rung-0 certificates (audit of 2026-12-07). Compared weight by weight and layer
+    by layer where they live (one small reduction each, dispatched without waiting, the flags back in one
+    transfer); call it after `validate_params`."""
+    stacked = params.get(STACKED_LAYERS) if isinstance(params, dict) else None
+    if stacked is None:
+        return None
+    layers = params.get("layers")
+    if not isinstance(stacked, dict) or not isinstance(layers, (list, tuple)) or not layers:
+        return "is not a dict of stacked layer weights beside a list of layers"
+    names = sorted(layers[0])
+    if sorted(stacked) != names:
+        return f"holds {sorted(stacked)} but the layers hold {names}"
+    checks, flags = [], []
+    for name in names:
+        w, ref = stacked[name], layers[0][name]
+        want = (len(layers), *np.shape(ref))
+        if tuple(np.shape(w)) != want or getattr(w, "dtype", None) != getattr(ref, "dtype", None):
+            return (f"'{name}' is {tuple(np.shape(w))} {getattr(w, 'dtype', None)}, expected {want} "
+                    f"{getattr(ref, 'dtype', None)} from the layers")
+        for i, layer in enumerate(layers):
+            checks.append((name, i))
+            flags.append(jnp.array_equal(w[i], layer[name]))
+    for (name, i), same in zip(checks, np.asarray(jnp.stack(flags)), strict=True):
+        if not same:
+            return f"'{name}' of layer {i} differs from params['layers'][{i}]['{name}'] (a stale copy)"
+    return None
+
+
 def nonfinite_parameter(params: Params) -> str | None:
     """The dotted name of the first tensor holding NaN or Inf, or None. Each array is reduced where it lives
     (one small reduction per tensor, dispatched without waiting) and the flags come back in one transfer."""

@@ -91,8 +91,7 @@ def verdict_cache_path() -> Path | None:
     return Path(where) if where else Path.home() / ".cache" / "certattn_jax" / "kernel_selftest.json"
 
 
-@functools.cache
-def _sources_digest() -> str:
+def _digest_sources() -> str:
     """A hash of every Python source of the kernels and of the certified path (the references they are held to)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
@@ -100,6 +99,30 @@ def _sources_digest() -> str:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
+
+
+# Hashed when this module is imported (beside the code it vouches for), not at the first check: a checkout or an
+# edit between the two once stored the old code's verdict under the new code's key (audit of 2026-12-07).
+_SOURCES_DIGEST = _digest_sources()
+
+
+def _sources_digest() -> str:
+    return _SOURCES_DIGEST
+
+
+def _memo_per_mode(fn: Callable) -> Callable:
+    """`functools.cache` of fn, keyed also by `runs_compiled_kernels()`: a True answered without a check (interpret
+    mode) must not vouch for compiled kernels later in the same process (CERTATTN_PALLAS_INTERPRET unset, audit of
+    2026-12-07). `cache_clear` clears it."""
+    cached = functools.cache(lambda compiled, *args, **kwargs: fn(*args, **kwargs))
+
+    @functools.wraps(fn)
+    def memo(*args, **kwargs):
+        return cached(runs_compiled_kernels(), *args, **kwargs)
+
+    memo.cache_clear = cached.cache_clear
+    memo.cache_info = cached.cache_info
+    return memo
 
 
 def _verdict_key(what: str, config: dict[str, int | str]) -> str:
@@ -601,7 +624,7 @@ def _rung0_stage_problem(got, ref) -> str | None:
     return None
 
 
-@functools.cache
+@_memo_per_mode
 def rung0_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int,
                   k_max: int, hot_slots: int = 0, tuning: tuple[int, int] | None = None,
                   select: str = "loop", layer_view: bool = False, picks: str | None = None) -> bool:
@@ -674,7 +697,7 @@ def warm_compiler(interpret: bool = False) -> None:
     xla_options.jit(pl.pallas_call(add_one, out_shape=shape, interpret=interpret)).lower(shape).compile()
 
 
-@functools.cache
+@_memo_per_mode
 def tier1_trusted(block_size: int, head_dim: int, group_size: int, key_bits: int, value_bits: int) -> bool:
     """Whether the certified path may use the compiled tier-1 kernel for this configuration (module docstring);
     True without a check where no compiled kernel executes (`runs_compiled_kernels`). Checked once per
@@ -723,7 +746,7 @@ def gather_disagreement(block_size: int, head_dim: int, host_dtype: str, dst_dty
     return _eagerly(check)
 
 
-@functools.cache
+@_memo_per_mode
 def gather_trusted(block_size: int, head_dim: int, host_dtype: str, dst_dtype: str) -> bool:
     """Whether rung 1's fetch may use the compiled `gather_blocks` kernel for this configuration; True without
     a check where no compiled kernel executes. Checked once per configuration and process (and machine and
@@ -776,7 +799,7 @@ def write_disagreement(block_size: int, head_dim: int, dtype: str, run: Callable
     return _eagerly(check)
 
 
-@functools.cache
+@_memo_per_mode
 def write_trusted(block_size: int, head_dim: int, dtype: str) -> bool:
     """Whether a model cache's decode step may write its token with the compiled `write_token` kernel for this
     configuration; True without a check where no compiled kernel executes."""

@@ -471,3 +471,46 @@ def test_non_finite_logits_stop_the_sequence_and_raise_naming_it(monkeypatch):
     assert info.value.rows == [(i, f) for i, f in enumerate(first) if f is not None]
     assert info.value.output.tokens == [r[:f] if f is not None else r for r, f in zip(ref, first, strict=True)]
     assert info.value.output.finished == [False, False]
+
+
+def test_a_jax_setting_changed_between_generate_calls_is_honoured(monkeypatch):
+    """The compiled decode loops are cached by `generate`'s own key; it once left out JAX's settings, so a second
+    call after `jax_threefry_partitionable` flipped reused the first call's program and sampled other tokens than
+    a fresh process (audit of 2026-12-07). The key now holds them, as jax.jit's does."""
+    cfg, params = _setup("gqa")
+
+    def run():
+        return gen.generate(params, cfg, [[1, 2, 3]], 8, temperature=1.5, seed=3, eos_token_ids=(),
+                            progress=False).tokens
+
+    before = jax.config.jax_threefry_partitionable
+    first = run()
+    try:
+        jax.config.update("jax_threefry_partitionable", not before)
+        second = run()
+        monkeypatch.setattr(gen, "_COMPILED", {})
+        monkeypatch.setattr(gen, "_BRIDGE_COMPILED", {})
+        fresh = run()
+    finally:
+        jax.config.update("jax_threefry_partitionable", before)
+    assert first != fresh  # the setting changes the samples (else this test would prove nothing)
+    assert second == fresh
+
+
+def test_a_stale_stacked_copy_of_the_layers_is_refused():
+    """params carrying `layers_stacked` (`with_stacked_layers`, which keeps a copy already there) whose `layers`
+    were replaced afterwards: the certified first passes read the stale copy and decoded with the old weights under
+    rung-0 certificates (audit of 2026-12-07). generate now refuses a copy that differs from the layers, by name."""
+    cfg, params = _setup("gqa")
+    _, other = _setup("gqa", seed=1)
+    stacked = llama.with_stacked_layers(params)
+    assert gen.generate(stacked, cfg, [[1, 2, 3]], 3, eos_token_ids=(), progress=False).tokens  # a true copy passes
+    edited = {**stacked, "layers": other["layers"]}
+    with pytest.raises(ValueError, match=r"layers_stacked'\] 'w\w+' of layer 0 differs .* stale copy"):
+        gen.generate(edited, cfg, [[1, 2, 3]], 3, eos_token_ids=(), progress=False)
+    one_layer = [other["layers"][0], params["layers"][1]]  # only layer 0 replaced
+    with pytest.raises(ValueError, match="of layer 0 differs"):
+        gen.generate({**stacked, "layers": one_layer}, cfg, [[1, 2, 3]], 3, eos_token_ids=(), progress=False)
+    short = {**stacked, "layers_stacked": {k: v[:1] for k, v in stacked["layers_stacked"].items()}}
+    with pytest.raises(ValueError, match=r"expected \(2, "):
+        gen.generate(short, cfg, [[1, 2, 3]], 3, eos_token_ids=(), progress=False)

@@ -69,7 +69,8 @@ def test_an_untrusted_kernel_sends_the_certified_path_to_jnp(monkeypatch):
         assert step.tier1_kernel_runs(cache, "pallas")  # interpret mode: no check
         monkeypatch.setattr(selftest, "tier1_disagreement", fake_check)
         assert step.tier1_kernel_runs(cache, "pallas") and not calls  # cached verdict of interpret mode
-        selftest.tier1_trusted.cache_clear()
+        # compiled kernels from now on (CERTATTN_PALLAS_INTERPRET unset): interpret mode's True, kept in the same
+        # process, must not vouch for them (it did until 2026-12-07: no check ever ran)
         monkeypatch.setattr(selftest, "runs_compiled_kernels", lambda: True)
         with pytest.warns(RuntimeWarning, match="block_size=16.*acc off by"):
             assert not step.tier1_kernel_runs(cache, "pallas")

@@ -53,8 +53,8 @@ def summary(out: gen.GenerationOutput) -> dict:
     if out.step_records is not None:
         for path, leaf in jax.tree_util.tree_flatten_with_path(out.step_records)[0]:
             a = np.asarray(leaf)
-            rec[jax.tree_util.keystr(path)] = [digest(a), float(np.nansum(np.where(np.isinf(a), 0, a), dtype=np.float64))
-                                               if a.dtype != bool else int(a.sum())]
+            total = int(a.sum()) if a.dtype == bool else float(np.nansum(np.where(np.isinf(a), 0, a), dtype=np.float64))
+            rec[jax.tree_util.keystr(path)] = [digest(a), total]
     return {"tokens": out.tokens, "finished": out.finished, "steps": out.num_steps, "records": rec}
 
 
@@ -105,7 +105,8 @@ CASES = {
     "cert_bits": lambda: _base(mode="certified", policy=POLICY.replace(key_bits=4, value_bits=2)),
     "cert_immediate": lambda: _base(mode="certified", policy=POLICY.replace(hot_refresh="immediate", eps=1e-3)),
     "cert_adaptive": lambda: _base(mode="certified", schedule="adaptive"),
-    "cert_straight_looped": lambda: _base(mode="certified", schedule="straight-looped", policy=POLICY.replace(eps=1e-3)),
+    "cert_straight_looped": lambda: _base(mode="certified", schedule="straight-looped",
+                                          policy=POLICY.replace(eps=1e-3)),
     "cert_two_pass": lambda: _base(mode="certified", schedule="two-pass"),
     "cert_bf16": lambda: _base(mode="certified", dtype=jnp.bfloat16),
     "cert_sample": lambda: _base(mode="certified", temperature=0.9, seed=3),
