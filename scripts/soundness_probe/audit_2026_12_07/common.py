@@ -113,3 +113,25 @@ class Tally:
     def summary(self):
         return (f"[{PATH}] {self.name}: cases={self.cases} head_steps={self.head_steps} rungs={self.rungs} "
                 f"violations={len(self.viol)} notes={len(self.notes)}")
+
+
+def hot_set_consistent(t: Tally, tag, cache, K64, V64):
+    """Every hot slot holds exactly the tier-2 original of its block; tier 2 holds the inputs."""
+    ids = np.asarray(cache.hot_ids)
+    hk, hv = f64(cache.hot_k), f64(cache.hot_v)
+    Bk = cache.block_size
+    flushed = np.asarray(cache.flushed)
+    for b in range(ids.shape[0]):
+        for h in range(ids.shape[1]):
+            live = [i for i in ids[b, h] if i >= 0]
+            if len(set(live)) != len(live):
+                t.bad(f"{tag} b={b} h={h}: duplicate hot ids {ids[b, h]}")
+            for s, i in enumerate(ids[b, h]):
+                if i < 0:
+                    continue
+                if i >= flushed[b] // Bk:
+                    t.bad(f"{tag} b={b} h={h}: hot block {i} not a full block (flushed {flushed[b]})")
+                    continue
+                if not (np.array_equal(hk[b, h, s], K64[b, i * Bk:(i + 1) * Bk, h])
+                        and np.array_equal(hv[b, h, s], V64[b, i * Bk:(i + 1) * Bk, h])):
+                    t.bad(f"{tag} b={b} h={h}: hot slot {s} (block {i}) differs from the originals")

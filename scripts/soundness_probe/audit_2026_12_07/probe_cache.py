@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from common import PATH, Tally, dequantized, f64  # noqa: E402
+from common import PATH, Tally, dequantized, f64, hot_set_consistent  # noqa: E402
 
 from certattn_jax import bounds, quant  # noqa: E402
 from certattn_jax.attention import certified_attention_step  # noqa: E402
@@ -154,22 +154,7 @@ def check_truth(t: Tally, tag, c: TieredKVCache, K, V, lens, mid_step=False):
             if (stored[b, h, bounds.STAT_ABS_NORM] < np.linalg.norm(vabs)
                     or stored[b, h, bounds.STAT_ABS_MAX] < vabs.max()):
                 t.bad(f"{tag} b={b} h={h}: stored |value| statistics below the truth")
-    # hot set
-    ids = np.asarray(c.hot_ids)
-    hotk, hotv = f64(c.hot_k), f64(c.hot_v)
-    for b in range(B):
-        for h in range(H):
-            live = [i for i in ids[b, h] if i >= 0]
-            if len(set(live)) != len(live):
-                t.bad(f"{tag} b={b} h={h}: duplicate hot ids {ids[b, h]}")
-            for s, i in enumerate(ids[b, h]):
-                if i < 0:
-                    continue
-                if i >= F[b] // Bk:
-                    t.bad(f"{tag} b={b} h={h}: hot slot {s} holds block {i}, not full (flushed {F[b]})")
-                elif not (np.array_equal(hotk[b, h, s], K[b, i * Bk:(i + 1) * Bk, h])
-                          and np.array_equal(hotv[b, h, s], V[b, i * Bk:(i + 1) * Bk, h])):
-                    t.bad(f"{tag} b={b} h={h}: hot slot {s} (block {i}) differs from the originals")
+    hot_set_consistent(t, tag, c, K, V)
 
 
 ULP_NOTES = {}

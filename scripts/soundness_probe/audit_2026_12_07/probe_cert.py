@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from common import PATH, Tally, attn64, dequantized, f64, mixed64, split_errors, subsets  # noqa: E402
+from common import PATH, Tally, attn64, dequantized, f64, hot_set_consistent, mixed64, split_errors, subsets  # noqa: E402,E501
 
 from certattn_jax import ladder, step  # noqa: E402
 from certattn_jax.attention import certified_attention_step, dense_attention  # noqa: E402
@@ -228,28 +228,6 @@ def check_step(t: Tally, tag, q, cache_before, cache_after, out, cert, policy, K
                 if tail > weakest + policy.rank_margin + 0.05:
                     t.bad(f"{where}: ranking_ok but tail block log-mass {tail:.4f} > weakest promoted {weakest:.4f} "
                           f"+ margin {policy.rank_margin} (S={sorted(S)})")
-
-
-def hot_set_consistent(t: Tally, tag, cache, K64, V64):
-    """Every hot slot holds exactly the tier-2 original of its block; tier 2 holds the inputs."""
-    ids = np.asarray(cache.hot_ids)
-    hk, hv = f64(cache.hot_k), f64(cache.hot_v)
-    Bk = cache.block_size
-    flushed = np.asarray(cache.flushed)
-    for b in range(ids.shape[0]):
-        for h in range(ids.shape[1]):
-            live = [i for i in ids[b, h] if i >= 0]
-            if len(set(live)) != len(live):
-                t.bad(f"{tag} b={b} h={h}: duplicate hot ids {ids[b, h]}")
-            for s, i in enumerate(ids[b, h]):
-                if i < 0:
-                    continue
-                if i >= flushed[b] // Bk:
-                    t.bad(f"{tag} b={b} h={h}: hot block {i} not a full block (flushed {flushed[b]})")
-                    continue
-                if not (np.array_equal(hk[b, h, s], K64[b, i * Bk:(i + 1) * Bk, h])
-                        and np.array_equal(hv[b, h, s], V64[b, i * Bk:(i + 1) * Bk, h])):
-                    t.bad(f"{tag} b={b} h={h}: hot slot {s} (block {i}) differs from the originals")
 
 
 def main():

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from common import PATH, Tally  # noqa: E402
-from probe_cert import check_step, draw, hot_set_consistent  # noqa: E402
+from common import PATH, Tally, hot_set_consistent  # noqa: E402
+from probe_cert import check_step, draw  # noqa: E402
 
 from certattn_jax import step as step_mod  # noqa: E402
 from certattn_jax.attention import certified_attention_step  # noqa: E402
