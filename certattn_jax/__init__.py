@@ -1,5 +1,9 @@
 """certattn-jax: long-context decoding with a runtime-certified, bounded-error quantized KV cache."""
 
+# the sources' hash before any of the code it vouches for is imported (`certattn_jax.source_digest`)
+from certattn_jax.source_digest import SOURCES_DIGEST as _SOURCES_DIGEST  # noqa: F401
+
+# isort: split
 from certattn_jax.attention import certified_attention, certified_attention_step, dense_attention, naive_attention
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate, summarize

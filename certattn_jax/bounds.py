@@ -466,12 +466,12 @@ def tolerance_range(range_norm: jax.Array, d: int) -> jax.Array:
     eps ||r||_2 + abs_tol (docs/bounds.md section 6: a certificate must not be measured against more than the stored
     values' range). STAT_RANGE exceeds ||r||_2 by at most: its own rounding and floor (`quant.norm_upper`: relative
     (n + 8) eps with gamma_n, a Triton square root's error, 2^-40 relative in its scaled branch, and
-    sqrt(4 n TINY) + (n + 2) TINY absolute), the subtraction v_max - v_min (relative u), and the 2 TINY per
+    sqrt(4 n TINY) + (n + 2) TINY absolute), the subtraction v_max - v_min (relative u), and the 3 TINY per
     channel by which a narrowing write's recorded extremes may lie outside the stored ones
-    (`cache._stored_extremes`). Each is taken off, with margin; the result errs low by ~4e-5 relative at d = 128."""
+    (`cache._stored_extremes`). Each is taken off, with margin; the result errs low by ~5e-5 relative at d = 128."""
     eps = 2 * U
     rel = 3 * (d + 8) * eps + quant.KERNEL_SQRT_REL_ERROR + 2.0 ** -40 + 8 * U
-    absolute = 2 * (math.sqrt(4 * d * TINY) + (d + 2) * TINY) + 2 * math.sqrt(d) * TINY * (1 + rel)
+    absolute = 2 * (math.sqrt(4 * d * TINY) + (d + 2) * TINY) + 3 * math.sqrt(d) * TINY * (1 + rel)
     low = jnp.maximum(range_norm - absolute, 0.0) * (1.0 - rel)
     # the largest finite range norm stays finite (an upper bound of inf only says the range is unknown: +inf stays)
     return jnp.where(jnp.isnan(range_norm), 0.0, low)

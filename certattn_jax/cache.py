@@ -581,7 +581,7 @@ class TieredKVCache:
         norms = quant.norm_upper(v32)  # [B, T, H]
         slack = quant.narrowing_slack(k.dtype, self.dtype)
         if slack is not None:
-            lo, hi = _stored_extremes(lo, hi, self.dtype)
+            lo, hi = _stored_extremes(lo, hi, self.dtype, slack)
             finite = finite & (jnp.abs(k32) < slack.fmax) & (jnp.abs(v32) < slack.fmax)
             norms = quant.widen_norm(norms, slack, v.shape[-1])
         v_min = jnp.minimum(self.v_min, lo)
@@ -794,15 +794,25 @@ def _quantize_blocks(blocks_k: jax.Array, blocks_v: jax.Array, key_bits: int, gr
             "v_err_op": quant.round_up_to_bf16(quant.error_op_norm(blocks_v, v_hat))}
 
 
-def _stored_extremes(lo: jax.Array, hi: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+def _stored_extremes(lo: jax.Array, hi: jax.Array, dtype, slack: quant.NarrowingSlack,
+                     ) -> tuple[jax.Array, jax.Array]:
     """The per-channel extremes lo, hi (float32) of values about to be cast to the narrower `dtype`, as that cast
-    stores them (`quant.round_nearest_to`; rounding is monotone, so the rounded extremes are the stored values'
-    extremes). Within float32's smallest normal of 0 a platform may store 0 instead (it flushes subnormal inputs,
-    and XLA:CPU's min / max may read them as 0): there each extreme also covers 0 and moves out by TINY, so the
-    recorded range covers the stored one and exceeds it by at most 2 TINY per channel (`bounds.tolerance_range`
-    takes that off again)."""
+    stores them: for bfloat16 and float16 rounded as the cast rounds (`quant.round_nearest_to`; rounding is
+    monotone, so the rounded extremes are the stored values' extremes), for float32 (float64 tokens, with x64) as
+    they are (lo, hi were taken of the float32 values themselves). Within float32's smallest normal TINY of 0 a
+    platform may store 0 instead (it flushes subnormal inputs, and XLA:CPU's min / max may read them as 0): there
+    each extreme also covers 0 and moves out by TINY, so the recorded range covers the stored one and exceeds it by
+    at most 3 TINY per channel (an extreme of exactly TINY is recorded as [-TINY, 2 TINY]; `bounds.tolerance_range`
+    takes that off again). Other narrow dtypes (float8) are widened by half an ulp per side (`slack`): an upper
+    bound, but their tolerance may then exceed eps times the stored range by that much (docs/bounds.md section 3)."""
+    dt = jnp.dtype(dtype)
+    if dt in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        lo, hi = quant.round_nearest_to(lo, dt), quant.round_nearest_to(hi, dt)
+    elif dt != jnp.dtype(jnp.float32):
+        lo = jnp.where(jnp.isfinite(lo), lo - jnp.abs(lo) * slack.rel - slack.absolute, lo)
+        hi = jnp.where(jnp.isfinite(hi), hi + jnp.abs(hi) * slack.rel + slack.absolute, hi)
+        return lo, hi
     tiny = bounds.TINY
-    lo, hi = quant.round_nearest_to(lo, dtype), quant.round_nearest_to(hi, dtype)
     lo = jnp.where(jnp.abs(lo) <= tiny, jnp.minimum(lo, 0.0) - tiny, lo)
     hi = jnp.where(jnp.abs(hi) <= tiny, jnp.maximum(hi, 0.0) + tiny, hi)
     return lo, hi

@@ -92,8 +92,9 @@ def decode_loop(params: Params, cache: KVCache, first_logits: jax.Array,
     trip per common step (the first inner loop's predicate) instead of the plain step's conditionals plus the
     loop's, and as many as the plain loop on the steps "adaptive" answers with rung 1 in its first pass.
 
-    Returns (generated [B, capacity] int32 (-1 after EOS / past the end), finished [B], steps, cache,
-    records) where records stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
+    Returns (generated [B, capacity] int32 (-1 after EOS / past the end, NONFINITE_TOKEN = -2 where a step's
+    logits held a NaN / Inf, the sequence finished there), finished [B], steps, cache, records) where records
+    stacks `cache.step_record()` over decode steps ([capacity, ...] leaves).
     """
     TRACE_COUNTS["decode_loop"] += 1
     state = (jnp.int32(0), cache, *start_state(cache, first_logits, eos_ids, key, temperature, top_p, greedy=greedy,

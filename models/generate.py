@@ -233,6 +233,19 @@ def _jax_settings() -> tuple:
         return tuple((n, str(getattr(jax.config, n, None))) for n in names)
 
 
+def background_sees_these_settings() -> bool:
+    """Whether a program built in another thread (the decode bridge's background builds) is traced under this
+    thread's JAX settings: JAX's context managers (`with jax.threefry_partitionable(...)`, `with
+    jax.default_matmul_precision(...)`) set them for the calling thread only, and a worker sees the global ones.
+    Where they differ the bridge builds in the calling thread instead (else its whole program would be traced under
+    other settings than its first passes, and kept under their key; review of 2026-12-07)."""
+    seen: list[tuple] = []
+    worker = threading.Thread(target=lambda: seen.append(_jax_settings()))
+    worker.start()
+    worker.join()
+    return bool(seen) and seen[0] == _jax_settings()
+
+
 def _signature(name: str, config: LlamaConfig, greedy: bool, record: bool, loop: str, options: dict,
                args: tuple) -> tuple:
     """A compiled program's cache key: its name, the static settings, the JAX settings (`_jax_settings`), and its
@@ -356,6 +369,7 @@ class BridgedDecode:
             return
         full_fn = functools.partial(decode_loop_resumed, config=config, greedy=greedy, record=record,
                                     loop="escalated" if self.steady else loop)
+        background = BRIDGE_BACKGROUND and background_sees_these_settings()
 
         def start_whole_program():
             with _BRIDGE_LOCK:
@@ -369,7 +383,7 @@ class BridgedDecode:
                     _COMPILED[self.full_sig] = compiled
                     return compiled
 
-                if BRIDGE_BACKGROUND:
+                if background:
                     _PENDING[self.full_sig] = _BACKGROUND.submit(build_whole)
                 else:  # built in the calling thread when a step first needs it (`_whole_program_now`)
                     _DEFERRED[self.full_sig] = build_whole
@@ -386,7 +400,7 @@ class BridgedDecode:
         self.first_passes = _BRIDGE_COMPILED[passes_sig]
         # CERTATTN_FIRST_PASS_UNROLLED=background: the unrolled first passes compile after the whole program, in
         # the background, and replace the looped ones once ready (a failed build only keeps the looped ones)
-        if first_pass_mode() == "background" and BRIDGE_BACKGROUND:
+        if first_pass_mode() == "background" and background:
             self.upgrade_sig = _signature("first_passes_unrolled", config, greedy, record, loop, options, run_args)
             unrolled_fn = functools.partial(bridge_first_passes, config=config, greedy=greedy, record=record,
                                             unrolled=True)

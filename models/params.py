@@ -139,8 +139,9 @@ def stale_stacked_layers(params: Params) -> str | None:
     `models.llama.with_stacked_layers`), or None when there is none or it holds exactly `params["layers"]`. A decode
     loop's first passes read the copy and everything else the layers, so a copy left from weights since replaced
     decoded with the old ones under rung-0 certificates (audit of 2026-12-07). Compared weight by weight and layer
-    by layer where they live (one small reduction each, dispatched without waiting, the flags back in one
-    transfer); call it after `validate_params`."""
+    by layer where they live (one reduction each, dispatched without waiting, the flags back in one transfer): one
+    more read of the layer weights and of their copy, done by `generate` before its clock. Call it after
+    `validate_params`."""
     stacked = params.get(STACKED_LAYERS) if isinstance(params, dict) else None
     if stacked is None:
         return None
@@ -159,7 +160,7 @@ def stale_stacked_layers(params: Params) -> str | None:
                     f"{getattr(ref, 'dtype', None)} from the layers")
         for i, layer in enumerate(layers):
             checks.append((name, i))
-            flags.append(jnp.array_equal(w[i], layer[name]))
+            flags.append(jnp.array_equal(w[i], layer[name], equal_nan=True))
     for (name, i), same in zip(checks, np.asarray(jnp.stack(flags)), strict=True):
         if not same:
             return f"'{name}' of layer {i} differs from params['layers'][{i}]['{name}'] (a stale copy)"

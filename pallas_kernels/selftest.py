@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from certattn_jax import quant, xla_options
+from certattn_jax import quant, source_digest, xla_options
 from pallas_kernels import backend
 
 # Relative to the largest magnitude of each output: the kernel and the reference agree to ~1e-6 (float32 sums
@@ -91,23 +91,9 @@ def verdict_cache_path() -> Path | None:
     return Path(where) if where else Path.home() / ".cache" / "certattn_jax" / "kernel_selftest.json"
 
 
-def _digest_sources() -> str:
-    """A hash of every Python source of the kernels and of the certified path (the references they are held to)."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for f in sorted([*root.joinpath("pallas_kernels").glob("*.py"), *root.joinpath("certattn_jax").glob("*.py")]):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-# Hashed when this module is imported (beside the code it vouches for), not at the first check: a checkout or an
-# edit between the two once stored the old code's verdict under the new code's key (audit of 2026-12-07).
-_SOURCES_DIGEST = _digest_sources()
-
-
 def _sources_digest() -> str:
-    return _SOURCES_DIGEST
+    """The hash of the sources as `certattn_jax` was imported (`certattn_jax.source_digest`)."""
+    return source_digest.SOURCES_DIGEST
 
 
 def _memo_per_mode(fn: Callable) -> Callable:

@@ -276,3 +276,21 @@ def test_the_eval_decodes_alike_under_every_layer_schedule(params, ids, eps):
         np.testing.assert_array_equal(cert[..., exact], ref_cert[..., exact], err_msg=name)
         # the bounds: the same formulas in two programs, which XLA may associate differently (1 ulp seen on CPU)
         np.testing.assert_allclose(cert, ref_cert, rtol=1e-6, atol=0, err_msg=name)
+
+
+def test_the_evaluation_refuses_bad_params_and_non_finite_logits(params, ids):
+    """The evaluation's own loops (review of 2026-12-07): params that fail `generate`'s checks (a stale stacked
+    copy of the layers, NaN) are refused when the session is made, and a NaN / Inf logit row (activations that
+    overflow from finite weights) raises instead of scoring argmax-of-NaN, token 0, as a prediction."""
+    stale = {**llama.with_stacked_layers(params), "layers": llama.init_params(CFG, jax.random.key(1), jnp.float32,
+                                                                               scale=0.3)["layers"]}
+    with pytest.raises(ValueError, match="stale copy"):
+        Session(stale, CFG, None, CAP, CHUNK)
+    with pytest.raises(ValueError, match="'embed' holds NaN"):
+        Session({**params, "embed": params["embed"].at[0, 0].set(jnp.nan)}, CFG, None, CAP, CHUNK)
+    huge = Session({**params, "lm_head": params["lm_head"].at[:, 5].set(3e38)}, CFG, None, CAP, CHUNK)
+    dense = Mode("dense", "dense", POLICY)
+    with pytest.raises(ValueError, match="non-finite logits .* generated token 0"):
+        huge.generate(dense, ids[:PREFIX], 4)
+    with pytest.raises(ValueError, match="non-finite logits .* teacher-forced step 0"):
+        huge.nll(dense, ids, PREFIX)

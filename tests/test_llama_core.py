@@ -514,3 +514,12 @@ def test_a_stale_stacked_copy_of_the_layers_is_refused():
     short = {**stacked, "layers_stacked": {k: v[:1] for k, v in stacked["layers_stacked"].items()}}
     with pytest.raises(ValueError, match=r"expected \(2, "):
         gen.generate(short, cfg, [[1, 2, 3]], 3, eos_token_ids=(), progress=False)
+
+
+def test_the_bridge_builds_in_the_calling_thread_under_thread_local_jax_settings():
+    """JAX's context managers set a setting for the calling thread only; the decode bridge's background builds
+    would trace the whole program under the global one (review of 2026-12-07). The bridge asks first."""
+    assert gen.background_sees_these_settings()
+    with jax.threefry_partitionable(not jax.config.jax_threefry_partitionable):
+        assert not gen.background_sees_these_settings()
+    assert gen.background_sees_these_settings()

@@ -32,6 +32,7 @@ from certattn_jax.model_cache import TieredModelCache, convert_staging
 from certattn_jax.policy import CertPolicy
 from certattn_jax.step import dense_attention_f32, exact_keys_values, overlay_residual
 from models.config import LlamaConfig
+from models.decode_loop import NONFINITE_TOKEN
 from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden, params_for_decoding
 
 VARIANTS = ("dense", "naive", "certified", "naive-exact-values", "naive-exact-keys", "dense-reduce")
@@ -300,19 +301,28 @@ def teacher_forced(params: Params, config: LlamaConfig, cache, inputs: jax.Array
     return nll.T, ok.T, cache
 
 
+def _token_or_marker(logits: jax.Array) -> jax.Array:
+    """argmax of logits [B, V] (int32 [B]), NONFINITE_TOKEN where a row holds a NaN / Inf (argmax of NaN is token
+    0: a garbage token that looked like any other). The marker is fed back as the next input only for a row that
+    is garbage already; `Session.generate` raises on it."""
+    bad = ~jnp.all(jnp.isfinite(logits), axis=-1)
+    return jnp.where(bad, NONFINITE_TOKEN, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "num_steps", "stream"), donate_argnames=("cache",))
 def greedy(params: Params, config: LlamaConfig, cache, first_logits: jax.Array, num_steps: int,
            stream: bool = False):
     """Greedy decoding: the first token from first_logits [B, V], then num_steps - 1 decode steps.
-    Returns (tokens [B, num_steps] int32, cache). No early stop: callers cut at EOS (fixed shapes)."""
+    Returns (tokens [B, num_steps] int32, NONFINITE_TOKEN from a step whose logits held a NaN / Inf on, cache).
+    No early stop: callers cut at EOS (fixed shapes)."""
     TRACE_COUNTS["greedy"] += 1
     params = params_for_decoding(params, cache)  # once per call, outside the loop over steps
-    tok0 = jnp.argmax(first_logits, axis=-1).astype(jnp.int32)
+    tok0 = _token_or_marker(first_logits)
 
     def body(carry, step):
         cache, tok = carry
         hidden, cache = forward_hidden(params, config, tok[:, None], cache)
-        nxt = jnp.argmax(logits_from_hidden(params, config, hidden[:, 0]), axis=-1).astype(jnp.int32)
+        nxt = _token_or_marker(logits_from_hidden(params, config, hidden[:, 0]))
         if stream:
             _emit(step, cache)
         return (cache, nxt), nxt

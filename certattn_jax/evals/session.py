@@ -18,6 +18,7 @@ import numpy as np
 from certattn_jax.evals import decode
 from certattn_jax.evals.audit import AuditCollector
 from certattn_jax.policy import CertPolicy
+from models.generate import check_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,9 @@ class Session:
                  audit: bool = True, audit_log: Any = None):
         if capacity % chunk:
             raise ValueError(f"capacity {capacity} must be a multiple of the prefill chunk {chunk}")
+        # as `generate` does: params that do not match the config, hold NaN / Inf or carry a stale stacked copy
+        # of the layers would give garbage tokens rather than fail
+        check_params(params, config)
         self.params, self.config, self.tokenizer = params, config, tokenizer
         self.capacity, self.chunk, self.audit = capacity, chunk, audit
         self.audit_log = audit_log
@@ -80,6 +84,10 @@ class Session:
         nll, ok = np.asarray(nll[0]), np.asarray(ok[0])
         jax.effects_barrier()
         decode.set_sink(None)
+        if not np.all(np.isfinite(nll)):
+            step = int(np.argmin(np.isfinite(nll)))
+            raise ValueError(f"non-finite logits (NaN or Inf) at teacher-forced step {step}: the model's "
+                             "activations overflowed")
         return nll, ok
 
     def generate(self, mode: Mode, ids: Sequence[int], num_steps: int, stop_ids: Sequence[int] = ()) -> list[int]:
@@ -90,6 +98,9 @@ class Session:
         toks = np.asarray(toks[0]).tolist()
         jax.effects_barrier()
         decode.set_sink(None)
+        if decode.NONFINITE_TOKEN in toks:
+            raise ValueError(f"non-finite logits (NaN or Inf) at generated token {toks.index(decode.NONFINITE_TOKEN)}:"
+                             " the model's activations overflowed")
         for i, t in enumerate(toks):
             if t in stop_ids:
                 return toks[:i]
