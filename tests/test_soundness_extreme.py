@@ -754,3 +754,19 @@ def test_an_output_whose_cast_overflows_gets_an_infinite_bound():
     out, cert = certified_attention(q, cache, policy)
     assert not np.all(np.isfinite(np.asarray(out, np.float32)))
     assert np.all(np.isinf(np.asarray(cert.error_bound))) and not np.any(np.asarray(cert.certified))
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_narrowing_writes_into_other_dtypes_still_cover_the_stored_values(dtype):
+    """float32 tokens into a float8 cache (no exact rounding helper: the half-ulp widening stays) -- the first
+    stored-range fix refused them (review of 2026-12-07). The recorded range still covers every stored value."""
+    dt = jnp.dtype(dtype)
+    rng = np.random.default_rng(5)
+    k = jnp.asarray(rng.standard_normal((1, 40, 2, 16)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((1, 40, 2, 16)) * 3, jnp.float32)
+    cache = TieredKVCache.init(batch=1, capacity=64, num_kv_heads=2, head_dim=16, dtype=dt, policy=INC_POLICY)
+    cache = _append(cache, k, v)
+    vs = np.asarray(v.astype(dt).astype(jnp.float32))
+    assert np.all(np.asarray(cache.v_min) <= vs.min(axis=1)) and np.all(np.asarray(cache.v_max) >= vs.max(axis=1))
+    _, cert = attn(jnp.asarray(rng.standard_normal((1, 4, 16)), jnp.float32), cache, INC_POLICY)
+    assert np.all(np.isfinite(np.asarray(cert.error_bound)))
