@@ -30,7 +30,7 @@ TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0, "decode_br
 NONFINITE_TOKEN = -2
 
 
-def _token_or_marker(nxt: jax.Array, logits: jax.Array, stops: jax.Array) -> tuple[jax.Array, jax.Array]:
+def token_or_marker(nxt: jax.Array, logits: jax.Array, stops: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(what `out` records [B], whether the sequence ends [B]): -1 where it stops (EOS or already done),
     NONFINITE_TOKEN where its logits [B, V] hold a NaN / Inf (a token sampled from them would be garbage: argmax of
     NaN is token 0), else the token."""
@@ -46,7 +46,7 @@ def start_state(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key
     cap = cache.capacity
     key, sub = jax.random.split(key)
     tok = select_next(first_logits, sub, greedy=greedy, temperature=temperature, top_p=top_p)
-    first, done = _token_or_marker(tok, first_logits, jnp.isin(tok, eos_ids))
+    first, done = token_or_marker(tok, first_logits, jnp.isin(tok, eos_ids))
     out = jnp.full((B, cap), -1, jnp.int32).at[:, 0].set(first)
     rec0 = cache.step_record()
     records = jax.tree.map(lambda x: jnp.zeros((cap,) + x.shape, x.dtype), rec0) if record else {}
@@ -69,7 +69,7 @@ def loop_parts(params: Params, config: LlamaConfig, max_new: jax.Array, eos_ids:
         nxt = pick(logits, sub)
         if record:
             records = jax.tree.map(lambda buf, r: buf.at[step].set(r), records, cache.step_record())
-        written, ends = _token_or_marker(nxt, logits, jnp.isin(nxt, eos_ids))
+        written, ends = token_or_marker(nxt, logits, jnp.isin(nxt, eos_ids))
         out = out.at[:, step + 1].set(jnp.where(done, -1, written))
         return step + 1, cache, nxt, done | ends, out, key, records
 

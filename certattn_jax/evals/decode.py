@@ -32,7 +32,7 @@ from certattn_jax.model_cache import TieredModelCache, convert_staging
 from certattn_jax.policy import CertPolicy
 from certattn_jax.step import dense_attention_f32, exact_keys_values, overlay_residual
 from models.config import LlamaConfig
-from models.decode_loop import NONFINITE_TOKEN
+from models.decode_loop import token_or_marker
 from models.llama import Params, forward_hidden, init_cache_for, logits_from_hidden, params_for_decoding
 
 VARIANTS = ("dense", "naive", "certified", "naive-exact-values", "naive-exact-keys", "dense-reduce")
@@ -302,11 +302,11 @@ def teacher_forced(params: Params, config: LlamaConfig, cache, inputs: jax.Array
 
 
 def _token_or_marker(logits: jax.Array) -> jax.Array:
-    """argmax of logits [B, V] (int32 [B]), NONFINITE_TOKEN where a row holds a NaN / Inf (argmax of NaN is token
-    0: a garbage token that looked like any other). The marker is fed back as the next input only for a row that
-    is garbage already; `Session.generate` raises on it."""
-    bad = ~jnp.all(jnp.isfinite(logits), axis=-1)
-    return jnp.where(bad, NONFINITE_TOKEN, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+    """argmax of logits [B, V] (int32 [B]), NONFINITE_TOKEN where a row holds a NaN / Inf (`token_or_marker`, the
+    decode loop's; no EOS here). The marker is fed back as the next input only for a row that is garbage already;
+    `Session.generate` raises on it."""
+    nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return token_or_marker(nxt, logits, jnp.zeros(nxt.shape, bool))[0]
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_steps", "stream"), donate_argnames=("cache",))

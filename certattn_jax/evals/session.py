@@ -18,6 +18,7 @@ import numpy as np
 from certattn_jax.evals import decode
 from certattn_jax.evals.audit import AuditCollector
 from certattn_jax.policy import CertPolicy
+from models.decode_loop import NONFINITE_TOKEN
 from models.generate import check_params
 
 
@@ -98,8 +99,8 @@ class Session:
         toks = np.asarray(toks[0]).tolist()
         jax.effects_barrier()
         decode.set_sink(None)
-        if decode.NONFINITE_TOKEN in toks:
-            raise ValueError(f"non-finite logits (NaN or Inf) at generated token {toks.index(decode.NONFINITE_TOKEN)}:"
+        if NONFINITE_TOKEN in toks:
+            raise ValueError(f"non-finite logits (NaN or Inf) at generated token {toks.index(NONFINITE_TOKEN)}:"
                              " the model's activations overflowed")
         for i, t in enumerate(toks):
             if t in stop_ids:
