@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from certattn_jax import ladder, quant, step
+from certattn_jax import ladder, quant, step, tiers
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate
 from certattn_jax.kv_cache import is_concrete
@@ -38,6 +38,7 @@ def _check_query(q: jax.Array, cache: TieredKVCache) -> jax.Array:
     the cache."""
     if not isinstance(cache, TieredKVCache):
         raise TypeError(f"cache must be a certattn_jax.TieredKVCache, got {type(cache).__name__}")
+    tiers.check_on_host(cache.host_k, cache.host_v)
     if not isinstance(q, jax.Array):
         q = jnp.asarray(q)
     if q.ndim != 3:

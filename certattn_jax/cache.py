@@ -394,27 +394,33 @@ class TieredKVCache:
         copied to tier 2 at once; a partial last block stays exact in the residual)."""
         return self.append(k, v, valid)
 
-    def write_token(self, k: jax.Array, v: jax.Array) -> TieredKVCache:
+    def write_token(self, k: jax.Array, v: jax.Array, active: jax.Array | None = None) -> TieredKVCache:
         """Decode fast path: put one token k, v [B, 1, Hkv, d] into the exact residual block *without*
         flushing it, even if it fills (call `flush` before the next write). Keeps host traffic and control
-        flow out of the per-layer path: the model flushes all layers at once, once per step."""
+        flow out of the per-layer path: the model flushes all layers at once, once per step.
+
+        active [B] bool (default all): the sequences whose token is written; an inactive one (a sequence that
+        stopped, in a batch that decodes on) is left exactly as it was -- residual, running statistics, flag and
+        length."""
         self._check_new(k, v)
         if k.shape[1] != 1:
             raise ValueError(f"write_token takes one token per sequence, got {k.shape[1]}")
         B = k.shape[0]
-        lost = self._check_room(jnp.ones((B,), jnp.int32))
+        active = _active_mask(active, B)
+        lost = self._check_room(active.astype(jnp.int32))
         r = self.lengths - self.flushed
-        if is_concrete(r) and bool(jnp.any(r >= self.block_size)):
-            full = np.flatnonzero(np.asarray(r) >= self.block_size).tolist()
+        if is_concrete(r) and is_concrete(active) and bool(jnp.any(active & (r >= self.block_size))):
+            full = np.flatnonzero(np.asarray(active & (r >= self.block_size))).tolist()
             raise ValueError(f"write_token: the residual block of sequence(s) {full} is full: call flush() before "
                              f"writing the next token")
         # inside jit a token into a full residual would be dropped: that sequence is poisoned instead
-        lost = lost | (r >= self.block_size)
+        lost = lost | (active & (r >= self.block_size))
+        r = jnp.where(active, r, self.block_size)  # nothing is written at or past the block's end
         # a layer view's stack no longer holds this residual (a model cache writes the token back and views again)
         c = self.replace(res_k=_write_residual_token(self.res_k, k, r),
                          res_v=_write_residual_token(self.res_v, v, r), stack=None)
-        c = c._note_values(k, v, jnp.ones((B,), jnp.int32), lost=lost)
-        return c.replace(lengths=self.lengths + 1)
+        c = c._note_values(k, v, active.astype(jnp.int32), lost=lost)
+        return c.replace(lengths=self.lengths + active.astype(jnp.int32))
 
     def writes_token_by_kernel(self, token_dtype: Any = None) -> bool:
         """Whether `write_layer_token` (a model cache's decode step) writes a token of token_dtype (default: the
@@ -430,12 +436,13 @@ class TieredKVCache:
         return selftest.runs_compiled_kernels() and selftest.write_trusted(self.block_size, self.head_dim,
                                                                            jnp.dtype(self.dtype).name)
 
-    def write_layer_token(self, layer: jax.Array, k: jax.Array, v: jax.Array) -> TieredKVCache:
+    def write_layer_token(self, layer: jax.Array, k: jax.Array, v: jax.Array, active: jax.Array | None = None,
+                          ) -> TieredKVCache:
         """The stacked form (a model's cache): `write_token` of layer `layer`'s token k, v [B, 1, Hkv, d] into this
         cache in place -- that layer's residual row and running value statistics through one kernel
         (`pallas_kernels.write_token`, where `writes_token_by_kernel`), its non-finite flag through XLA. Lengths
         are left to the caller (a model records every layer's once per step). The same cache as writing a layer
-        view's token with `write_token` and writing the view back."""
+        view's token with `write_token` (`active` as there) and writing the view back."""
         from pallas_kernels import write_token as kernel
 
         if not self.stacked:
@@ -450,13 +457,16 @@ class TieredKVCache:
         layer = jnp.clip(jnp.asarray(checked_layer(layer, L), jnp.int32), 0, L - 1)
         lengths = jax.lax.dynamic_index_in_dim(self.lengths, layer, 0, keepdims=False)
         flushed = jax.lax.dynamic_index_in_dim(self.flushed, layer, 0, keepdims=False)
+        active = _active_mask(active, k.shape[0])
+        # an inactive sequence's position is past the block: the kernel writes neither its row nor its statistics
+        r = jnp.where(active, lengths - flushed, self.block_size)
         res_k, res_v, v_min, v_max, v_norm_max, value_stats = kernel.write_token(
             self.res_k, self.res_v, self.v_min, self.v_max, self.v_norm_max, self.value_stats, self.v_err_max,
-            k[:, 0], v[:, 0], lengths - flushed, layer)
+            k[:, 0], v[:, 0], r, layer)
         bad = ~jnp.all(jnp.isfinite(k[:, 0]) & jnp.isfinite(v[:, 0]), axis=-1)  # [B, H]
         # a token the kernel cannot store (a full residual, past the capacity) poisons its sequence, as in write_token
         lost = (lengths - flushed >= self.block_size) | (lengths + 1 > self.capacity)
-        bad = bad | lost[:, None]
+        bad = (bad | lost[:, None]) & active[:, None]
         # the flag of every layer at once ([L, B, H] booleans: a tiny fusion), not the layer's slice read and
         # written back: on a GPU that slice is a copy of its own (an async dynamic-slice launch pair per
         # layer-step) whose host-computed, loop-dependent offset keeps XLA from taking the loop over layers into
@@ -619,6 +629,17 @@ class TieredKVCache:
                                  f"tokens but the capacity is {self.capacity}")
         return over
 
+    def with_tier2_on_host(self) -> TieredKVCache:
+        """This cache with tier 2 (host_k, host_v) in host memory again (`tiers.check_on_host` explains when it is
+        not); a copy only where it is elsewhere."""
+        if tiers.host_memory_kind() is None:
+            return self
+
+        def home(x):
+            return x if jax.typeof(x).memory_space == jax.memory.Space.Host else tiers.to_host(x)
+
+        return self.replace(host_k=home(self.host_k), host_v=home(self.host_v))
+
     # ------------------------------------------------------------------ exact view (tier 2 + residual)
     def exact_kv(self) -> tuple[jax.Array, jax.Array]:
         """All originals on the device, [B, H, capacity + Bk, d] each (tier 2 then the residual block
@@ -684,6 +705,16 @@ def _checked_policy(policy: CertPolicy | None) -> CertPolicy:
     if not isinstance(policy, CertPolicy):
         raise TypeError(f"policy must be a certattn_jax.CertPolicy, got {type(policy).__name__}")
     return policy
+
+
+def _active_mask(active: jax.Array | None, batch: int) -> jax.Array:
+    """active [batch] bool (a token write's sequences that take their token; None: all of them)."""
+    if active is None:
+        return jnp.ones((batch,), bool)
+    active = jnp.asarray(active)
+    if active.shape != (batch,) or active.dtype != jnp.bool_:
+        raise ValueError(f"active must be a [{batch}] bool mask, got {active.dtype}{list(active.shape)}")
+    return active
 
 
 def _poisoned(c: TieredKVCache, bad: jax.Array | None) -> TieredKVCache:

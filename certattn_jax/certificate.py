@@ -23,7 +23,9 @@ class Certificate:
                  norm of the stored values' per-channel range (`bounds.tolerance_range`).
     k_star:      number of blocks attended with exact keys (and values).
     rung:        0 = certified as is, 1 = widened K*, 2 = exact values promoted, 3 = exact dense for the head,
-                 4 = exact dense for the whole layer.
+                 4 = exact dense for the whole layer; -1 = no step of this sequence (`models.generate`'s records
+                 after a sequence stopped while the batch decoded on: `mark_stopped`, whose other fields are NaN,
+                 -1 and False; `summarize` leaves them out).
     ranking_ok:  the INT8 block ranking agreed with the exact one on promoted blocks (and no tail block could
                  outrank them) at the rung used (True for the exact rungs 3 and 4).
     certified:   error_bound <= tolerance and error_bound is finite (an infinite tolerance certifies nothing).
@@ -41,23 +43,46 @@ class Certificate:
 
 
 def summarize(cert: Certificate) -> dict[str, Any]:
-    """Plain-Python summary of any stack of certificates (all leading axes pooled)."""
-    rung = np.asarray(cert.rung).reshape(-1)
+    """Plain-Python summary of any stack of certificates (all leading axes pooled; the entries of stopped sequences,
+    rung -1, left out: "heads" counts the rest, "stopped" those left out)."""
+    rung_all = np.asarray(cert.rung).reshape(-1)
+    live = rung_all >= 0
+    rung = rung_all[live]
+    stopped = int(rung_all.size - rung.size)
     if rung.size == 0:
-        return {"heads": 0}
-    k_star = np.asarray(cert.k_star).reshape(-1)
-    bound = np.asarray(cert.error_bound, np.float64).reshape(-1)
+        return {"heads": 0, "stopped": stopped}
+
+    def pooled(x, dtype=None):
+        return np.asarray(x, dtype).reshape(-1)[live]
+
+    k_star = pooled(cert.k_star)
+    bound = pooled(cert.error_bound, np.float64)
     return {
         "heads": int(rung.size),
+        "stopped": stopped,
         "rung_histogram": {str(r): int(np.sum(rung == r)) for r in range(5)},
         "mean_k_star": float(k_star.mean()),
         "max_k_star": int(k_star.max()),
         "max_error_bound": float(bound.max()),
         "mean_error_bound": float(bound[np.isfinite(bound)].mean()) if np.isfinite(bound).any() else float("inf"),
         "fraction_certified_without_escalation": float(np.mean(rung == 0)),
-        "fraction_certified": float(np.mean(np.asarray(cert.certified).reshape(-1))),
-        "fraction_ranking_ok": float(np.mean(np.asarray(cert.ranking_ok).reshape(-1))),
+        "fraction_certified": float(np.mean(pooled(cert.certified))),
+        "fraction_ranking_ok": float(np.mean(pooled(cert.ranking_ok))),
     }
+
+
+def mark_stopped(cert: Certificate, live: np.ndarray) -> Certificate:
+    """A decode loop's stacked certificates (NumPy leaves [steps, L, B, Hq]) with the entries where live [steps, B]
+    is False marked "no step": rung and k_star -1, the bounds and tolerance NaN, the flags False. Such a step's query
+    was a token after the sequence's stop (which its cache never took): nothing of the sequence's output."""
+    dead = ~np.asarray(live, bool)[:, None, :, None]  # [steps, 1, B, 1]
+
+    def mark(x, value):
+        x = np.asarray(x)
+        return np.where(dead, np.asarray(value, x.dtype), x)
+
+    values = {f: (-1 if f in _INT_FIELDS else False if f in _BOOL_FIELDS else np.nan) for f in PACKED_FIELDS}
+    return Certificate(**{f: mark(getattr(cert, f), values[f]) for f in PACKED_FIELDS})
 
 
 def empty_like_heads(batch: int, heads: int) -> Certificate:

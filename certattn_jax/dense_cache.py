@@ -46,6 +46,14 @@ class DenseKVCache:
     def batch(self) -> int:
         return self.k[0].shape[0]
 
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k[0].shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k[0].shape[3]
+
     def attend(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array,
                new_lengths: jax.Array) -> tuple[jax.Array, DenseKVCache]:
         """Write k, v [B, T, Hkv, d] at positions lengths + t, then attend q [B, T, Hq, d] causally."""

@@ -10,7 +10,8 @@ which writes the T new keys/values at positions `lengths[b] + t` (only the first
 are real; the rest are padding whose slots are overwritten later) and returns causal attention of the new
 queries over everything written so far. After the last layer the model calls `cache.with_lengths(new_lengths)`.
 
-Caches may also expose `step_record()`: a pytree of per-step diagnostics (the certified cache returns its
+Caches may also expose `num_kv_heads`, `head_dim` and `num_q_heads` (the model checks them against its config:
+`check_cache_fits`), and `step_record()`: a pytree of per-step diagnostics (the certified cache returns its
 certificates) that the decode loop can accumulate; the default is an empty dict.
 """
 
@@ -39,6 +40,18 @@ class KVCache(Protocol):
     def with_lengths(self, new_lengths: jax.Array) -> KVCache: ...
 
     def step_record(self) -> Any: ...
+
+
+def check_cache_fits(cache: Any, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """A clear error where a cache was built for another model shape (a cache with fewer layers than the model
+    would otherwise be read at a clipped layer index: two layers sharing one cache, a silent wrong answer).
+    Static shapes only: checks inside jit too. A cache that does not expose a dimension is not checked on it."""
+    want = {"layers": num_layers, "query heads": num_q_heads, "KV heads": num_kv_heads, "head_dim": head_dim}
+    have = {"layers": cache.num_layers, "query heads": getattr(cache, "num_q_heads", None),
+            "KV heads": getattr(cache, "num_kv_heads", None), "head_dim": getattr(cache, "head_dim", None)}
+    wrong = [f"{k} {have[k]} (the model has {want[k]})" for k in want if have[k] is not None and have[k] != want[k]]
+    if wrong:
+        raise ValueError(f"the cache was built for another model shape: {', '.join(wrong)}")
 
 
 def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:

@@ -197,7 +197,9 @@ class TieredModelCache:
         else:  # traced: every layer in one program
             store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths,
                                                           policy)
-        return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule)
+        # a copy of the lengths: the staging cache's own array would be lost with it when a decode step donates
+        # this cache (converting the same prefill again then failed on a deleted array)
+        return cls._wrap(store, jnp.array(dense.lengths, copy=True), num_q_heads, policy, mode, schedule)
 
     @classmethod
     def from_layers(cls, layers: Sequence[TieredKVCache], *, num_q_heads: int, policy: CertPolicy | None = None,
@@ -235,6 +237,23 @@ class TieredModelCache:
     @property
     def num_layers(self) -> int:
         return self.store.k_codes.shape[0]
+
+    def with_tier2_on_host(self) -> TieredModelCache:
+        """This cache with tier 2 moved back to host memory (after pickle, device_get/device_put or a generic
+        checkpoint restore put it on the device); the cache itself where it is there already."""
+        return self.replace(store=self.store.with_tier2_on_host())
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.store.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.store.head_dim
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.cert_packed.shape[-2]
 
     @property
     def layers(self) -> tuple[TieredKVCache, ...]:
@@ -276,6 +295,7 @@ class TieredModelCache:
         lengths (and `lengths`) to `with_lengths`, which the model calls after its last layer: between the two, a
         layer view still reports the step's starting length."""
         check_capacity(self.lengths, new_lengths, self.capacity)
+        tiers.check_on_host(self.store.host_k, self.store.host_v)
         layer = checked_layer(layer, self.num_layers)  # -1: the last layer for every consumer (kernels clip)
         base = self.layer_view(layer)
         T = q.shape[1]
@@ -285,13 +305,16 @@ class TieredModelCache:
             # the token goes into the stacked residual first; the attention then works on a fresh view of it, so
             # that the kernels read the layer's residual (like its tier 1 and hot set) in place. The layer's new
             # length stays in the view: `with_lengths` records every layer's at once after the last layer (one
-            # write per step instead of one per layer-step)
+            # write per step instead of one per layer-step). A sequence whose length does not grow (new_lengths ==
+            # lengths: it stopped, and the batch decodes on) takes no token: its query attends its tokens as they
+            # are, and its residual, running statistics and flag stay as they were
+            active = new_lengths > self.lengths
             if self.store.writes_token_by_kernel(k.dtype):  # one launch, in place (a GPU)
-                model = self.replace(store=self.store.write_layer_token(layer, k, v))
+                model = self.replace(store=self.store.write_layer_token(layer, k, v, active))
             else:
-                written = base.write_token(k, v)
+                written = base.write_token(k, v, active)
                 model = self.with_layer(layer, written.replace(lengths=base.lengths), base)
-            base = c = model.layer_view(layer).replace(lengths=base.lengths + 1)
+            base = c = model.layer_view(layer).replace(lengths=base.lengths + active.astype(jnp.int32))
             if self.mode == "certified":
                 if self.fast:  # a head that escalates says so in its certificate (`needs_slow_path`)
                     out, step_cert, c, _ = certified_attention_fast(q[:, 0], c, self.policy, self.fast_top_rung)
@@ -317,8 +340,25 @@ class TieredModelCache:
         one outer lax.cond: on a GPU each conditional is a host round trip, and the common step pays one here
         instead of two (each inner conditional runs only inside the taken branch). maintain=False records the
         lengths only: for a caller that knows `maintenance_due` is False (the decode step's common branch, whose
-        own conditional already asked it)."""
+        own conditional already asked it).
+
+        Lengths only grow: the blocks, hot set and running statistics hold every token written, so a shorter
+        length would leave them describing tokens no longer there (an audit rewound past a flushed block and got
+        logits off by 2-11 with every head certified). Shrinking raises outside jit; inside jit it marks those
+        sequences non-finite (never certified again). To go back, keep the earlier cache value (an immutable
+        pytree; do not donate it)."""
+        shrink = new_lengths < self.lengths
+        if is_concrete(new_lengths) and is_concrete(self.lengths):
+            # numpy: inside a traced loop body (a looped schedule called eagerly) a jnp op on concrete values is
+            # staged, and its result cannot be read
+            back = np.flatnonzero(np.asarray(new_lengths) < np.asarray(self.lengths)).tolist()
+            if back:
+                raise ValueError(f"with_lengths cannot shrink a certified/naive cache's lengths (sequence(s) {back}: "
+                                 f"{np.asarray(self.lengths)[back].tolist()} -> "
+                                 f"{np.asarray(new_lengths)[back].tolist()}); to go back, keep the earlier cache "
+                                 "value instead of rewinding it")
         store = self._recorded(new_lengths)
+        store = store.replace(nonfinite=store.nonfinite | shrink[None, :, None])
         if maintain:
             pending, full = _maintenance(store)
 
@@ -571,8 +611,10 @@ def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode:
     """The staging cache converted (`TieredModelCache.from_dense`: eagerly a layer at a time)."""
     cache = TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule)
     # the policy's leaves as a jitted conversion returns them (committed weakly typed arrays, not Python floats), so
-    # that a decode loop sees the same input types on its first call as on later ones (no second compile)
-    return cache.replace(policy=commit_arrays(jax.tree.map(jnp.asarray, cache.policy)))
+    # that a decode loop sees the same input types on its first call as on later ones (no second compile); copies,
+    # never the caller's arrays: a decode loop donates its cache, and a policy taken from another cache
+    # (`generate(..., policy=out.cache.policy)`) would otherwise lose its leaves to that donation
+    return cache.replace(policy=commit_arrays(jax.tree.map(lambda x: jnp.array(x, copy=True), cache.policy)))
 
 
 def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelCache:

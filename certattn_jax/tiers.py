@@ -32,6 +32,20 @@ def to_host(x: jax.Array) -> jax.Array:
     return jax.device_put(x, jax.memory.Space.Host)
 
 
+def check_on_host(*arrays: jax.Array) -> None:
+    """A clear error where tier-2 arrays (eager or traced) are not in host memory although the device offers it:
+    a cache that went through pickle, `jax.device_get` / `device_put` or a generic checkpoint restore comes back
+    with tier 2 in device memory, which the cache's writes cannot mix with their host-memory blocks (and which would
+    hold the originals on the device after all). Static: costs nothing at run time."""
+    if host_memory_kind() is None:
+        return
+    for x in arrays:
+        if jax.typeof(x).memory_space != jax.memory.Space.Host:
+            raise ValueError("the cache's tier 2 (the original keys and values) is not in host memory, e.g. after "
+                             "pickle, device_get/device_put or a checkpoint restore: put it back with "
+                             "`cache.with_tier2_on_host()`")
+
+
 def to_device(x: jax.Array) -> jax.Array:
     if host_memory_kind() is None:
         return x

@@ -53,6 +53,13 @@ def start_state(cache: KVCache, first_logits: jax.Array, eos_ids: jax.Array, key
     return tok, done, out, key, records
 
 
+def live(state: tuple) -> jax.Array:
+    """[B] int32: 1 for a sequence that takes this step's token into its cache, 0 for one that has stopped. A batch
+    decodes on while any sequence is live; a stopped one's cache row stays as it stopped (its length, residual and
+    running statistics), so the returned cache holds what the batch-1 run's would, and decoding can continue."""
+    return (~state[3]).astype(jnp.int32)
+
+
 def loop_parts(params: Params, config: LlamaConfig, max_new: jax.Array, eos_ids: jax.Array,
                 temperature: jax.Array, top_p: jax.Array, greedy: bool, record: bool) -> tuple[Callable, ...]:
     """(cond, body, advance) of the decode loop over the state (step, cache, tok, done, out, key, records)."""
@@ -74,7 +81,7 @@ def loop_parts(params: Params, config: LlamaConfig, max_new: jax.Array, eos_ids:
         return step + 1, cache, nxt, done | ends, out, key, records
 
     def body(state):
-        return advance(state, *forward_hidden(params, config, state[2][:, None], state[1]))
+        return advance(state, *forward_hidden(params, config, state[2][:, None], state[1], live(state)))
 
     return cond, body, advance
 
@@ -160,7 +167,7 @@ def _first_pass_step(params: Params, config: LlamaConfig, advance: Callable, run
     def first_pass(st):
         state, _ = st
         hidden, new_cache, redo = decode_first_pass(params, config, state[2][:, None], state[1], rung0=rung0,
-                                                    unrolled=unrolled)
+                                                    unrolled=unrolled, valid_lengths=live(state))
         new = advance(state, hidden, new_cache)
         # a redo leaves step, token, done and key as they were (the cache is undone by decode_first_pass); what
         # it wrote at step + 1 (the token, the records) the step that redoes it writes again

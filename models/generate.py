@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax import kernel_checks, xla_options
+from certattn_jax.certificate import Certificate, mark_stopped
 from certattn_jax.env import choice_from_env, switch_from_env
 from certattn_jax.kv_cache import KVCache, commit_arrays
 from certattn_jax.model_cache import CacheSpec, cache_spec
@@ -118,7 +119,10 @@ def decode_loop_kind(cache: Any) -> str:
 class GenerationOutput:
     """tokens[i]: the new tokens of prompt i (stopping before EOS); finished[i]: it hit EOS.
     step_records: per-step cache diagnostics stacked over decode steps (certificates for the certified
-    cache), each leaf [num_steps, ...]; empty for the dense cache."""
+    cache, leaves [num_steps - 1, L, B, Hq]: record s is the step that took tokens[i][s]; a sequence's entries
+    after its stop are marked "no step", rung -1: `certificate.mark_stopped`); empty for the dense cache.
+    cache: the cache after decoding; a sequence that stopped early stopped taking tokens there (it holds its
+    prompt and tokens[i], like the batch-1 run's cache), so decoding can continue from it."""
 
     tokens: list[list[int]]
     finished: list[bool]
@@ -576,6 +580,9 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
             nonfinite.append((i, int(stop[0])))
     if record_steps:
         records = jax.tree.map(lambda x: np.asarray(x)[: max(steps - 1, 0)], records)
+        if isinstance(records, Certificate):  # record s consumed token s: live while s < the sequence's tokens
+            n = np.asarray([len(t) for t in tokens])
+            records = mark_stopped(records, np.arange(max(steps - 1, 0))[:, None] < n[None, :])
     bad = {i for i, _ in nonfinite}
     result = GenerationOutput(tokens=tokens, finished=[bool(d) and i not in bad for i, d in enumerate(done)],
                               prefill_seconds=prefill_s, decode_seconds=decode_s, compile_seconds=compile_s,
@@ -646,6 +653,9 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         raise TypeError(f"cache_factory({B}, {capacity}) must return a KV cache, got {type(cache).__name__}")
     if cache.lengths.shape[-1] != B:
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache for {cache.lengths.shape[-1]} sequences")
+    if any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(cache)):
+        raise ValueError(f"cache_factory({B}, {capacity}) returned a cache whose arrays were donated to an earlier "
+                         "call (prefill and decoding consume the cache they are given): build a fresh one per call")
     cache = commit_arrays(cache)
     if cache.capacity < min_capacity:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")

@@ -37,7 +37,7 @@ import numpy as np
 
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import choice_from_env, positive_int_from_env
-from certattn_jax.kv_cache import KVCache, einsum_f32, is_concrete, overflow_mask
+from certattn_jax.kv_cache import KVCache, check_cache_fits, einsum_f32, is_concrete, overflow_mask
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from certattn_jax.validate import checked_counts
 from models.config import LlamaConfig
@@ -113,6 +113,10 @@ def _check_tokens(tokens: jax.Array, config: LlamaConfig) -> None:
             raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{lo}, {hi}]")
 
 
+def _check_cache(cache: KVCache, config: LlamaConfig) -> None:
+    check_cache_fits(cache, config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim)
+
+
 def _embed(params: Params, tokens: jax.Array) -> jax.Array:
     """The token embeddings [B, T, D]; NaN rows for ids outside the vocabulary (inside jit they cannot raise,
     and a gather would clamp or wrap them into another token's row: a silent wrong answer)."""
@@ -146,6 +150,7 @@ def forward_hidden(params: Params, config: LlamaConfig, tokens: jax.Array, cache
     (default T) tokens are real, the rest are padding (their outputs are meaningless).
     """
     _check_tokens(tokens, config)
+    _check_cache(cache, config)
     B, T = tokens.shape
     cache_batch = cache.lengths.shape[-1]
     if cache_batch != B:
@@ -284,7 +289,8 @@ def first_pass_unrolled() -> bool:
 
 
 def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, cache: KVCache,
-                      rung0: bool = False, unrolled: bool | None = None) -> tuple[jax.Array, KVCache, jax.Array]:
+                      rung0: bool = False, unrolled: bool | None = None, valid_lengths: jax.Array | None = None,
+                      ) -> tuple[jax.Array, KVCache, jax.Array]:
     """A decode step's first pass alone, without the step's top-level conditionals (each one a host round trip on
     a GPU): (hidden [B, 1, D] final-normed, cache, redo scalar bool). Where redo is clear, (hidden, cache) equal
     `forward_hidden`'s for this step. Where it is set (some head needs a rung above the pass's, or the end of the
@@ -297,14 +303,19 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     rung0: the pass is rung 0 alone for any schedule of `BRIDGE_SCHEDULES` ("looped" and "two-pass" too: a step
     where some head needs rung 1 is then redone), in a loop over layers except for the unrolled fast passes
     ("straight", "two-pass") and, with unrolled (default `first_pass_unrolled()`), for every schedule;
-    `models.generate`'s decode bridge runs it while the whole step still compiles."""
+    `models.generate`'s decode bridge runs it while the whole step still compiles.
+    valid_lengths [B] (0 or 1; default 1): as `forward_hidden`'s (0: the sequence takes no token this step)."""
     _check_tokens(tokens, config)
+    _check_cache(cache, config)
     serves = has_rung0_first_pass(cache) if rung0 else has_decode_first_pass(cache)
     if tokens.shape[1] != 1 or not serves:
         raise ValueError("decode_first_pass: one token per sequence, with a certified model cache whose schedule "
                          f"has a rung-0 first pass {BRIDGE_SCHEDULES if rung0 else FIRST_PASS_SCHEDULES}")
     start = cache.lengths
-    new_lengths = start + 1
+    B = tokens.shape[0]
+    valid, bad_valid = (jnp.ones((B,), jnp.int32), None) if valid_lengths is None else \
+        checked_counts(valid_lengths, B, 1, "valid_lengths")
+    new_lengths = start + valid
     cos, sin = rope_cos_sin(config, start[:, None])
     x = _embed(params, tokens)
     schedule = cache.schedule
@@ -316,7 +327,7 @@ def decode_first_pass(params: Params, config: LlamaConfig, tokens: jax.Array, ca
     x, c_fast = layers(params, config, x, fast, cos, sin, new_lengths)
     redo = _step_is_rare(c_fast, new_lengths)
     done = _common_step_done(c_fast, new_lengths).undo_step(redo, cache)
-    return _final_hidden(params, config, x, new_lengths, cache.capacity), done, redo
+    return _final_hidden(params, config, x, new_lengths, cache.capacity, bad_valid), done, redo
 
 
 def _slow_path_done(x: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:

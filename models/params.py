@@ -88,6 +88,7 @@ def validate_params(params: Params, config: LlamaConfig, finite: bool = False) -
         extra = sorted(set(layer) - set(LAYER_KEYS))
         if extra:
             raise ValueError(f"unexpected parameter(s) in layer {i}: {extra}")
+    layer_dtypes: dict[str, tuple[str, Any]] = {}  # a layer weight's name -> (the first layer's path, its dtype)
     for name in param_path_names(config):
         try:
             leaf = get_by_path(params, name)
@@ -100,6 +101,11 @@ def validate_params(params: Params, config: LlamaConfig, finite: bool = False) -
         dtype = getattr(leaf, "dtype", None)
         if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"parameter {name!r} has dtype {dtype}, expected a floating dtype")
+        if name.startswith("layers."):  # the looped schedules read every layer's weight as one stack
+            first, first_dtype = layer_dtypes.setdefault(name.split(".", 2)[2], (name, dtype))
+            if dtype != first_dtype:
+                raise ValueError(f"parameter {name!r} has dtype {dtype} but {first!r} has {first_dtype}: every "
+                                 "layer must hold a weight in one dtype (cast the odd one)")
         if finite and not np.isfinite(np.asarray(leaf)).all():
             raise ValueError(f"parameter {name!r} holds NaN or Inf values (a corrupt or mis-converted checkpoint)")
 

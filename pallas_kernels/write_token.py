@@ -9,12 +9,13 @@ cache dtype), v_min, v_max [L, B, H, d] float32 (the running per-channel value r
 (the running maximum of an upper bound of ||v_i||_2 over every token written), value_stats [L, B, H, 4] float32
 (`bounds.value_statistics`, which a step's bound reads) and v_err_max [L, B, H] (read only). The new token: k, v
 [B, H, d] in the cache dtype (so storing it rounds nothing); r [B] int32 its position in the residual block (nothing
-is stored where r >= Bk, as `TieredKVCache.write_token` drops it); layer an int32 scalar. Returns the six written
-arrays with layer `layer` updated: row r[b] of the residual blocks, v_min / v_max widened to the token's values,
-v_norm_max raised to the token's norm bound (`quant.norm_upper`), and value_stats' columns that depend on the range
-(STAT_RANGE, STAT_ABS_NORM, STAT_ABS_MAX) recomputed from it (STAT_INT changes only at a flush). The kernel's square
-roots count Triton's error (`quant.KERNEL_SQRT_REL_ERROR`). The outputs alias the inputs: only the token's row and
-the (b, h) statistics of that layer are written.
+is written where r >= Bk, neither the row nor the statistics: a full residual's token, which
+`TieredKVCache.write_token` drops and flags, or a sequence that takes no token this step); layer an int32 scalar.
+Returns the six written arrays with layer `layer` updated: row r[b] of the residual blocks, v_min / v_max widened to
+the token's values, v_norm_max raised to the token's norm bound (`quant.norm_upper`), and value_stats' columns that
+depend on the range (STAT_RANGE, STAT_ABS_NORM, STAT_ABS_MAX) recomputed from it (STAT_INT changes only at a flush).
+The kernel's square roots count Triton's error (`quant.KERNEL_SQRT_REL_ERROR`). The outputs alias the inputs: only
+the token's row and the (b, h) statistics of that layer are written.
 
 Why a kernel (docs/performance.md, twenty-first session): written back through XLA, each of these arrays is a
 dynamic-update-slice launch of its own per layer-step (XLA does not fuse in-place updates of different buffers),
@@ -63,11 +64,14 @@ def write_token_reference(res_k: jax.Array, res_v: jax.Array, v_min: jax.Array, 
         return jax.lax.dynamic_update_index_in_dim(buf, combine(old, new), layer, 0)
 
     v32 = v.astype(jnp.float32)
-    new_min, new_max = update(v_min, v32, jnp.minimum), update(v_max, v32, jnp.maximum)
+    writes = (r < Bk)[:, None]  # [B, 1]: where r >= Bk the statistics stay as they were, like the row
+    new_min = update(v_min, v32, lambda old, x: jnp.where(writes[..., None], jnp.minimum(old, x), old))
+    new_max = update(v_max, v32, lambda old, x: jnp.where(writes[..., None], jnp.maximum(old, x), old))
     lo, hi, err = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (new_min, new_max, v_err_max))
-    stats = _range_stats(lo, hi, err, jax.lax.dynamic_index_in_dim(value_stats, layer, 0, keepdims=False), 0.0)
+    old_stats = jax.lax.dynamic_index_in_dim(value_stats, layer, 0, keepdims=False)
+    stats = jnp.where(writes[..., None], _range_stats(lo, hi, err, old_stats, 0.0), old_stats)
     return (put_row(res_k, k), put_row(res_v, v), new_min, new_max,
-            update(v_norm_max, quant.norm_upper(v32), jnp.maximum),
+            update(v_norm_max, quant.norm_upper(v32), lambda old, x: jnp.where(writes, jnp.maximum(old, x), old)),
             jax.lax.dynamic_update_index_in_dim(value_stats, stats, layer, 0))
 
 
@@ -94,19 +98,19 @@ def _kernel(r_ref, layer_ref, k_ref, v_ref, err_ref, rk_in, rv_in, lo_in, hi_in,
     k = k_ref[...]
     v = v_ref[...]
 
-    @pl.when(pos < block_size)
-    def _store_row():
+    @pl.when(pos < block_size)  # past the block: nothing written, neither the row nor the statistics
+    def _store():
         rk_ref[pl.ds(lay, 1), pl.ds(pos, 1), :] = k[None].astype(rk_ref.dtype)
         rv_ref[pl.ds(lay, 1), pl.ds(pos, 1), :] = v[None].astype(rv_ref.dtype)
-
-    v32 = v.astype(jnp.float32)  # [1, d]
-    lo = jnp.minimum(lo_ref[pl.ds(lay, 1), :], v32)
-    hi = jnp.maximum(hi_ref[pl.ds(lay, 1), :], v32)
-    lo_ref[pl.ds(lay, 1), :] = lo
-    hi_ref[pl.ds(lay, 1), :] = hi
-    norm = quant.norm_upper(v32, sqrt_rel_error=sqrt_rel_error)  # [1]
-    nm_ref[pl.ds(lay, 1)] = jnp.maximum(nm_ref[pl.ds(lay, 1)], norm)
-    st_ref[pl.ds(lay, 1), :] = _range_stats(lo, hi, err_ref[pl.ds(lay, 1)], st_ref[pl.ds(lay, 1), :], sqrt_rel_error)
+        v32 = v.astype(jnp.float32)  # [1, d]
+        lo = jnp.minimum(lo_ref[pl.ds(lay, 1), :], v32)
+        hi = jnp.maximum(hi_ref[pl.ds(lay, 1), :], v32)
+        lo_ref[pl.ds(lay, 1), :] = lo
+        hi_ref[pl.ds(lay, 1), :] = hi
+        norm = quant.norm_upper(v32, sqrt_rel_error=sqrt_rel_error)  # [1]
+        nm_ref[pl.ds(lay, 1)] = jnp.maximum(nm_ref[pl.ds(lay, 1)], norm)
+        st_ref[pl.ds(lay, 1), :] = _range_stats(lo, hi, err_ref[pl.ds(lay, 1)], st_ref[pl.ds(lay, 1), :],
+                                                sqrt_rel_error)
 
 
 def _check(res_k, res_v, v_min, v_max, v_norm_max, value_stats, v_err_max, k, v, r) -> None:

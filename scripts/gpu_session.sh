@@ -35,6 +35,9 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())" >> "$OUT/s
 
 for s in "$@"; do
   case $s in
+    write_kernel)  # thirty-second session: the token-write kernel compiled (a sequence that takes no token: neither
+      # its row nor its statistics written) against its reference
+      step write_kernel 90 "python3 -m pytest -q -p no:benchmark tests/test_pallas_write_token.py" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;

@@ -1426,3 +1426,149 @@ def test_a_failed_whole_program_build_is_reported_with_the_cache_and_built_again
     prefetch = cache_spec("certified", CFG, jnp.float32, dataclasses.replace(policy, hot_refresh="prefetch"),
                           schedule="looped")
     assert gen.decode_bridge(again.cache) and not gen.decode_bridge(prefetch(1, 128))
+
+
+@pytest.mark.parametrize("mode", ["dense", "certified"])
+def test_a_sequence_that_stops_early_stops_taking_tokens(params, mode, monkeypatch):
+    """In a batch that decodes on after one sequence hit EOS, that sequence's cache row stays as it stopped: the
+    returned cache holds its prompt and tokens (its length, residual and running value statistics as the batch-1
+    run's), decoding can continue from it as from the batch-1 run's cache, and its step records after the stop are
+    marked "no step" (rung -1), which `summarize` leaves out. (An audit found the row decoding on: 38 tokens held
+    for 25 real ones, a continuation 5.6 logits off, and `summarize` pooling 240 head-steps for 136 live ones.)
+    The certified case decodes through the bridge: rung-0 first passes, then the whole program after a flush."""
+    from certattn_jax import summarize
+
+    policy = dataclasses.replace(POLICY, eps=0.5, abs_tol=0.0)
+    spec = cache_spec(mode, CFG, jnp.float32, policy) if mode != "dense" else "dense"
+    if mode == "certified":
+        _fresh_bridge_state(monkeypatch)
+        monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "1")
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (23, 45)]
+    kw = dict(progress=False, prefill_chunk=32, record_steps=True, cache_factory=spec, capacity=96)
+    free = gen.generate(params, CFG, prompts, 16, eos_token_ids=(), **kw)
+    at = next(i for i, t in enumerate(free.tokens[0])
+              if i >= 2 and t not in free.tokens[1] and t not in free.tokens[0][:i])
+    eos = free.tokens[0][at]
+    out = gen.generate(params, CFG, prompts, 16, eos_token_ids=(eos,), **kw)
+    alone = gen.generate(params, CFG, prompts[:1], 16, eos_token_ids=(eos,), **kw)
+    assert out.tokens == [free.tokens[0][:at], free.tokens[1]] and alone.tokens == out.tokens[:1]
+    assert out.finished == [True, False] and out.num_steps == 16
+    lengths = np.asarray(out.cache.lengths)
+    assert lengths.tolist() == [len(prompts[0]) + at, len(prompts[1]) + 15] == \
+        [int(np.asarray(alone.cache.lengths)[0]), len(prompts[1]) + 15]
+    if mode == "certified":  # the stopped row's running statistics: the batch-1 run's, not widened by later tokens
+        for f in ("v_min", "v_max", "v_norm_max", "flushed", "nonfinite"):
+            np.testing.assert_allclose(np.asarray(getattr(out.cache.store, f))[:, :1],
+                                       np.asarray(getattr(alone.cache.store, f)), rtol=1e-5, atol=1e-6, err_msg=f)
+        rung = np.asarray(out.step_records.rung)  # [steps - 1, L, B, Hq]
+        assert np.all(rung[at:, :, 0] == -1) and np.all(rung[:at, :, 0] >= 0) and np.all(rung[:, :, 1] >= 0)
+        assert np.all(np.isnan(np.asarray(out.step_records.error_bound)[at:, :, 0]))
+        np.testing.assert_array_equal(rung[:at, :, :1], np.asarray(alone.step_records.rung))
+        L, Hq = CFG.num_layers, CFG.num_heads
+        s = summarize(out.step_records)
+        assert s["heads"] == (at + 15) * L * Hq and s["stopped"] == (15 - at) * L * Hq
+    # continuing: the stopped sequence takes its EOS next, as the batch-1 run's cache would
+    fwd = jax.jit(llama.forward, static_argnums=1)
+    logits, _ = fwd(params, CFG, jnp.asarray([[eos], [free.tokens[1][-1]]], jnp.int32), out.cache)
+    want, _ = fwd(params, CFG, jnp.asarray([[eos]], jnp.int32), alone.cache)
+    np.testing.assert_allclose(np.asarray(logits[0, -1]), np.asarray(want[0, -1]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_tiered_cache_refuses_to_rewind(params):
+    """`with_lengths` only records growth: rewinding a certified cache (past a flushed block, an audit found, its
+    logits came out 2-11 off with every head certified) raises outside jit and, inside jit, leaves the rewound
+    sequence never certified again while the other is unaffected. Keeping the earlier cache value is the way back."""
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (40, 37)]
+    out = gen.generate(params, CFG, prompts, 4, eos_token_ids=(), progress=False, prefill_chunk=32,
+                       cache_factory=spec, capacity=64)
+    lengths = out.cache.lengths
+    with pytest.raises(ValueError, match=r"cannot shrink.*sequence\(s\) \[1\]"):
+        out.cache.with_lengths(lengths - jnp.asarray([0, 20]))
+    same = out.cache.with_lengths(lengths)  # recording the lengths it has is no rewind
+    assert not bool(jnp.any(same.store.nonfinite))
+    step = jax.jit(lambda c, back: llama.forward(params, CFG, jnp.asarray([[1], [2]], jnp.int32),
+                                                 c.with_lengths(c.lengths - back))[1].last_certificate)
+    cert = step(out.cache, jnp.asarray([0, 20]))
+    assert bool(jnp.all(cert.certified[:, 0])) and not bool(jnp.any(cert.certified[:, 1]))
+    assert bool(jnp.all(jnp.isinf(cert.error_bound[:, 1])))
+
+
+def _alive(tree) -> bool:
+    return not any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(tree))
+
+
+def test_a_converted_cache_shares_no_array_with_what_it_came_from(params):
+    """Decoding donates its cache: a converted cache must own its arrays. An audit found the policy's leaves shared
+    with the policy passed in (`generate(..., policy=out.cache.policy)` deleted `out.cache.policy`) and the lengths
+    shared with the staging cache (converting the same prefill again failed on a deleted array)."""
+    prompt = [list(range(5, 28))]
+    first = gen.generate(params, CFG, prompt, 4, cache_factory="certified", policy=POLICY, progress=False,
+                         eos_token_ids=())
+    again = gen.generate(params, CFG, prompt, 4, cache_factory="certified", policy=first.cache.policy,
+                         progress=False, eos_token_ids=())
+    assert again.tokens == first.tokens and _alive(first.cache)
+    fwd = jax.jit(llama.forward, static_argnums=1, donate_argnums=3)
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    staging = spec.staging(2, 64)
+    logits, staging = fwd(params, CFG, jnp.asarray([prompt[0][:20]] * 2, jnp.int32), staging)
+    tok = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None]
+    fwd(params, CFG, tok, spec.from_staging(staging))  # a donated step of the converted cache
+    assert _alive(staging)
+    naive = cache_spec("naive", CFG, jnp.float32, POLICY).from_staging(staging)  # the same prefill, another mode
+    assert np.asarray(naive.lengths).tolist() == [20, 20]
+
+
+@pytest.mark.parametrize("mode", ["dense", "certified", "naive"])
+def test_a_cache_for_another_model_shape_is_refused(params, mode):
+    """A cache built for fewer layers than the model was read at a clipped layer index (two layers sharing one
+    cache: logits 2-5 off, no error); other shape mismatches failed with raw indexing or broadcasting errors. Now
+    the model names the mismatch, eagerly and inside jit."""
+    deeper = dataclasses.replace(CFG, num_layers=3)
+    deep_params = llama.init_params(deeper, jax.random.key(1), jnp.float32, scale=0.3)
+    cache = cache_spec(mode, CFG, jnp.float32, POLICY)(1, 32)
+    tokens = jnp.asarray([[3, 4]], jnp.int32)
+    with pytest.raises(ValueError, match=r"another model shape: layers 2 \(the model has 3\)"):
+        llama.forward(deep_params, deeper, tokens, cache)
+    with pytest.raises(ValueError, match="another model shape"):
+        jax.jit(llama.forward, static_argnums=1)(deep_params, deeper, tokens, cache)
+    wider = dataclasses.replace(CFG, num_kv_heads=4)
+    with pytest.raises(ValueError, match=r"KV heads 2 \(the model has 4\)"):
+        llama.forward(llama.init_params(wider, jax.random.key(1), jnp.float32), wider, tokens, cache)
+
+
+def test_tier2_out_of_host_memory_is_named_and_put_back(params):
+    """A certified cache that went through pickle (or device_get / device_put, a generic checkpoint restore) comes
+    back with tier 2 in device memory; decoding it failed deep in tracing ("memory_space of all inputs passed to
+    dynamic_update_slice must be the same"). Now a clear error names it and `with_tier2_on_host` puts it back."""
+    import pickle
+
+    if tiers.host_memory_kind() is None:
+        pytest.skip("this backend has no host memory space")
+    out = gen.generate(params, CFG, [list(range(3, 30))], 3, cache_factory="certified", policy=POLICY,
+                       progress=False, eos_token_ids=())
+    tok = jnp.asarray([[out.tokens[0][-1]]], jnp.int32)
+    want, _ = llama.forward(params, CFG, tok, out.cache)
+    back = pickle.loads(pickle.dumps(out.cache))
+    assert back.store.host_k.sharding.memory_kind != tiers.host_memory_kind()
+    with pytest.raises(ValueError, match=r"tier 2 .* not in host memory.*with_tier2_on_host"):
+        jax.jit(llama.forward, static_argnums=1)(params, CFG, tok, back)
+    with pytest.raises(ValueError, match="with_tier2_on_host"):
+        from certattn_jax import certified_attention
+        certified_attention(jnp.ones((1, CFG.num_heads, CFG.head_dim)), back.layer_view(0), POLICY)
+    home = back.with_tier2_on_host()
+    assert home.store.host_k.sharding.memory_kind == tiers.host_memory_kind()
+    got, _ = llama.forward(params, CFG, tok, home)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_factory_that_hands_back_a_consumed_cache_is_named(params):
+    """generate consumes the cache its factory builds (prefill and decoding donate it): a factory returning one
+    prebuilt cache worked once, then failed with XLA's "Buffer has been deleted or donated"; now it is named."""
+    pre = cache_spec("dense", CFG, jnp.float32)(1, 64)
+    kw = dict(cache_factory=lambda b, c: pre, progress=False, eos_token_ids=())
+    gen.generate(params, CFG, [[5, 6, 7]], 3, **kw)
+    with pytest.raises(ValueError, match="donated to an earlier call.*fresh one per call"):
+        gen.generate(params, CFG, [[5, 6, 7]], 3, **kw)

@@ -34,8 +34,8 @@ def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, 
     k = jnp.asarray(rng.normal(size=(B, H, d)) * scale, dtype)
     v = jnp.asarray(rng.normal(size=(B, H, d)) * scale, dtype)
     r = jnp.asarray(rng.integers(0, Bk, size=B), jnp.int32).at[0].set(Bk - 1)
-    if B > 1:
-        r = r.at[-1].set(Bk)  # a full residual: nothing is stored there (as `write_token` drops it)
+    if B > 1:  # a full residual or a sequence that takes no token: nothing is stored, neither row nor statistics
+        r = r.at[-1].set(Bk)
     got = jax.jit(write_token)(*stack, k, v, r, jnp.int32(layer))
     want = write_token_reference(*stack, k, v, r, jnp.int32(layer))
     names = ("res_k", "res_v", "v_min", "v_max")
@@ -50,8 +50,9 @@ def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, 
     # the statistics a step reads: what `bounds.value_statistics` gives for the new range (STAT_INT kept)
     cols = bounds.value_statistics(got[2][layer], got[3][layer], stack[6][layer], jnp.zeros((B, H, 1)),
                                    jnp.zeros((B, H, 1)), Bk, 4)
+    w = np.asarray(r) < Bk  # the sequences written
     for i in (bounds.STAT_RANGE, bounds.STAT_ABS_NORM, bounds.STAT_ABS_MAX):
-        np.testing.assert_allclose(np.asarray(got[5])[layer, ..., i], np.asarray(cols[i]), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(got[5])[layer, ..., i][w], np.asarray(cols[i])[w], rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(got[5])[layer, ..., bounds.STAT_INT],
                                   np.asarray(stack[5])[layer, ..., bounds.STAT_INT])
     others = [i for i in range(L) if i != layer]
@@ -63,10 +64,12 @@ def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, 
         if int(r[b]) < Bk:
             np.testing.assert_array_equal(rows_k[layer, b, :, int(r[b])], k64[b])
             np.testing.assert_array_equal(rows_v[layer, b, :, int(r[b])], v64[b])
-    assert np.all(np.asarray(got[2])[layer] <= v64) and np.all(np.asarray(got[3])[layer] >= v64)
-    norms = np.linalg.norm(v64, axis=-1)
-    bound = np.asarray(got[4], np.float64)[layer]
-    assert np.all(bound >= norms) and np.all(bound <= np.maximum(norms * (1 + 1e-4), np.asarray(stack[4])[layer]))
+    assert np.all(np.asarray(got[2])[layer][w] <= v64[w]) and np.all(np.asarray(got[3])[layer][w] >= v64[w])
+    norms = np.linalg.norm(v64, axis=-1)[w]
+    bound = np.asarray(got[4], np.float64)[layer][w]
+    assert np.all(bound >= norms) and np.all(bound <= np.maximum(norms * (1 + 1e-4), np.asarray(stack[4])[layer][w]))
+    for i, name in zip(range(2, 6), ("v_min", "v_max", "v_norm_max", "value_stats"), strict=True):
+        np.testing.assert_array_equal(np.asarray(got[i])[layer][~w], np.asarray(stack[i])[layer][~w], err_msg=name)
 
 
 def test_a_non_finite_value_makes_the_norm_infinite():
@@ -169,3 +172,42 @@ def test_a_negative_layer_means_the_same_layer_to_every_consumer(monkeypatch):
                                   [False, False, True])
     with pytest.raises(IndexError):
         store.write_layer_token(L, bad, v)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "xla"])
+def test_a_sequence_that_takes_no_token_is_left_exactly_as_it_was(kernel, monkeypatch):
+    """`active` (a stopped sequence in a batch that decodes on): through the kernel (interpreted) and through XLA, the
+    inactive sequence's residual, running statistics, non-finite flag (its token holds a NaN here) and length stay
+    as they were, bit for bit; the active one is written as without the mask."""
+    from certattn_jax import cache as cache_module
+    from certattn_jax.cache import TieredKVCache
+    from certattn_jax.policy import CertPolicy
+
+    monkeypatch.setattr(cache_module, "WRITE_KERNEL", kernel)
+    rng = np.random.default_rng(4)
+    policy = CertPolicy(block_size=16, group_size=16, k_max=2)
+    L, B, H, S, T, d = 2, 2, 2, 64, 21, 32
+    kv = [(jnp.asarray(rng.normal(size=(B, H, S, d)), jnp.float32),
+           jnp.asarray(rng.normal(size=(B, H, S, d)), jnp.float32)) for _ in range(L)]
+    store = TieredKVCache.stacked_from_layers(tuple(k for k, _ in kv), tuple(v for _, v in kv),
+                                             jnp.full((B,), T, jnp.int32), policy)
+    k = jnp.asarray(rng.normal(size=(B, 1, H, d)) * 50, jnp.float32).at[1, 0, 0, 2].set(jnp.nan)
+    v = jnp.asarray(rng.normal(size=(B, 1, H, d)) * 50, jnp.float32)
+    active = jnp.asarray([True, False])
+    if kernel:
+        got = jax.jit(lambda s, k, v, a: s.write_layer_token(1, k, v, a))(store, k, v, active)
+        full = jax.jit(lambda s, k, v: s.write_layer_token(1, k, v))(store, k, v)
+    else:
+        store = TieredKVCache.from_dense(jnp.swapaxes(kv[1][0][:, :, :T], 1, 2),
+                                         jnp.swapaxes(kv[1][1][:, :, :T], 1, 2), policy=policy, capacity=S)
+        got = store.write_token(k, v, active)
+        full = store.write_token(k, v)
+        assert np.asarray(got.lengths).tolist() == [T + 1, T]
+    for f in ("res_k", "res_v", "v_min", "v_max", "v_norm_max", "value_stats", "nonfinite"):
+        g, s0, f_all = (np.asarray(getattr(x, f)) for x in (got, store, full))
+        ax = g.ndim - (4 if f.startswith("res") else 3 if f in ("v_min", "v_max", "value_stats") else 2)  # B
+        np.testing.assert_array_equal(np.take(g, 1, axis=ax), np.take(s0, 1, axis=ax), err_msg=f)  # untouched
+        np.testing.assert_array_equal(np.take(g, 0, axis=ax), np.take(f_all, 0, axis=ax), err_msg=f)  # as unmasked
+    assert bool(np.asarray(full.nonfinite).any())  # the NaN token, taken, would have flagged the sequence
+    with pytest.raises(ValueError, match="active must be"):
+        store.write_token(k, v, jnp.asarray([1, 0])) if not kernel else store.write_layer_token(1, k, v, [True])

@@ -78,6 +78,18 @@ class EvalCache:
         return self.inner.layers
 
     @property
+    def num_kv_heads(self) -> int:
+        return self.inner.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.inner.head_dim
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.inner.num_q_heads
+
+    @property
     def mode(self) -> str:
         """The inner cache's mode ("certified" | "naive"): `models.llama.params_for_decoding` reads it."""
         return self.inner.mode
@@ -95,7 +107,7 @@ class EvalCache:
             out, inner = self.inner.attend(layer, q, k, v, new_lengths)
         else:
             base = self.inner.layer_view(layer)
-            c = base.write_token(k, v)
+            c = base.write_token(k, v, new_lengths > self.inner.lengths)
             out = _mixed_attention(q[:, 0], c, exact_values=self.variant == "exact-values")[:, None]
             inner = self.inner.with_layer(layer, c, base)
         new = self.replace(inner=inner)
