@@ -189,7 +189,8 @@ def quantize_values(v: jax.Array, group: int, bits: int, packing: str | None = N
     Returns (packed codes [..., d*bits/8] (`pack_values`), scale [..., d/group], zero [..., d/group])."""
     d = v.shape[-1]
     if d % group:
-        raise ValueError(f"head_dim {d} must be a multiple of the value group size {group}")
+        raise ValueError(f"head_dim {d} must be a multiple of the value group size {group}: pass "
+                         f"CertPolicy(group_size=...) with a divisor of {d}, e.g. {math.gcd(d, group)}")
     g = v.reshape(*v.shape[:-1], d // group, group)
     codes, scale, zero = quantize(g, axis=-1, bits=bits)
     return pack_values(codes.reshape(v.shape), bits, packing), scale, zero

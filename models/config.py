@@ -44,6 +44,11 @@ def _json_bool(value: Any, name: str) -> bool:
     raise ValueError(f"config.json field {name!r} must be true or false, got {value!r}")
 
 
+# what transformers' LlamaConfig assumes for a config.json key left out (`LlamaConfig.from_hf_dict` follows it)
+HF_DEFAULT_RMS_NORM_EPS = 1e-6
+HF_DEFAULT_MAX_POSITIONS = 2048
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
     vocab_size: int
@@ -104,12 +109,19 @@ class LlamaConfig:
                 num_heads=num_heads,
                 num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
                 head_dim=int(d.get("head_dim") or hidden // num_heads),
-                max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+                # a key left out means transformers' LlamaConfig default (an audit: a config.json without
+                # rms_norm_eps loaded with 1e-5, transformers' 1e-6, logits 1e-3 relative off)
+                max_position_embeddings=int(d.get("max_position_embeddings", HF_DEFAULT_MAX_POSITIONS)),
+                rms_norm_eps=float(d.get("rms_norm_eps", HF_DEFAULT_RMS_NORM_EPS)),
                 tie_word_embeddings=_json_bool(d.get("tie_word_embeddings", False), "tie_word_embeddings"),
             )
         except KeyError as e:
             raise ValueError(f"config.json is missing required field {e.args[0]!r}") from None
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {d['hidden_act']!r} (only 'silu')")
+        for flag in ("attention_bias", "mlp_bias"):
+            if d.get(flag):
+                raise ValueError(f"unsupported {flag}=True: biases are not implemented")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         cfg["rope_theta"] = float(theta)

@@ -133,12 +133,7 @@ def read_hf_config(path: str | Path) -> tuple[LlamaConfig, dict[str, Any]]:
     archs = raw.get("architectures") or []
     if archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ValueError(f"unsupported architecture {archs} in {cfg_path}: supported {list(SUPPORTED_ARCHITECTURES)}")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r} in {cfg_path} (only 'silu')")
-    for flag in ("attention_bias", "mlp_bias"):
-        if raw.get(flag):
-            raise ValueError(f"unsupported {flag}=True in {cfg_path}: biases are not implemented")
-    check_rope_scaling(raw, cfg_path)
+    check_rope_scaling(raw, cfg_path)  # (hidden_act and biases: `LlamaConfig.from_hf_dict`, every loader's)
     try:
         config = LlamaConfig.from_hf_dict(raw)
     except ValueError as e:

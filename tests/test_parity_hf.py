@@ -203,3 +203,19 @@ def test_smollm2_weights_and_logits_match_transformers(hf_smollm2, ours_smollm2)
             ref = model(torch.tensor([ids])).logits.numpy()
         assert _rel_err(logits[0, -1], ref[0, -1]) <= 1e-3
         assert int(np.argmax(logits[0, -1])) == int(np.argmax(ref[0, -1]))
+
+
+def test_a_config_json_key_left_out_means_what_transformers_assumes(tmp_path):
+    """rms_norm_eps and max_position_embeddings missing from config.json: transformers' LlamaConfig defaults
+    (an audit: rms_norm_eps loaded as 1e-5 against transformers' 1e-6, logits ~1e-3 relative off); an unsupported
+    activation or bias is refused on every loader's path (a checkpoint's config.json too)."""
+    from models.config import LlamaConfig
+
+    raw = {k: v for k, v in BASE.items() if k not in ("rms_norm_eps", "max_position_embeddings")}
+    hf = transformers.LlamaConfig(**raw)
+    ours = LlamaConfig.from_hf_dict(raw)
+    assert (ours.rms_norm_eps, ours.max_position_embeddings) == (hf.rms_norm_eps, hf.max_position_embeddings)
+    for bad, match in (({"hidden_act": "gelu"}, "hidden_act 'gelu'"), ({"mlp_bias": True}, "mlp_bias=True"),
+                       ({"attention_bias": True}, "attention_bias=True")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_hf_dict({**raw, **bad})

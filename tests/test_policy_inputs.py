@@ -77,3 +77,16 @@ def test_the_pytree_rebuilds_without_checks_and_keeps_hashing_and_paths():
     paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(policy)[0]]
     assert paths[0] == ".eps" and len(paths) == 6
     assert policy.replace(eps=0.5).eps == 0.5
+
+
+def test_a_head_dim_the_group_size_does_not_divide_names_the_fix():
+    """head_dim 80 (and 48, 100, ...) with the default value group size 32: the error says what to pass (an audit
+    found only the CLI's did)."""
+    from certattn_jax import TieredKVCache
+
+    k = jnp.ones((1, 20, 1, 80), jnp.float32)
+    for build in (lambda: TieredKVCache.init(batch=1, capacity=64, num_kv_heads=1, head_dim=80, policy=CertPolicy()),
+                  lambda: TieredKVCache.from_dense(k, k, policy=CertPolicy(), capacity=64)):
+        with pytest.raises(ValueError, match=r"value group size 32: pass CertPolicy\(group_size=\.\.\.\).*e\.g\. 16"):
+            build()
+    TieredKVCache.from_dense(k, k, policy=CertPolicy(group_size=16), capacity=64)  # the fix works
