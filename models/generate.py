@@ -593,6 +593,11 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     return result
 
 
+def _donated(tree: Any) -> bool:
+    """Whether some array of `tree` was donated (deleted) by an earlier call."""
+    return any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(tree))
+
+
 def check_params(params: Params, config: LlamaConfig, finite: bool = True) -> None:
     """Raise ValueError naming the first tensor of `params` whose name, shape or dtype the config does not
     imply (fused projections accepted) or, with `finite`, that holds NaN / Inf: either would make generation emit
@@ -648,12 +653,16 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         spec = cache_factory if isinstance(cache_factory, CacheSpec) else None
     if spec is not None:
         spec.check_model(config)
+        if _donated(spec.policy):
+            raise ValueError("the policy's arrays were donated with the cache they came from (e.g. "
+                             "`policy=cache.policy` after that cache went through a donating step): pass a CertPolicy "
+                             "built anew, or take the policy before donating the cache")
     cache = spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity)
     if not (hasattr(cache, "lengths") and hasattr(cache, "capacity") and hasattr(cache, "attend")):
         raise TypeError(f"cache_factory({B}, {capacity}) must return a KV cache, got {type(cache).__name__}")
     if cache.lengths.shape[-1] != B:
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache for {cache.lengths.shape[-1]} sequences")
-    if any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(cache)):
+    if _donated(cache):
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache whose arrays were donated to an earlier "
                          "call (prefill and decoding consume the cache they are given): build a fresh one per call")
     cache = commit_arrays(cache)

@@ -1510,6 +1510,10 @@ def test_a_converted_cache_shares_no_array_with_what_it_came_from(params):
     again = gen.generate(params, CFG, prompt, 4, cache_factory="certified", policy=first.cache.policy,
                          progress=False, eos_token_ids=())
     assert again.tokens == first.tokens and _alive(first.cache)
+    jax.jit(llama.forward, static_argnums=1, donate_argnums=3)(params, CFG, jnp.asarray([[1]], jnp.int32),
+                                                              first.cache)  # first.cache (and its policy) donated
+    with pytest.raises(ValueError, match="policy's arrays were donated"):
+        gen.generate(params, CFG, prompt, 4, cache_factory="certified", policy=first.cache.policy, progress=False)
     fwd = jax.jit(llama.forward, static_argnums=1, donate_argnums=3)
     spec = cache_spec("certified", CFG, jnp.float32, POLICY)
     staging = spec.staging(2, 64)
