@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import operator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,14 @@ def _token_content(tok: Any) -> str | None:
     raise ValueError(f"cannot read special token {tok!r}")
 
 
+def _is_index(x: Any) -> bool:
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
 class Tokenizer:
     """Text <-> token ids, special tokens and the chat template of one model."""
 
@@ -135,26 +144,65 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`; BOS is prepended when `add_bos` (default: the model's `add_bos_token`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (e.g. from json.loads('"\\ud83d"')): no UTF-8 bytes
+            raise ValueError(f"text holds a character with no UTF-8 encoding at position {e.start} "
+                             f"({text[e.start]!r}, a lone surrogate): it cannot be tokenized") from None
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if (self.add_bos_token if add_bos is None else add_bos) and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids` (ints; a numpy/jax 1-D array works too)."""
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        """Text of `ids` (ints; a numpy/jax 1-D array works too). A float, a string or a nested sequence is refused
+        (`int(1.5)` would silently decode token 1)."""
+        if getattr(ids, "ndim", 1) != 1:
+            raise ValueError(f"ids must be one sequence of token ids (1-D), got shape {getattr(ids, 'shape', None)}")
+        try:
+            flat = [operator.index(i) for i in ids]
+        except TypeError:
+            bad = next(i for i in ids if not _is_index(i))
+            raise TypeError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})") from None
+        return self.backend.decode(flat, skip_special_tokens=skip_special_tokens)
 
     # ---- chat ----------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
-        """Render `messages` ([{"role": ..., "content": ...}, ...]) with the model's jinja template."""
+                            tokenize: bool = False, continue_final_message: bool = False,
+                            tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+                            **kwargs: Any) -> str | list[int]:
+        """Render `messages` ([{"role": ..., "content": ...}, ...]) with the model's jinja template: the text, or
+        with `tokenize` its token ids. As transformers' method renders (the template sees `tools`, `documents`, the
+        special tokens, and messages without their None-valued keys; `continue_final_message` leaves the last
+        message open for the model to go on), except for two defaults: the generation prompt is added and the text
+        returned unless asked otherwise. Other keywords reach the template as variables, as in transformers."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt are exclusive: pass "
+                             "add_generation_prompt=False to continue the last message")
         if self._template is None:
             self._template = _compile_template(self.chat_template)
-        return self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+        messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        specials = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "", "pad_token": None,
+                    "unk_token": None}
+        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                     documents=documents, **{**specials, **kwargs})
+        if continue_final_message:
+            final = messages[-1].get("content")
+            if not isinstance(final, str) or final.strip() not in text:
+                raise ValueError("continue_final_message: the last message's content does not appear in the "
+                                 "rendered chat")
+            final = final.strip()  # as transformers: cut right after the final message's (stripped) text
+            text = text[: text.rindex(final) + len(final)]
+        return self.encode(text, add_bos=False) if tokenize else text
 
     # ---- persistence ---------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:

@@ -83,6 +83,46 @@ def test_chat_template(tok):
         t.apply_chat_template([{"role": "bad", "content": ""}])
 
 
+def test_chat_template_as_transformers_renders_it(tok):
+    """An audit against transformers' apply_chat_template: `continue_final_message` was passed to the template and
+    ignored (the turn closed), `tokenize=True` returned text, the template never saw `tools` / `documents`, a None
+    content rendered as the word None, and an empty or malformed conversation rendered or failed unclearly."""
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, "}]
+    closed = tok.apply_chat_template(msgs, add_generation_prompt=False)
+    assert closed.endswith("Sure, <|im_end|>\n")
+    assert tok.apply_chat_template(msgs, add_generation_prompt=False, continue_final_message=True) == \
+        closed[: closed.rindex("Sure,") + len("Sure,")]
+    with pytest.raises(ValueError, match="exclusive"):
+        tok.apply_chat_template(msgs, continue_final_message=True)
+    assert tok.apply_chat_template(msgs, tokenize=True) == tok.encode(tok.apply_chat_template(msgs), add_bos=False)
+    t = Tokenizer(tok.backend, chat_template=(
+        "{% if tools is not none %}[TOOLS]{% endif %}{% for m in messages %}{{ m.role }}{% if m.content is defined %}"
+        ":{{ m.content }}{% endif %};{% endfor %}"))
+    assert t.apply_chat_template([{"role": "user", "content": None}], add_generation_prompt=False) == "user;"
+    assert t.apply_chat_template([{"role": "u", "content": "c"}], tools=[{"name": "f"}]) == "[TOOLS]u:c;"
+    with pytest.raises(ValueError, match="non-empty list"):
+        tok.apply_chat_template([])
+    with pytest.raises(TypeError, match=r"messages\[1\] must be a dict"):
+        tok.apply_chat_template([{"role": "user", "content": "a"}, "b"])
+
+
+def test_decode_and_encode_refuse_what_is_no_token_or_text(tok):
+    """decode(int(1.5)) silently decoded token 1, and a lone surrogate failed inside the backend unclearly."""
+    import numpy as np
+
+    ids = tok.encode("hello world")
+    assert tok.decode(np.asarray(ids)) == tok.decode(ids) == "hello world"
+    for bad in ([1.5], ["42"], np.asarray(ids, np.float32)):
+        with pytest.raises(TypeError, match="token ids must be integers"):
+            tok.decode(bad)
+    with pytest.raises(ValueError, match="1-D"):
+        tok.decode(np.asarray([ids, ids]))
+    with pytest.raises(ValueError, match="position 2 .*lone surrogate"):
+        tok.encode("ab\ud83d")
+    with pytest.raises(TypeError, match="text must be a str"):
+        tok.encode(b"bytes")
+
+
 def test_save_load_roundtrip(tok, tmp_path):
     tok.save(tmp_path)
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
