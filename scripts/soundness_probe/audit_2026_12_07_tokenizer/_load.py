@@ -1,6 +1,8 @@
 """Shared loaders for the tokenizer audit (ours from GGUF, ours from the cached checkpoint, HF from GGUF)."""
-import os, sys, time
+import os
+import sys
 from pathlib import Path
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -11,6 +13,7 @@ def gguf_path():
 
 def ours_from_gguf():
     import gguf
+
     from models.tokenizer import Tokenizer
     return Tokenizer.from_gguf(gguf.GGUFReader(str(gguf_path())))
 

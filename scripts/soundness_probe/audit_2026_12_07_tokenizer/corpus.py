@@ -1,6 +1,7 @@
 """Hand-built corpus (several hundred strings) + seeded random fuzz strings for the tokenizer audit."""
 import random
 
+
 def _cases():
     C = []  # (category, text)
     add = lambda cat, xs: C.extend((cat, x) for x in xs)

@@ -1,5 +1,7 @@
 import time
+
 from _load import *
+
 t=time.time(); ours=ours_from_gguf(); print("ours gguf", time.time()-t)
 t=time.time(); ck=ours_from_ckpt(); print("ours ckpt", time.time()-t)
 t=time.time(); hf=hf_tok(); print("hf", time.time()-t, type(hf))
@@ -8,6 +10,7 @@ print("hf bos", hf.bos_token, hf.bos_token_id, hf.eos_token, hf.eos_token_id, hf
 print("hf special map", hf.special_tokens_map)
 print("hf clean_up", getattr(hf, "clean_up_tokenization_spaces", None), "add_bos", getattr(hf,"add_bos_token",None), "add_eos", getattr(hf,"add_eos_token",None))
 import json
+
 bj = json.loads(hf.backend_tokenizer.to_str())
 print("hf normalizer", bj["normalizer"]); print("hf pre", bj["pre_tokenizer"]); print("hf post", bj["post_processor"]); print("hf decoder", bj["decoder"])
 print("hf model keys", {k:v for k,v in bj["model"].items() if k not in ("vocab","merges")})

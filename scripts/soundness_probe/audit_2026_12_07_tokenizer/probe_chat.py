@@ -2,12 +2,15 @@
 
 usage: .venv/bin/python scripts/soundness_probe/audit_2026_12_07_tokenizer/probe_chat.py
 writes chat_results.json next to this file."""
-import dataclasses, json, random, time
+import dataclasses
+import json
+import time
 from collections import Counter
 from pathlib import Path
-from _load import ours_from_gguf, ours_from_ckpt, hf_tok
-from corpus import CASES, fuzz
+
 import tokenizers
+from _load import hf_tok, ours_from_ckpt, ours_from_gguf
+from corpus import CASES, fuzz
 from tokenizers import pre_tokenizers
 
 HERE = Path(__file__).resolve().parent
@@ -135,6 +138,7 @@ tmpl = ("{% if tools is not none %}TOOLS:{{ tools|length }}\n{% endif %}"
         "{{ unk_token }}|{{ pad_token }}|{{ bos_token }}|{{ eos_token }}\n"
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
 from models.tokenizer import Tokenizer
+
 generic = Tokenizer(ours.backend, bos_token=ours.bos_token, eos_tokens=ours.eos_tokens, chat_template=tmpl)
 edge_res["generic_template_tools_documents_unk_pad"] = {
     "ours": safe(generic.apply_chat_template, U, add_generation_prompt=False),

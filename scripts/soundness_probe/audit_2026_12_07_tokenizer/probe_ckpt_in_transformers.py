@@ -5,10 +5,12 @@ usage: .venv/bin/python scripts/soundness_probe/audit_2026_12_07_tokenizer/probe
 import json
 from collections import Counter
 from pathlib import Path
+
+import transformers
 from _load import ours_from_ckpt
 from corpus import CASES, fuzz
+
 from models import pretrained as pre
-import transformers
 
 HERE = Path(__file__).resolve().parent
 ours = ours_from_ckpt()

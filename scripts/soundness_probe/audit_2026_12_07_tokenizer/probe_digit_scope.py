@@ -1,8 +1,11 @@
 """Scope of the known Digits divergence (ours/SmolLM2 tokenizer.json vs transformers' GGUF tokenizer):
 which (prefix, numeric char) pairs tokenize differently.  usage: .venv/bin/python .../probe_digit_scope.py"""
-import json, sys, unicodedata
+import json
+import unicodedata
 from pathlib import Path
-from _load import ours_from_gguf, hf_tok
+
+from _load import hf_tok, ours_from_gguf
+
 ours, hf = ours_from_gguf(), hf_tok()
 numerics = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and chr(c).isnumeric()]
 res = {}

@@ -1,8 +1,11 @@
 """Extra edge repros (each prints ours vs HF).  usage: .venv/bin/python .../probe_edge_extra.py"""
 import json
 from pathlib import Path
-from _load import ours_from_gguf, hf_tok
+
+from _load import hf_tok, ours_from_gguf
+
 from models.tokenizer import Tokenizer
+
 ours, hf = ours_from_gguf(), hf_tok()
 out = {}
 

@@ -4,10 +4,12 @@ SmolLM2 GGUF, and from the cached checkpoint dir) vs transformers' AutoTokenizer
 
 usage: .venv/bin/python scripts/soundness_probe/audit_2026_12_07_tokenizer/probe_encode_decode.py
 writes encode_decode_results.json next to this file."""
-import json, sys, time
+import json
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from _load import ours_from_gguf, ours_from_ckpt, hf_tok
+
+from _load import hf_tok, ours_from_ckpt, ours_from_gguf
 from corpus import CASES, fuzz
 
 HERE = Path(__file__).resolve().parent
@@ -15,6 +17,7 @@ t0 = time.time()
 ours, ck, hf = ours_from_gguf(), ours_from_ckpt(), hf_tok()
 import tokenizers
 from tokenizers import pre_tokenizers
+
 canon = tokenizers.Tokenizer.from_str(hf.backend_tokenizer.to_str())
 canon.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                pre_tokenizers.ByteLevel(add_prefix_space=False)])
@@ -155,6 +158,7 @@ print(f"vocab done in {time.time()-t0:.1f}s", flush=True)
 
 # ---- random id sequences (incl. special ids, byte tokens splitting UTF-8) decode ----
 import random
+
 rng = random.Random(7)
 byte_ids = [i for i in range(V) if len(ours.id_to_token(i)) == 1]  # single byte-level symbols
 seq_diffs = []
@@ -170,6 +174,7 @@ counts["random_id_seqs_mismatch"] = len(seq_diffs)
 
 # ---- odd decode inputs (error behaviour) ----
 import numpy as np
+
 odd = {"out_of_range_49152": [49152], "negative": [-1], "huge": [2**40], "empty": [], "np_int64": np.array([1, 42, 2]),
        "np_2d": np.array([[1, 42]]), "float": [1.0, 42.0], "float_frac": [1.5], "bool": [True], "str_ids": ["42"], "none": None}
 odd_res = {}

@@ -1,8 +1,11 @@
 """Sanity: the tokenizer that `load_pretrained("smollm2")` returns is the one probed (same tokenizer.json, special
 tokens, template).  usage: .venv/bin/python .../probe_entrypoint.py"""
 import json
+
 from _load import ours_from_gguf
+
 from models import load_pretrained
+
 m = load_pretrained("smollm2")
 t, g = m.tokenizer, ours_from_gguf()
 print("backend json equal:", json.loads(t.backend.to_str()) == json.loads(g.backend.to_str()))
