@@ -346,6 +346,22 @@ def finish_background_compiles() -> None:
         _whole_program_now(sig)
 
 
+def clear_compiled() -> None:
+    """Drop every decode program this module keeps, and JAX's own caches (`jax.clear_caches`), after the builds
+    still running in the background have ended: for a long-lived process that goes through many models or shapes
+    (each one's programs hold thousands of memory maps: an audit's sweep ran out of them, at the kernel's
+    vm.max_map_count, after 15 tiny configs). The next `generate` compiles afresh."""
+    with _BRIDGE_LOCK:
+        pending = list(_PENDING.values())
+        _DEFERRED.clear()
+    for future in pending:
+        concurrent.futures.wait([future])  # (a failed build is of no interest any more)
+    with _BRIDGE_LOCK:
+        for table in (_COMPILED, _BRIDGE_COMPILED, _PENDING, _DEFERRED):
+            table.clear()
+    jax.clear_caches()
+
+
 class BridgedDecode:
     """The decode bridge's programs for one argument signature (`decode_bridge`); call it with the decode
     loop's args to decode. Of the last call: `waited_s` seconds it waited for the whole program to finish

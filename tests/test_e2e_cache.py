@@ -1576,3 +1576,21 @@ def test_a_factory_that_hands_back_a_consumed_cache_is_named(params):
     gen.generate(params, CFG, [[5, 6, 7]], 3, **kw)
     with pytest.raises(ValueError, match="donated to an earlier call.*fresh one per call"):
         gen.generate(params, CFG, [[5, 6, 7]], 3, **kw)
+
+
+def test_clear_compiled_drops_the_decode_programs(params, monkeypatch):
+    """`models.generate.clear_compiled` (a long-lived process that goes through many models) empties the program
+    tables and JAX's caches (counted here, not cleared: the rest of this worker's tests would compile again), and the
+    next generate compiles again and decodes the same tokens."""
+    cleared = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "1")
+    _fresh_bridge_state(monkeypatch)
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    kw = dict(cache_factory=spec, progress=False, eos_token_ids=())
+    first = gen.generate(params, CFG, [[5, 6, 7, 8]], 4, **kw)
+    assert gen._COMPILED or gen._BRIDGE_COMPILED or gen._PENDING
+    gen.clear_compiled()
+    assert not (gen._COMPILED or gen._BRIDGE_COMPILED or gen._PENDING or gen._DEFERRED) and cleared
+    again = gen.generate(params, CFG, [[5, 6, 7, 8]], 4, **kw)
+    assert again.tokens == first.tokens and again.compile_seconds > 0
