@@ -98,7 +98,7 @@ def write_certificates(path: str, records) -> int:
     return steps * layers
 
 
-SEED_RANGE = (-(2**63), 2**63 - 1)  # what jax.random.key takes
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what models.sampling.key_from_seed takes (all 64 bits count)
 # policy flags -> the cache modes they apply to (given for another mode they would be ignored silently)
 POLICY_FLAGS = {"eps": ("certified",), "key_bits": ("naive", "certified"), "value_bits": ("naive", "certified"),
                 "block_size": ("naive", "certified"), "group_size": ("naive", "certified")}

@@ -52,6 +52,7 @@ from models.llama import (
     params_for_decoding,
 )
 from models.params import STACKED_LAYERS, nonfinite_parameter, stale_stacked_layers, unfused_shapes, validate_params
+from models.sampling import key_from_seed
 
 CAPACITY_BUCKET = 256
 
@@ -533,7 +534,11 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
              record_steps: bool = False) -> GenerationOutput:
     """Generate up to max_new_tokens for each prompt (lists of token ids).
 
-    temperature 0 means greedy. cache_factory(batch, capacity) builds the KV cache; it may also be a mode
+    temperature 0 means greedy (top_p is then unused); otherwise softmax(logits / temperature) restricted to the
+    smallest most likely set reaching top_p (ties at the cut keep the lower token id; transformers keeps the
+    higher). Every bit of `seed` counts; one key per step serves the whole batch, so a prompt's samples depend on
+    its row (row 0 samples as the prompt alone), not on the batch size. A sequence that stops early (EOS) takes no
+    more tokens into its cache. cache_factory(batch, capacity) builds the KV cache; it may also be a mode
     name, "dense" (the default), "naive" or "certified" (with `policy`, a certattn_jax.CertPolicy), or a
     `certattn_jax.model_cache.CacheSpec`. For a mode name or a CacheSpec the prompt is prefilled into a dense
     staging cache and converted once into the mode's cache (tier 2 is never read back during prefill);
@@ -574,7 +579,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
 
     # ---- decode, one jit (compiled ahead so that the timing below is the decode alone) ----
     params = params_for_decoding(params, cache)  # stacked weights, once, for the schedules that read them
-    args = (params, cache, last_logits, jnp.int32(max_new_tokens), eos_arr, jax.random.key(seed),
+    args = (params, cache, last_logits, jnp.int32(max_new_tokens), eos_arr, key_from_seed(seed),
             jnp.float32(temperature), jnp.float32(top_p))
     t0 = time.perf_counter()
     if decode_bridge(cache):  # decoding waits only for the first-pass program (see `decode_bridge`)

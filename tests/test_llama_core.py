@@ -116,6 +116,32 @@ def test_sampling_is_seeded_and_top_p_tiny_is_greedy():
     assert nucleus.tokens == greedy.tokens
 
 
+def test_every_bit_of_the_seed_counts_and_no_temperature_is_too_small():
+    """An audit: `jax.random.key` keeps the low 32 bits of a seed (64-bit integers off), so seeds 0 and 2**32 sampled
+    the same tokens; and temperatures below 1e-6 were sampled as 1e-6 (T = 1e-7 drew the top token 66% of the time
+    where it holds all the mass). Seeds below 2**32 keep their keys."""
+    import jax
+
+    from models.sampling import key_from_seed, select_next
+
+    data = jax.random.key_data
+    assert np.array_equal(data(key_from_seed(7)), data(jax.random.key(7)))
+    keys = [tuple(np.asarray(data(key_from_seed(s))).tolist()) for s in (0, 2**32, -1, 2**32 - 1, 2**63 - 1, -2**63)]
+    assert len(set(keys)) == len(keys)
+    logits = jnp.asarray([[0.0, -1e-6, -2e-6, -1.0]] * 256, jnp.float32)
+    for t in (1e-7, 5e-7, 1e-30):
+        picks = select_next(logits, jax.random.key(0), greedy=False, temperature=jnp.float32(t), top_p=jnp.float32(1))
+        want = np.exp(-np.asarray([0.0, 1e-6, 2e-6, 1.0], np.float64) / t)
+        # the top token's share: ~1 at T = 1e-7 (0.66 before), ~0.87 at 5e-7
+        assert abs(np.mean(np.asarray(picks) == 0) - want[0] / want.sum()) < 0.08, t
+    zero = select_next(logits, jax.random.key(0), greedy=False, temperature=jnp.float32(0), top_p=jnp.float32(1))
+    assert np.all(np.asarray(zero) == 0)  # a temperature that is 0 in float32: the top token
+    cfg, params = _setup("gqa", seed=7)
+    kw = dict(temperature=1.0, eos_token_ids=(), progress=False)
+    assert gen.generate(params, cfg, [[3, 1, 4]], 12, seed=0, **kw).tokens != \
+        gen.generate(params, cfg, [[3, 1, 4]], 12, seed=2**32, **kw).tokens
+
+
 def test_bad_inputs_raise_clear_errors():
     cfg, params = _setup("gqa")
     with pytest.raises(ValueError, match="empty"):
