@@ -461,7 +461,8 @@ class TieredKVCache:
         flushed = jax.lax.dynamic_index_in_dim(self.flushed, layer, 0, keepdims=False)
         active = _active_mask(active, k.shape[0])
         # an inactive sequence's position is past the block: the kernel writes neither its row nor its statistics
-        r = jnp.where(active, lengths - flushed, self.block_size)
+        # (nor for a position below the block, which no valid cache has: lengths >= flushed)
+        r = jnp.where(active & (lengths >= flushed), lengths - flushed, self.block_size)
         res_k, res_v, v_min, v_max, v_norm_max, value_stats = kernel.write_token(
             self.res_k, self.res_v, self.v_min, self.v_max, self.v_norm_max, self.value_stats, self.v_err_max,
             k[:, 0], v[:, 0], r, layer)

@@ -345,8 +345,8 @@ class TieredModelCache:
         Lengths only grow: the blocks, hot set and running statistics hold every token written, so a shorter
         length would leave them describing tokens no longer there (an audit rewound past a flushed block and got
         logits off by 2-11 with every head certified). Shrinking raises outside jit; inside jit it marks those
-        sequences non-finite (never certified again). To go back, keep the earlier cache value (an immutable
-        pytree; do not donate it)."""
+        sequences non-finite (never certified again) and leaves their lengths as they were. To go back, keep the
+        earlier cache value (an immutable pytree; do not donate it)."""
         shrink = new_lengths < self.lengths
         if is_concrete(new_lengths) and is_concrete(self.lengths):
             # numpy: inside a traced loop body (a looped schedule called eagerly) a jnp op on concrete values is
@@ -357,6 +357,9 @@ class TieredModelCache:
                                  f"{np.asarray(self.lengths)[back].tolist()} -> "
                                  f"{np.asarray(new_lengths)[back].tolist()}); to go back, keep the earlier cache "
                                  "value instead of rewinding it")
+        # inside jit: the rewound sequence is marked, and keeps its length (a length below `flushed` would make the
+        # next token's residual position negative: a kernel write outside the sequence's own rows)
+        new_lengths = jnp.maximum(new_lengths, self.lengths)
         store = self._recorded(new_lengths)
         store = store.replace(nonfinite=store.nonfinite | shrink[None, :, None])
         if maintain:

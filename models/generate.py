@@ -123,7 +123,9 @@ class GenerationOutput:
     cache, leaves [num_steps - 1, L, B, Hq]: record s is the step that took tokens[i][s]; a sequence's entries
     after its stop are marked "no step", rung -1: `certificate.mark_stopped`); empty for the dense cache.
     cache: the cache after decoding; a sequence that stopped early stopped taking tokens there (it holds its
-    prompt and tokens[i], like the batch-1 run's cache), so decoding can continue from it."""
+    prompt and tokens[i] with their statistics, as the batch-1 run's cache does; its hot set of exact blocks may
+    differ, since its queries went on until the batch stopped), so decoding can continue from it.
+    `cache.last_certificate` is the last step's, for every row (a stopped row's: of a step that was not its own)."""
 
     tokens: list[list[int]]
     finished: list[bool]
@@ -351,7 +353,8 @@ def clear_compiled() -> None:
     """Drop every decode program this module keeps, and JAX's own caches (`jax.clear_caches`), after the builds
     still running in the background have ended: for a long-lived process that goes through many models or shapes
     (each one's programs hold thousands of memory maps: an audit's sweep ran out of them, at the kernel's
-    vm.max_map_count, after 15 tiny configs). The next `generate` compiles afresh."""
+    vm.max_map_count, after 15 tiny configs). The next `generate` compiles afresh. Not while another thread is
+    inside `generate`: its decode bridge may be waiting for a program this drops."""
     with _BRIDGE_LOCK:
         pending = list(_PENDING.values())
         _DEFERRED.clear()

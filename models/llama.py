@@ -41,7 +41,7 @@ from certattn_jax.kv_cache import KVCache, check_cache_fits, einsum_f32, is_conc
 from certattn_jax.model_cache import SMALL_LAYER_BYTES, cache_spec
 from certattn_jax.validate import checked_counts
 from models.config import LlamaConfig
-from models.params import FUSED_LAYER_KEYS, STACKED_LAYERS
+from models.params import FUSED_LAYER_KEYS, STACKED_LAYERS, check_one_dtype_per_layer_weight
 from models.rope import apply_rope, rope_cos_sin
 from pallas_kernels import backend as pallas_backend
 from pallas_kernels import stacked_matmul as stacked_kernel
@@ -440,6 +440,7 @@ def _layers_looped(params: Params, config: LlamaConfig, x: jax.Array, cache: KVC
     The attention is compiled once; the dense code once (stacked, or copied out of a switch) or once per layer in
     the branches."""
     layers = list(params["layers"])
+    check_one_dtype_per_layer_weight(layers)
     small = _small_layers(params)
     # "kernel": any size (the GEMMs read row i in place); "stacked": small layers (row i copied)
     mode = _weights_mode(params)
@@ -539,6 +540,7 @@ def _layers_looped_stacked(params: Params, config: LlamaConfig, x: jax.Array, ca
     `_layers_looped`'s per-layer switch branches instead: copying a 436 MB layer every step costs far more than
     two conditionals. With CERTATTN_LOOPED_WEIGHTS=kernel the GEMMs read row i in place (`_row`, `StackedWeight`):
     no copy at any size."""
+    check_one_dtype_per_layer_weight(params["layers"])
     stacked = params.get(STACKED_LAYERS)
     if stacked is None and not _small_layers(params):  # large layers: in place, in per-layer switch branches
         return _layers_looped(params, config, x, cache, cos, sin, new_lengths)

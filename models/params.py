@@ -88,7 +88,6 @@ def validate_params(params: Params, config: LlamaConfig, finite: bool = False) -
         extra = sorted(set(layer) - set(LAYER_KEYS))
         if extra:
             raise ValueError(f"unexpected parameter(s) in layer {i}: {extra}")
-    layer_dtypes: dict[str, tuple[str, Any]] = {}  # a layer weight's name -> (the first layer's path, its dtype)
     for name in param_path_names(config):
         try:
             leaf = get_by_path(params, name)
@@ -101,13 +100,24 @@ def validate_params(params: Params, config: LlamaConfig, finite: bool = False) -
         dtype = getattr(leaf, "dtype", None)
         if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"parameter {name!r} has dtype {dtype}, expected a floating dtype")
-        if name.startswith("layers."):  # the looped schedules read every layer's weight as one stack
-            first, first_dtype = layer_dtypes.setdefault(name.split(".", 2)[2], (name, dtype))
-            if dtype != first_dtype:
-                raise ValueError(f"parameter {name!r} has dtype {dtype} but {first!r} has {first_dtype}: every "
-                                 "layer must hold a weight in one dtype (cast the odd one)")
         if finite and not np.isfinite(np.asarray(leaf)).all():
             raise ValueError(f"parameter {name!r} holds NaN or Inf values (a corrupt or mis-converted checkpoint)")
+
+
+def check_one_dtype_per_layer_weight(layers: Any) -> None:
+    """ValueError naming the first layer weight whose dtype differs from layer 0's: a loop over layers (the tiered
+    caches' decode steps) reads every layer's weight as one stacked array or one switch, which needs one dtype (an
+    audit met "switch branches must have equal output types" from deep inside the certified step). The dense
+    path's unrolled layers take mixed dtypes, so only the loops call this."""
+    first: dict[str, Any] = {}
+    for i, layer in enumerate(layers):
+        for key, w in layer.items():
+            dtype = getattr(w, "dtype", None)
+            want = first.setdefault(key, dtype)
+            if dtype != want:
+                raise ValueError(f"parameter 'layers.{i}.{key}' has dtype {dtype} but 'layers.0.{key}' has {want}: "
+                                 "a loop over layers (the certified and naive caches' decode steps) needs every "
+                                 "layer's weight in one dtype (cast the odd one)")
 
 
 def unfused_shapes(params: Params, config: LlamaConfig) -> Params:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def select_next(logits: jax.Array, key: jax.Array, *, greedy: bool, temperature: jax.Array,
@@ -42,5 +43,5 @@ def key_from_seed(seed: int) -> jax.Array:
         raise ValueError(f"seed must be an integer in [-2**63, 2**63), got {seed}")
     word = seed & 0xFFFFFFFF
     high = (seed >> 32) & 0xFFFFFFFF  # (arithmetic shift: -1 has the high word 0xFFFFFFFF)
-    key = jax.random.key(word if word < 2 ** 31 else word - 2 ** 32)  # its int32: the same 32 bits
+    key = jax.random.key(np.uint32(word))  # (uint32: the same key with 64-bit integers on or off)
     return key if high == 0 else jax.random.fold_in(key, high)

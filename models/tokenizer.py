@@ -95,6 +95,23 @@ def _token_content(tok: Any) -> str | None:
     raise ValueError(f"cannot read special token {tok!r}")
 
 
+def _cut_after_final_message(text: str, final: Any) -> str:
+    """The rendered chat cut right after the last message's content (transformers' `continue_final_message`): its
+    trailing whitespace kept where the template kept it; for a list of content blocks, the last text block."""
+    if isinstance(final, (list, tuple)):
+        texts = [b["text"] for b in final if isinstance(b, dict) and isinstance(b.get("text"), str)]
+        if not texts:
+            raise ValueError("continue_final_message: the last message has no text content block")
+        final = texts[-1]
+    if not isinstance(final, str) or final.strip() not in text:
+        raise ValueError("continue_final_message: the last message's content does not appear in the rendered chat")
+    at = text.rindex(final.strip())
+    kept = final.lstrip()
+    if text[at: at + len(kept)] == kept:  # the template kept the message's trailing whitespace
+        return text[: at + len(kept)]
+    return text[: at + len(final.strip())]
+
+
 def _is_index(x: Any) -> bool:
     try:
         operator.index(x)
@@ -169,15 +186,16 @@ class Tokenizer:
         return self.backend.decode(flat, skip_special_tokens=skip_special_tokens)
 
     # ---- chat ----------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool | None = None,
                             tokenize: bool = False, continue_final_message: bool = False,
                             tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
                             **kwargs: Any) -> str | list[int]:
         """Render `messages` ([{"role": ..., "content": ...}, ...]) with the model's jinja template: the text, or
         with `tokenize` its token ids. As transformers' method renders (the template sees `tools`, `documents`, the
         special tokens, and messages without their None-valued keys; `continue_final_message` leaves the last
-        message open for the model to go on), except for two defaults: the generation prompt is added and the text
-        returned unless asked otherwise. Other keywords reach the template as variables, as in transformers."""
+        message open for the model to go on, its trailing whitespace kept where the template keeps it), except for
+        two defaults: the generation prompt is added (unless the final message is continued) and the text returned
+        unless asked otherwise. Other keywords reach the template as variables, as in transformers."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template")
         if not isinstance(messages, (list, tuple)) or not messages:
@@ -185,6 +203,8 @@ class Tokenizer:
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
                 raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        if add_generation_prompt is None:
+            add_generation_prompt = not continue_final_message
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt are exclusive: pass "
                              "add_generation_prompt=False to continue the last message")
@@ -196,12 +216,7 @@ class Tokenizer:
         text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                      documents=documents, **{**specials, **kwargs})
         if continue_final_message:
-            final = messages[-1].get("content")
-            if not isinstance(final, str) or final.strip() not in text:
-                raise ValueError("continue_final_message: the last message's content does not appear in the "
-                                 "rendered chat")
-            final = final.strip()  # as transformers: cut right after the final message's (stripped) text
-            text = text[: text.rindex(final) + len(final)]
+            text = _cut_after_final_message(text, messages[-1].get("content"))
         return self.encode(text, add_bos=False) if tokenize else text
 
     # ---- persistence ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ cache dtype), v_min, v_max [L, B, H, d] float32 (the running per-channel value r
 (the running maximum of an upper bound of ||v_i||_2 over every token written), value_stats [L, B, H, 4] float32
 (`bounds.value_statistics`, which a step's bound reads) and v_err_max [L, B, H] (read only). The new token: k, v
 [B, H, d] in the cache dtype (so storing it rounds nothing); r [B] int32 its position in the residual block (nothing
-is written where r >= Bk, neither the row nor the statistics: a full residual's token, which
+is written where r is outside [0, Bk), neither the row nor the statistics: a full residual's token, which
 `TieredKVCache.write_token` drops and flags, or a sequence that takes no token this step); layer an int32 scalar.
 Returns the six written arrays with layer `layer` updated: row r[b] of the residual blocks, v_min / v_max widened to
 the token's values, v_norm_max raised to the token's norm bound (`quant.norm_upper`), and value_stats' columns that
@@ -64,7 +64,7 @@ def write_token_reference(res_k: jax.Array, res_v: jax.Array, v_min: jax.Array, 
         return jax.lax.dynamic_update_index_in_dim(buf, combine(old, new), layer, 0)
 
     v32 = v.astype(jnp.float32)
-    writes = (r < Bk)[:, None]  # [B, 1]: where r >= Bk the statistics stay as they were, like the row
+    writes = ((r >= 0) & (r < Bk))[:, None]  # [B, 1]: elsewhere the statistics stay as they were, like the row
     new_min = update(v_min, v32, lambda old, x: jnp.where(writes[..., None], jnp.minimum(old, x), old))
     new_max = update(v_max, v32, lambda old, x: jnp.where(writes[..., None], jnp.maximum(old, x), old))
     lo, hi, err = (jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False) for x in (new_min, new_max, v_err_max))
@@ -98,7 +98,7 @@ def _kernel(r_ref, layer_ref, k_ref, v_ref, err_ref, rk_in, rv_in, lo_in, hi_in,
     k = k_ref[...]
     v = v_ref[...]
 
-    @pl.when(pos < block_size)  # past the block: nothing written, neither the row nor the statistics
+    @pl.when((pos >= 0) & (pos < block_size))  # outside the block: nothing written, neither row nor statistics
     def _store():
         rk_ref[pl.ds(lay, 1), pl.ds(pos, 1), :] = k[None].astype(rk_ref.dtype)
         rv_ref[pl.ds(lay, 1), pl.ds(pos, 1), :] = v[None].astype(rv_ref.dtype)

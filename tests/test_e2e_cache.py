@@ -1494,6 +1494,10 @@ def test_a_tiered_cache_refuses_to_rewind(params):
     cert = step(out.cache, jnp.asarray([0, 20]))
     assert bool(jnp.all(cert.certified[:, 0])) and not bool(jnp.any(cert.certified[:, 1]))
     assert bool(jnp.all(jnp.isinf(cert.error_bound[:, 1])))
+    # the marked sequence keeps its length: a length below `flushed` would put the next token's residual position
+    # below the block (the write kernel, compiled, would then write outside the sequence's own rows)
+    rewound = jax.jit(lambda c: c.with_lengths(c.lengths - jnp.asarray([0, 20])))(out.cache)
+    np.testing.assert_array_equal(np.asarray(rewound.lengths), np.asarray(lengths))
 
 
 def _alive(tree) -> bool:
@@ -1594,3 +1598,14 @@ def test_clear_compiled_drops_the_decode_programs(params, monkeypatch):
     assert not (gen._COMPILED or gen._BRIDGE_COMPILED or gen._PENDING or gen._DEFERRED) and cleared
     again = gen.generate(params, CFG, [[5, 6, 7, 8]], 4, **kw)
     assert again.tokens == first.tokens and again.compile_seconds > 0
+
+
+def test_one_layer_weight_in_another_dtype(params):
+    """Mixed dtypes across layers: the dense path's unrolled layers take them; a loop over layers (the tiered
+    caches' decode step) is refused by name (an audit met "switch branches must have equal output types")."""
+    odd = {**params, "layers": [dict(layer) for layer in params["layers"]]}
+    odd["layers"][1]["wk"] = odd["layers"][1]["wk"].astype(jnp.bfloat16)
+    kw = dict(progress=False, eos_token_ids=())
+    gen.generate(odd, CFG, [[5, 6, 7]], 3, **kw)  # dense: fine
+    with pytest.raises(ValueError, match=r"'layers\.1\.wk' has dtype bfloat16 but 'layers\.0\.wk' has float32"):
+        gen.generate(odd, CFG, [[5, 6, 7]], 3, cache_factory=cache_spec("certified", CFG, jnp.float32, POLICY), **kw)

@@ -196,12 +196,6 @@ def test_validate_params_accepts_and_names_problems():
     tied = random_params(CFG_TIED)
     with pytest.raises(ValueError, match="unexpected parameter.*lm_head.*tie_word_embeddings"):
         validate_params({**tied, "lm_head": np.zeros((64, 96), np.float32)}, CFG_TIED)
-    # one layer's weight in another dtype: the looped schedules read the layers as one stack (an audit met
-    # "switch branches must have equal output types" from deep inside the certified decode step)
-    bad = jax.tree.map(lambda x: x, p)
-    bad["layers"][1]["wk"] = bad["layers"][1]["wk"].astype(np.float16)
-    with pytest.raises(ValueError, match=r"'layers\.1\.wk' has dtype float16 but 'layers\.0\.wk' has float32"):
-        validate_params(bad, CFG)
 
 
 def test_cast_params():

@@ -36,6 +36,8 @@ def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, 
     r = jnp.asarray(rng.integers(0, Bk, size=B), jnp.int32).at[0].set(Bk - 1)
     if B > 1:  # a full residual or a sequence that takes no token: nothing is stored, neither row nor statistics
         r = r.at[-1].set(Bk)
+    if B > 2:  # a position below the block (no valid cache has one): nothing stored either
+        r = r.at[1].set(-3)
     got = jax.jit(write_token)(*stack, k, v, r, jnp.int32(layer))
     want = write_token_reference(*stack, k, v, r, jnp.int32(layer))
     names = ("res_k", "res_v", "v_min", "v_max")
@@ -50,7 +52,7 @@ def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, 
     # the statistics a step reads: what `bounds.value_statistics` gives for the new range (STAT_INT kept)
     cols = bounds.value_statistics(got[2][layer], got[3][layer], stack[6][layer], jnp.zeros((B, H, 1)),
                                    jnp.zeros((B, H, 1)), Bk, 4)
-    w = np.asarray(r) < Bk  # the sequences written
+    w = (np.asarray(r) >= 0) & (np.asarray(r) < Bk)  # the sequences written
     for i in (bounds.STAT_RANGE, bounds.STAT_ABS_NORM, bounds.STAT_ABS_MAX):
         np.testing.assert_allclose(np.asarray(got[5])[layer, ..., i][w], np.asarray(cols[i])[w], rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(got[5])[layer, ..., bounds.STAT_INT],
@@ -61,7 +63,7 @@ def test_the_kernel_writes_one_row_and_the_statistics_of_one_layer(dtype, L, B, 
     k64, v64 = np.asarray(k.astype(jnp.float32), np.float64), np.asarray(v.astype(jnp.float32), np.float64)
     rows_k, rows_v = np.asarray(got[0].astype(jnp.float32)), np.asarray(got[1].astype(jnp.float32))
     for b in range(B):
-        if int(r[b]) < Bk:
+        if 0 <= int(r[b]) < Bk:
             np.testing.assert_array_equal(rows_k[layer, b, :, int(r[b])], k64[b])
             np.testing.assert_array_equal(rows_v[layer, b, :, int(r[b])], v64[b])
     assert np.all(np.asarray(got[2])[layer][w] <= v64[w]) and np.all(np.asarray(got[3])[layer][w] >= v64[w])

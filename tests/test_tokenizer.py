@@ -90,10 +90,15 @@ def test_chat_template_as_transformers_renders_it(tok):
     msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, "}]
     closed = tok.apply_chat_template(msgs, add_generation_prompt=False)
     assert closed.endswith("Sure, <|im_end|>\n")
-    assert tok.apply_chat_template(msgs, add_generation_prompt=False, continue_final_message=True) == \
-        closed[: closed.rindex("Sure,") + len("Sure,")]
+    # the trailing space kept (the template keeps it), as transformers'; no generation prompt by default then
+    assert tok.apply_chat_template(msgs, continue_final_message=True) == closed[: closed.rindex("Sure, ") + 6]
+    blocks = [msgs[0], {"role": "assistant", "content": [{"type": "text", "text": "Sure, "}]}]
+    t_blocks = Tokenizer(tok.backend, chat_template=(
+        "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
+        "{{ m.content[-1].text }}{% endif %}|{% endfor %}"))
+    assert t_blocks.apply_chat_template(blocks, continue_final_message=True) == "Hi|Sure, "
     with pytest.raises(ValueError, match="exclusive"):
-        tok.apply_chat_template(msgs, continue_final_message=True)
+        tok.apply_chat_template(msgs, add_generation_prompt=True, continue_final_message=True)
     assert tok.apply_chat_template(msgs, tokenize=True) == tok.encode(tok.apply_chat_template(msgs), add_bos=False)
     t = Tokenizer(tok.backend, chat_template=(
         "{% if tools is not none %}[TOOLS]{% endif %}{% for m in messages %}{{ m.role }}{% if m.content is defined %}"
