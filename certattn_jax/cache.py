@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import jax
@@ -156,9 +155,7 @@ class TieredKVCache:
             raise TypeError(f"TieredKVCache.init: sizes must be integers, got {sizes}")
         if min(batch, capacity, num_kv_heads, head_dim) <= 0:
             raise ValueError("TieredKVCache.init: batch, capacity, num_kv_heads and head_dim must be positive")
-        if head_dim % g:
-            raise ValueError(f"head_dim {head_dim} must be a multiple of the value group size {g}: pass "
-                             f"CertPolicy(group_size=...) with a divisor of {head_dim}, e.g. {math.gcd(head_dim, g)}")
+        quant.check_group_size(head_dim, g)
         if head_dim % (8 // min(policy.key_bits, 8)) or head_dim % (8 // policy.value_bits):
             raise ValueError(f"head_dim {head_dim} cannot be packed at {policy.key_bits}/{policy.value_bits} bits")
         if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):

@@ -340,13 +340,16 @@ class TieredModelCache:
         one outer lax.cond: on a GPU each conditional is a host round trip, and the common step pays one here
         instead of two (each inner conditional runs only inside the taken branch). maintain=False records the
         lengths only: for a caller that knows `maintenance_due` is False (the decode step's common branch, whose
-        own conditional already asked it).
+        own conditional already asked it) and whose lengths grow by construction (start + 0 or 1): it skips the
+        shrink guard below, which costs a write of the non-finite flags.
 
         Lengths only grow: the blocks, hot set and running statistics hold every token written, so a shorter
         length would leave them describing tokens no longer there (an audit rewound past a flushed block and got
         logits off by 2-11 with every head certified). Shrinking raises outside jit; inside jit it marks those
         sequences non-finite (never certified again) and leaves their lengths as they were. To go back, keep the
         earlier cache value (an immutable pytree; do not donate it)."""
+        if not maintain:  # the decode step's common branch: its lengths grow by construction
+            return self.replace(store=self._recorded(new_lengths), lengths=new_lengths.astype(jnp.int32))
         shrink = new_lengths < self.lengths
         if is_concrete(new_lengths) and is_concrete(self.lengths):
             # numpy: inside a traced loop body (a looped schedule called eagerly) a jnp op on concrete values is
@@ -362,14 +365,13 @@ class TieredModelCache:
         new_lengths = jnp.maximum(new_lengths, self.lengths)
         store = self._recorded(new_lengths)
         store = store.replace(nonfinite=store.nonfinite | shrink[None, :, None])
-        if maintain:
-            pending, full = _maintenance(store)
+        pending, full = _maintenance(store)
 
-            def maintained(s: TieredKVCache) -> TieredKVCache:
-                s = jax.lax.cond(pending, lambda s: s.apply_pending_hot_sets(), lambda s: s, s)
-                return jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, s)
+        def maintained(s: TieredKVCache) -> TieredKVCache:
+            s = jax.lax.cond(pending, lambda s: s.apply_pending_hot_sets(), lambda s: s, s)
+            return jax.lax.cond(jnp.any(full), lambda s: s.flush_unconditionally(full), lambda s: s, s)
 
-            store = jax.lax.cond(pending | jnp.any(full), maintained, lambda s: s, store)
+        store = jax.lax.cond(pending | jnp.any(full), maintained, lambda s: s, store)
         return self.replace(store=store, lengths=new_lengths.astype(jnp.int32))
 
     def maintenance_due(self, new_lengths: jax.Array) -> jax.Array:

@@ -183,14 +183,19 @@ def dequantize_keys(packed: jax.Array, scale: jax.Array, zero: jax.Array, bits: 
     return dequantize(unpack(packed, bits), scale, zero, axis=-2)
 
 
+def check_group_size(head_dim: int, group: int) -> None:
+    """ValueError, naming the fix, where the value group size does not divide head_dim."""
+    if head_dim % group:
+        raise ValueError(f"head_dim {head_dim} must be a multiple of the value group size {group}: pass "
+                         f"CertPolicy(group_size=...) with a divisor of {head_dim}, e.g. {math.gcd(head_dim, group)}")
+
+
 def quantize_values(v: jax.Array, group: int, bits: int, packing: str | None = None,
                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Values [..., d]: per-token scale/zero for each group of `group` channels.
     Returns (packed codes [..., d*bits/8] (`pack_values`), scale [..., d/group], zero [..., d/group])."""
     d = v.shape[-1]
-    if d % group:
-        raise ValueError(f"head_dim {d} must be a multiple of the value group size {group}: pass "
-                         f"CertPolicy(group_size=...) with a divisor of {d}, e.g. {math.gcd(d, group)}")
+    check_group_size(d, group)
     g = v.reshape(*v.shape[:-1], d // group, group)
     codes, scale, zero = quantize(g, axis=-1, bits=bits)
     return pack_values(codes.reshape(v.shape), bits, packing), scale, zero

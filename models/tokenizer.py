@@ -112,14 +112,6 @@ def _cut_after_final_message(text: str, final: Any) -> str:
     return text[: at + len(final.strip())]
 
 
-def _is_index(x: Any) -> bool:
-    try:
-        operator.index(x)
-    except TypeError:
-        return False
-    return True
-
-
 class Tokenizer:
     """Text <-> token ids, special tokens and the chat template of one model."""
 
@@ -178,11 +170,12 @@ class Tokenizer:
         (`int(1.5)` would silently decode token 1)."""
         if getattr(ids, "ndim", 1) != 1:
             raise ValueError(f"ids must be one sequence of token ids (1-D), got shape {getattr(ids, 'shape', None)}")
-        try:
-            flat = [operator.index(i) for i in ids]
-        except TypeError:
-            bad = next(i for i in ids if not _is_index(i))
-            raise TypeError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})") from None
+        flat = []
+        for i in ids:
+            try:
+                flat.append(operator.index(i))
+            except TypeError:
+                raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})") from None
         return self.backend.decode(flat, skip_special_tokens=skip_special_tokens)
 
     # ---- chat ----------------------------------------------------------------------------------
