@@ -738,3 +738,45 @@ def test_a_value_packing_the_kernel_cannot_walk_falls_back_to_xla():
     out_j, cert_j = certified_attention(q, cache, dataclasses.replace(policy, tier1="jnp"))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(out_j))
     np.testing.assert_array_equal(np.asarray(cert.error_bound), np.asarray(cert_j.error_bound))
+
+
+@pytest.mark.parametrize("bps", [2, 3, 5])
+def test_block_pairs_give_the_one_block_loops_outputs_bit_for_bit(bps):
+    """block_pairs (two blocks per loop iteration, odd counts reading their last block twice) against the
+    one-block loop: the same float operations, so every output equal to within a float32 rounding or two (a
+    compiler may contract a multiply-add into an FMA differently in the longer body: docs/bounds.md allows it
+    anywhere) and every empty entry identical, in the split layout with Delta, hot set, slots and padding and in
+    the per-block layout; valid counts 0, odd, even and full cut the splits every way, and hot ids include a
+    block that is the repeated one of an odd split (a repeat that added its sums twice would be off by the
+    block's whole share); the reference agrees."""
+    from pallas_kernels.tier1_pass import Slots
+
+    nb, Bk, d = 7, 16, 64
+    args = _inputs(seed=31 + bps, B=4, H=2, G=4, nb=nb, Bk=Bk, d=d, n_valid=[0, 3, 6, 7])
+    rng = np.random.default_rng(bps)
+    hot = jnp.asarray(rng.integers(-1, nb, size=(4, 2, 3)), jnp.int32).at[1, 0, 0].set(2)
+    slots = Slots(hot_k=jnp.asarray(rng.normal(size=(4, 2, 3, Bk, d)), jnp.bfloat16),
+                  hot_v=jnp.asarray(rng.normal(size=(4, 2, 3, Bk, d)), jnp.bfloat16), hot_ids=hot,
+                  res_k=jnp.asarray(rng.normal(size=(4, 2, Bk, d)), jnp.bfloat16),
+                  res_v=jnp.asarray(rng.normal(size=(4, 2, Bk, d)), jnp.bfloat16),
+                  r_count=jnp.asarray([0, 5, 16, 1], jnp.int32), n_slots=4)
+    split = dict(hot_ids=hot, q_abs=jnp.abs(args[0]), out_blocks=8, out_splits=8, slots=slots)
+    for kw in (split, dict(per_block_acc=True)):
+        kw = dict(kw, group_size=GS, blocks_per_split=bps, variant="int_kv")
+        got = tier1_pass(*args, block_pairs=True, **kw)
+        want = tier1_pass(*args, block_pairs=False, **kw)
+        _assert_close(got, want, rtol=1e-6)
+        ref_kw = {k: v for k, v in kw.items() if k != "variant"}
+        _assert_close(got, tier1_pass_reference(*args, **ref_kw))
+
+
+def test_block_pairs_lower_to_triton(monkeypatch):
+    """The certified launch with block_pairs cross-lowered for CUDA (stacked arrays, hot set, slots)."""
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
+    q, stacked, nv, _, kw = _stacked_case()
+    f = jax.jit(lambda q, layer, *a: tier1_pass(q, *a, variant="int_kv", layer=layer, interpret=False,
+                                                padded_heads=True, block_pairs=True, **kw))
+    allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, jnp.int32(1), *stacked,
+                                                                          nv).mlir_module()
+    assert "xla.gpu.triton" in text
