@@ -651,12 +651,9 @@ rung0_trusted = _assumable(rung0_trusted)
 def _process_layouts() -> dict[str, str]:
     """The process-wide choices the kernels' code paths depend on beyond the shapes (the value packing): part of
     a verdict's key, so a verdict on one layout never vouches for another."""
-    from pallas_kernels import certify_rung0, tier1_pass
+    from pallas_kernels import certify_rung0
 
-    keyed = dict(value_packing=quant.VALUE_PACKING, rung0_single_chunk=str(certify_rung0.SINGLE_CHUNK))
-    if tier1_pass.BLOCK_PAIRS:  # only when on: the verdicts of the default loop keep their keys
-        keyed["tier1_pairs"] = "1"
-    return keyed
+    return dict(value_packing=quant.VALUE_PACKING, rung0_single_chunk=str(certify_rung0.SINGLE_CHUNK))
 
 
 def runs_compiled_kernels() -> bool:

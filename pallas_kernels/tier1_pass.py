@@ -115,15 +115,6 @@ if not _valid_split_rule(FAST_PASS_BPS):
     raise ValueError(f"CERTATTN_TIER1_BPS={FAST_PASS_BPS!r}: choose programs, fewer or a positive integer")
 
 
-# Whether the int_kv kernel walks a split's blocks two per loop iteration (`_pair_loop`; CERTATTN_TIER1_PAIRS=1):
-# the same float operations, for more loads and independent work in flight per program. Off until timed on the
-# GPU against the one-block loop in the same run.
-_PAIRS_ENV = os.environ.get("CERTATTN_TIER1_PAIRS", "").strip() or "0"
-if _PAIRS_ENV not in ("0", "1"):
-    raise ValueError(f"CERTATTN_TIER1_PAIRS={_PAIRS_ENV!r}: choose 0 or 1")
-BLOCK_PAIRS = _PAIRS_ENV == "1"
-
-
 def fast_pass_blocks_per_split(batch: int, kv_heads: int, num_blocks: int, rule: str | None = None) -> int:
     """Blocks per split of the certified fast pass's tier-1 launch (`rule`, default FAST_PASS_BPS: see there)."""
     rule = rule or FAST_PASS_BPS
@@ -581,31 +572,11 @@ class _LayerRef:
         return self.ref[(self.layer,) + (idx if isinstance(idx, tuple) else (idx,))]
 
 
-def _pair_loop(start: jax.Array, v_stop: jax.Array, valid_block, init, per_block: bool):
-    """fori_loop(start, v_stop, valid_block, init), two blocks per iteration: blocks n = start + 2i and n + 1.
-    Where n + 1 is past v_stop (an odd count), the second call reads block n again (it stays a valid block): its
-    stores repeat the first call's values, and its carry is dropped, so every store and the final carry are
-    those of the one-block loop, from the same float operations in the same order (up to where a compiler
-    contracts a multiply-add into an FMA in the longer body, which docs/bounds.md allows anywhere)."""
-
-    def two_blocks(i, carry):
-        n = start + 2 * i
-        carry = valid_block(n, carry)
-        second = jnp.minimum(n + 1, v_stop - 1)
-        new = valid_block(second, carry)
-        if per_block:
-            return carry
-        again = second == n
-        return jax.tree_util.tree_map(lambda old, upd: jnp.where(again, old, upd), carry, new)
-
-    return jax.lax.fori_loop(0, (v_stop - start + 1) // 2, two_blocks, init)
-
-
 def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: int, Bk: int, group: int,
                       key_bits: int, value_bits: int, per_block: bool, scale: float, with_delta: bool = False,
                       out_blocks: int | None = None, n_hot: int = 0, out_splits: int | None = None,
                       n_slots: int = 0, stacked: bool = False, stacked_slots: bool = False,
-                      key_signed: bool = False, value_planar: bool = False, pairs: bool = False):
+                      key_signed: bool = False, value_planar: bool = False):
     """Same contract as _tier1_kernel; both dots exact integer arithmetic (int8 x int8 -> int32 MMA):
     scores as in `int_keys`; values per group j of channels, with w_ig = p_i t_ij split into int8 pieces down the
     tokens (`_int8_pieces_cols`) and codes shifted to signed:
@@ -629,9 +600,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
     tier 1 has to be materialised for the launch. stacked_slots (with stacked): hot_ids, hot_k, hot_v, res_k and
     res_v are stacked [L, ...] as well and read in place.
     key_signed: the key codes are int8 code - 128 (8-bit keys), fed to the dot as loaded. value_planar: the value
-    codes are packed by `quant.pack_planar` (each plane of a byte one group's channels: no interleave to unpack).
-    pairs: the split's valid blocks are walked two per loop iteration (`_pair_loop`): the same float operations in
-    the same order (the same rounding model), with two blocks' independent loads and chains in one body."""
+    codes are packed by `quant.pack_planar` (each plane of a byte one group's channels: no interleave to unpack)."""
     f32 = jnp.float32
     if stacked:
         layer_ref, *refs = refs
@@ -735,10 +704,7 @@ def _tier1_kernel_int(nvalid_ref, q_ref, *refs, nb: int, bps: int, G: int, d: in
 
         init = 0 if per_block else (jnp.full((G,), -jnp.inf, f32),
                                     tuple(jnp.zeros((G, width), f32) for _, width, *_ in parts))
-        if pairs:
-            final = _pair_loop(start, v_stop, valid_block, init, per_block)
-        else:
-            final = jax.lax.fori_loop(start, v_stop, valid_block, init)
+        final = jax.lax.fori_loop(start, v_stop, valid_block, init)
         jax.lax.fori_loop(v_stop, stop, empty_block, 0)
         last = split == n_split - 1
         n_out = out_blocks or nb
@@ -880,7 +846,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                padded_heads: bool = False, hot_ids: jax.Array | None = None,
                out_splits: int | None = None, slots: Slots | None = None,
                layer: jax.Array | None = None, key_signed: bool = False,
-               value_planar: bool | None = None, block_pairs: bool | None = None) -> Tier1Partials:
+               value_planar: bool | None = None) -> Tier1Partials:
     """The tier-1 pass as one Pallas kernel; grid (B, H, S), each program one split of `blocks_per_split`
     blocks of one KV head with its G query heads. See the module docstring for the math and layouts.
     score_scale: the factor applied to q . k_hat (default 1/sqrt(d)); 1.0 for a query already divided by
@@ -899,8 +865,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
     and slots with stacked hot_k, hot_v, res_k, res_v ([L, B, H, ...]) are then read in place as well.
     key_signed (int_kv): int8 key codes code - 128 (`kernel_layout`). value_planar: whether the value codes are
     packed planar (default: as the cache packs them, `quant.VALUE_PACKING`); the other variants read interleaved
-    codes and get planar ones repacked first. block_pairs (int_kv, split layouts of 2 or more blocks per split):
-    walk two blocks per loop iteration, the same float operations (default BLOCK_PAIRS, CERTATTN_TIER1_PAIRS)."""
+    codes and get planar ones repacked first."""
     if layer is not None:
         if variant != "int_kv":
             raise ValueError(f"layer (stacked tier-1 arrays) is implemented for the int_kv variant only, not "
@@ -973,8 +938,7 @@ def tier1_pass(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *
                       out_splits=out_splits, slots=None if slots is None else slots._replace(
                           hot_ids=None, r_count=slots.r_count.astype(jnp.int32), n_slots=None),
                       n_slots=0 if slots is None else slots.n_slots, layer=layer, key_signed=key_signed,
-                      value_planar=value_planar,
-                      pairs=variant == "int_kv" and bps >= 2 and (BLOCK_PAIRS if block_pairs is None else block_pairs))
+                      value_planar=value_planar)
     if Gp == G or padded_heads:
         return out
     return Tier1Partials(*(None if x is None else x[:, :, :G] for x in out))  # (every field: axis 2 is G)
@@ -992,11 +956,11 @@ def padded_heads_for(G: int, variant: str) -> int:
 
 @functools.partial(jax.jit, static_argnames=("group", "key_bits", "value_bits", "per_block", "bps", "num_warps",
                                              "num_stages", "variant", "interpret", "scale", "out_blocks", "out_splits",
-                                             "n_slots", "key_signed", "value_planar", "pairs"))
+                                             "n_slots", "key_signed", "value_planar"))
 def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_valid, *, group, key_bits, value_bits,
                 per_block, bps, num_warps, num_stages, variant, interpret, scale, out_blocks, hot_ids=None,
                 out_splits=None, slots=None, n_slots=0, layer=None, key_signed=False,
-                value_planar=False, pairs=False) -> Tier1Partials:
+                value_planar=False) -> Tier1Partials:
     B, H, G, d = q.shape
     stacked = layer is not None
     lead = k_codes.shape[:1] if stacked else ()  # the layer axis of stacked tier-1 arrays
@@ -1009,7 +973,7 @@ def _tier1_call(q, q_abs, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, n_
     extra = {} if variant != "int_kv" else dict(with_delta=with_delta, out_blocks=out_blocks, n_hot=n_hot,
                                                 out_splits=out_splits, n_slots=n_slots, stacked=stacked,
                                                 stacked_slots=stacked_slots, key_signed=key_signed,
-                                                value_planar=value_planar, pairs=pairs)
+                                                value_planar=value_planar)
     kernel = functools.partial(_VARIANTS[variant], nb=nb, bps=bps, G=G, d=d, Bk=Bk, group=group, key_bits=key_bits,
                                value_bits=value_bits, per_block=per_block, scale=scale, **extra)
     whole = lambda *shape: pl.BlockSpec((None, None, *shape), lambda b, h, s: (b, h) + (0,) * len(shape))  # noqa: E731

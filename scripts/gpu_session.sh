@@ -38,11 +38,6 @@ for s in "$@"; do
     write_kernel)  # thirty-second session: the token-write kernel compiled (a sequence that takes no token: neither
       # its row nor its statistics written) against its reference
       step write_kernel 90 "python3 -m pytest -q -p no:benchmark tests/test_pallas_write_token.py" ;;
-    pairs)  # thirty-third session: the tier-1 kernel walking two blocks per loop iteration (CERTATTN_TIER1_PAIRS=1)
-      # compiled against the one-block loop and the reference, then timed against it, alternated (one process each)
-      step pairs_tests 90 "CERTATTN_TIER1_PAIRS=1 python3 -m pytest -q -n 8 -p no:benchmark tests/test_pallas_tier1.py -k 'block_pairs or matches_reference or hot or slot or stacked'"
-      step pairs_prof 190 "for p in 0 1 0 1; do CERTATTN_TIER1_PAIRS=\$p python3 scripts/profile_cert_step.py --shapes 8b:32768 8b:131072 --tier1 fused --phases tier1 fast --steps 30 --reps 3 --out $W/pairs_prof_\${p}_\${SECONDS}.json; done"
-      step pairs_e2e 90 "CERTATTN_TIER1_PAIRS=1 CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 85} --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified --out $W/pairs_e2e_8b.json" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
