@@ -38,16 +38,19 @@ for s in "$@"; do
     write_kernel)  # thirty-second session: the token-write kernel compiled (a sequence that takes no token: neither
       # its row nor its statistics written) against its reference
       step write_kernel 90 "python3 -m pytest -q -p no:benchmark tests/test_pallas_write_token.py" ;;
-    single_chunk_ab)  # thirty-third session: SmolLM2 4K certified fell from 487.2 (2026-12-06, call C) to 422.5 tokens/s
-      # (0.61x -> 0.53x dense) while 1K and 8B 8K moved 2 %; the certify kernel's single-chunk form (twenty-ninth
-      # session, untimed) is the suspect: default against the general form, alternated, dense first; then 8B 8K
+    regress4k)  # thirty-third session: SmolLM2 4K certified fell from 487.2 (twenty-eighth session, call C, tree 7f75265)
+      # to 422.5 tokens/s (0.61x -> 0.53x dense) while 1K and 8B 8K moved ~2 %. Which change: the tree of call C
+      # (.carry_old, carried: rm -rf .carry_old && mkdir .carry_old && git archive 7f75265 certattn_jax models
+      # pallas_kernels scripts pyproject.toml | tar -x -C .carry_old) against this tree, alternated, and this tree
+      # with the certify kernel's general form (CERTATTN_RUNG0_SINGLE_CHUNK=0: the twenty-ninth session's single-chunk
+      # form, default since and never timed, is the first suspect). One row per step: a cut call keeps its rows.
       S4="${B/--timeout 150/--timeout 75} --new-tokens 64 --models smollm2 --prompts 4096"
-      step sc_dense 70 "$S4 --caches dense --out $W/sc_4k_dense.json"
+      step rg_dense 70 "$S4 --caches dense --out $W/rg_4k_dense.json"
       for i in 1 2; do
-        step sc_def_$i 70 "$S4 --caches certified --out $W/sc_4k_def_$i.json"
-        step sc_gen_$i 70 "CERTATTN_RUNG0_SINGLE_CHUNK=0 $S4 --caches certified --out $W/sc_4k_gen_$i.json"
-      done
-      step sc_8b_gen 100 "CERTATTN_RUNG0_SINGLE_CHUNK=0 CERTATTN_SELFTEST_CACHE=off ${B/--timeout 150/--timeout 95} --new-tokens 32 --models llama3.1-8b --prompts 8192 --caches certified --out $W/sc_8b_gen.json" ;;
+        step rg_new_$i 70 "$S4 --caches certified --out $W/rg_4k_new_$i.json"
+        step rg_old_$i 70 "cd .carry_old && PYTHONPATH=. $S4 --caches certified --out $W/rg_4k_old_$i.json"
+        step rg_gen_$i 70 "CERTATTN_RUNG0_SINGLE_CHUNK=0 $S4 --caches certified --out $W/rg_4k_gen_$i.json"
+      done ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
