@@ -177,7 +177,7 @@ class TieredModelCache:
         L, B = store.k_codes.shape[0], store.batch
         cert = jnp.broadcast_to(pack(empty_like_heads(B, num_q_heads)), (L, B, num_q_heads, len(PACKED_FIELDS)))
         return commit_arrays(cls(store=store, lengths=lengths, cert_packed=jnp.asarray(cert),
-                                 policy=policy, mode=mode, schedule=schedule,
+                                 policy=owned_policy(policy), mode=mode, schedule=schedule,
                                  rung0_streak=jnp.zeros((), jnp.int32), slow_steps=jnp.zeros((), jnp.int32)))
 
     @classmethod
@@ -237,6 +237,13 @@ class TieredModelCache:
     @property
     def num_layers(self) -> int:
         return self.store.k_codes.shape[0]
+
+    def with_policy(self, policy: CertPolicy) -> TieredModelCache:
+        """This cache under another policy of the same layout (e.g. `cache.policy.replace(eps=0.01)`): its tolerances
+        held as `owned_policy` holds them, so a jitted decode step that ran on this cache runs on the new one
+        without compiling again (`cache.replace(policy=...)` with Python floats would compile once more)."""
+        self.store.check_policy(policy)
+        return self.replace(policy=owned_policy(policy))
 
     def with_tier2_on_host(self) -> TieredModelCache:
         """This cache with tier 2 moved back to host memory (after pickle, device_get/device_put or a generic
@@ -611,15 +618,19 @@ class CacheSpec:
                         schedule=self.schedule)
 
 
+def owned_policy(policy: CertPolicy) -> CertPolicy:
+    """The policy with its tolerances as a jitted step returns them: committed, weakly typed float32 arrays instead of
+    Python floats (a step's first call would otherwise compile a second program for its later calls: jit keys on
+    whether an argument is committed). Copies, never the caller's arrays: a decode loop donates its cache, and a
+    policy taken from another cache (`generate(..., policy=out.cache.policy)`) would lose its leaves to that
+    donation."""
+    return commit_arrays(jax.tree.map(lambda x: jnp.array(x, copy=True), policy))
+
+
 def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
              schedule: str) -> TieredModelCache:
     """The staging cache converted (`TieredModelCache.from_dense`: eagerly a layer at a time)."""
-    cache = TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule)
-    # the policy's leaves as a jitted conversion returns them (committed weakly typed arrays, not Python floats), so
-    # that a decode loop sees the same input types on its first call as on later ones (no second compile); copies,
-    # never the caller's arrays: a decode loop donates its cache, and a policy taken from another cache
-    # (`generate(..., policy=out.cache.policy)`) would otherwise lose its leaves to that donation
-    return cache.replace(policy=commit_arrays(jax.tree.map(lambda x: jnp.array(x, copy=True), cache.policy)))
+    return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule)
 
 
 def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelCache:

@@ -167,22 +167,30 @@ def test_user_jit_loop_compiles_once_and_keeps_tier2_on_host():
     assert all(x.committed for x in jax.tree.leaves(layers))
     cache = TieredModelCache.from_layers(layers, num_q_heads=cfg.num_heads, policy=POLICY)
 
-    def shardings(c):  # of every array but the policy's tolerances (Python floats until a jitted call returns them)
-        return [getattr(x, "sharding", None) for x in jax.tree.leaves(c.replace(policy=None))]
+    def shardings(c):  # of every array, the policy's tolerances included (committed arrays, as a step returns them)
+        return [getattr(x, "sharding", None) for x in jax.tree.leaves(c)]
 
     kinds = shardings(cache)
-    tok = jnp.zeros((1,), jnp.int32)
+    assert all(isinstance(x, jax.Array) and x.committed for x in jax.tree.leaves(cache.policy))
+    tok = jax.device_put(jnp.zeros((1,), jnp.int32), jax.devices()[0])  # committed, as the step returns it
     for _ in range(4):
         tok, cache = step(params, tok[:, None], cache)
-    assert len(traces) == 1
+    # one trace AND one executable: a Python-float tolerance skipped the retrace but compiled a second program
+    assert len(traces) == 1 and step._cache_size() == 1
     assert shardings(cache) == kinds
     assert cache.layers[0].host_k.sharding.memory_kind == tiers.host_memory_kind()
     assert int(cache.lengths[0]) == 41
-    # a second cache built the same way runs on the same executable
+    # a second cache built the same way, an empty one from the cache factory, and new tolerances set with
+    # `with_policy` run on the same executable
     cache2 = TieredModelCache.from_layers([TieredKVCache.from_dense(k, v, POLICY, capacity=64) for k, v in kv],
                                           num_q_heads=cfg.num_heads, policy=POLICY)
     step(params, tok[:, None], cache2)
-    assert len(traces) == 1
+    step(params, tok[:, None], cache_spec("certified", cfg, jnp.float32, POLICY)(1, 64))
+    tok, cache = step(params, tok[:, None], cache.with_policy(POLICY.replace(eps=0.01, tau_cov=0.9)))
+    assert float(cache.policy.eps) == pytest.approx(0.01) and float(cache.policy.tau_cov) == pytest.approx(0.9)
+    assert len(traces) == 1 and step._cache_size() == 1
+    with pytest.raises(ValueError, match="layout"):
+        cache.with_policy(POLICY.replace(block_size=32))
     # the model cache copies its layers into its stacked store: one layer cache given twice is two layers
     one = TieredKVCache.from_dense(*kv[0], POLICY, capacity=64)
     twice = TieredModelCache.from_layers([one] * 2, num_q_heads=cfg.num_heads, policy=POLICY)
