@@ -118,16 +118,36 @@ def check_generation_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--prefill-chunk must be an integer >= 1, got {args.prefill_chunk}")
 
 
-def check_certificates_path(path: str) -> None:
-    """ValueError unless `path` can be written: checked before generating, not after (which lost the output)."""
+def check_output_file(path: str, flag: str = "--certificates", example: str = "certs.jsonl",
+                      make_parent: bool = False) -> None:
+    """ValueError unless the file `path` (given with `flag`) can be written: checked before any compute, not after
+    (which lost the output). make_parent: its directory may be missing (it is created now, as the writer would)."""
     p = Path(path)
     if p.is_dir():
-        raise ValueError(f"--certificates {path} is a directory: give a file name (e.g. {p / 'certs.jsonl'})")
+        raise ValueError(f"{flag} {path} is a directory: give a file name (e.g. {p / example})")
     parent = p.resolve().parent
+    if make_parent and not parent.exists():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"{flag} {path}: cannot create its directory ({e.strerror})") from None
     if not parent.is_dir():
-        raise ValueError(f"--certificates {path}: its directory does not exist")
+        raise ValueError(f"{flag} {path}: its directory does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ValueError(f"--certificates {path}: not writable")
+        raise ValueError(f"{flag} {path}: not writable")
+
+
+def check_output_dir(path: str, flag: str) -> None:
+    """ValueError unless the directory `path` (given with `flag`) exists or can be made, and can be written."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {path} is a file: give a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot create it ({e.strerror})") from None
+    if not os.access(p, os.W_OK):
+        raise ValueError(f"{flag} {path}: not writable")
 
 
 def generation_policy(args: argparse.Namespace) -> Any:
@@ -144,10 +164,12 @@ def generation_policy(args: argparse.Namespace) -> Any:
 
 def check_head_dim(config: Any, policy: Any) -> None:
     """ValueError pointing at --group-size where the model's head_dim is no multiple of the value group size."""
+    from certattn_jax import quant
+
     if policy is not None and config.head_dim % policy.group_size:
         raise ValueError(f"this model's head_dim {config.head_dim} is not a multiple of the value group size "
                          f"{policy.group_size}: pass --group-size (a divisor of {config.head_dim}, e.g. "
-                         f"{math.gcd(config.head_dim, policy.group_size)})")
+                         f"{quant.suggested_group_size(config.head_dim, policy.group_size)})")
 
 
 def _cmd_generate(args: argparse.Namespace) -> None:
@@ -159,7 +181,7 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     if args.certificates and args.cache != "certified":
         raise ValueError("--certificates needs --cache certified")
     if args.certificates:
-        check_certificates_path(args.certificates)
+        check_output_file(args.certificates)
     check_generation_args(args)
     policy = generation_policy(args)
     enable_compilation_cache()

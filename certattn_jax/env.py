@@ -15,18 +15,19 @@ def switch_from_env(name: str) -> bool | None:
     return _SWITCH[raw]
 
 
-def positive_int_from_env(name: str, default: int) -> int:
-    """The environment variable `name` as a positive integer (`default` when unset or empty); anything else is an
-    error naming the variable."""
+def positive_int_from_env(name: str, default: int, minimum: int = 1) -> int:
+    """The environment variable `name` as an integer >= minimum (`default` when unset or empty); anything else is
+    an error naming the variable."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         value = int(raw)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{name}={raw!r}: must be a positive integer")
+        value = minimum - 1
+    if value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name}={raw!r}: must be {what}")
     return value
 
 

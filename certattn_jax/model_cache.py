@@ -646,6 +646,12 @@ def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = N
                schedule: str = DEFAULT_SCHEDULE) -> CacheSpec:
     """The cache of a LLaMA-like `config` (num_layers, num_heads, num_kv_heads, head_dim) in `mode`;
     `schedule` see TieredModelCache ("auto" is resolved here with the model's layer size: `resolve_schedule`)."""
+    context = getattr(config, "max_position_embeddings", None)
+    block = (policy or CertPolicy()).block_size
+    if mode != "dense" and context is not None and block > context:  # a block could never fill; its capacity
+        # rounding alone would allocate a cache of `block` tokens per sequence (a 2**20 block: killed for memory)
+        raise ValueError(f"the policy's block size {block} exceeds the model's context of {context} tokens: "
+                         f"choose a block size of at most {1 << (context.bit_length() - 1)} (e.g. the default 64)")
     if schedule == "auto" and hasattr(config, "intermediate_size"):  # resolved with the model's layer size
         schedule = resolve_schedule(schedule, layer_weight_bytes(config, dtype))
     return CacheSpec(mode=mode, num_layers=config.num_layers, num_q_heads=config.num_heads,

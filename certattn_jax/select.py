@@ -6,25 +6,24 @@ Shapes: B sequences, H KV heads, G query heads per KV head, nb key blocks, K = k
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax import tiers
-from certattn_jax.env import switch_from_env
+from certattn_jax.env import positive_int_from_env, switch_from_env
 
 # Below this many bytes of one layer's tier 2 (keys and values), `fetch_blocks` copies the layer's whole tier 2 to
 # the device in one transfer and gathers the wanted blocks there, instead of one transfer per block in a loop whose
 # trip count only the device knows (on a GPU plausibly a host round trip per block). Off (0) until the H200 says
 # which is faster (docs/performance.md, "what rung 1's tier-2 read costs"); CERTATTN_FETCH_WHOLE_BELOW sets it.
-FETCH_WHOLE_LAYER_BELOW_BYTES = int(os.environ.get("CERTATTN_FETCH_WHOLE_BELOW", "0") or 0)
+FETCH_WHOLE_LAYER_BELOW_BYTES = positive_int_from_env("CERTATTN_FETCH_WHOLE_BELOW", 0, minimum=0)
 # Up to this many slots (B * H * S of one fetch), `fetch_blocks` copies one block per slot in straight-line code
 # instead of the loop: no trip count for the host to read back per block (~14 µs per block on the H200 in the
 # loop, docs/performance.md 2026-12-02), at the price of reading a block for every slot, wanted or not. Off (0)
 # until the H200 prices it; CERTATTN_FETCH_UNROLL sets it.
-FETCH_UNROLL_UP_TO = int(os.environ.get("CERTATTN_FETCH_UNROLL", "0") or 0)
+FETCH_UNROLL_UP_TO = positive_int_from_env("CERTATTN_FETCH_UNROLL", 0, minimum=0)
 # Whether `fetch_blocks` is one Pallas kernel (`pallas_kernels.gather_blocks`) that reads the wanted blocks out of
 # pinned host memory itself: one launch per fetch, no per-block transfer (on the H200 64 blocks in ~23 µs against
 # ~1,300 µs for the loop, scripts/probe_host_kernel.py; rung 1 at 32K 2,026 -> 360 µs). None ("auto", the

@@ -9,17 +9,19 @@ ops), which is how the CPU tests exercise the exact kernel code.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 
+from certattn_jax.env import switch_from_env
+
 
 def interpret() -> bool:
-    """True when kernels run in Pallas interpret mode (no GPU, or forced by the environment)."""
-    env = os.environ.get("CERTATTN_PALLAS_INTERPRET")
-    if env is not None:
-        return env.strip().lower() not in ("", "0", "false", "no")
+    """True when kernels run in Pallas interpret mode (no GPU, or forced by CERTATTN_PALLAS_INTERPRET: 1/on/true
+    or 0/off/false; unset, empty or auto: the backend decides; anything else is an error naming the variable)."""
+    forced = switch_from_env("CERTATTN_PALLAS_INTERPRET")
+    if forced is not None:
+        return forced
     return jax.default_backend() != "gpu"
 
 

@@ -966,6 +966,43 @@ def test_a_numeric_setting_from_the_environment_is_checked_by_name(monkeypatch, 
         assert model_cache.positive_int_from_env("CERTATTN_SOME_SETTING", 4) == want
 
 
+@pytest.mark.parametrize("raw, want", [("", 0), ("0", 0), (" 12 ", 12), ("1.5", None), ("abc", None), ("-3", None)])
+def test_an_optional_size_from_the_environment_is_checked_by_name(monkeypatch, raw, want):
+    """minimum=0 settings (CERTATTN_FETCH_WHOLE_BELOW, CERTATTN_FETCH_UNROLL: 0 = off): a float, a word or a
+    negative number is named, not an int() traceback nor silently accepted."""
+    monkeypatch.setenv("CERTATTN_SOME_SIZE", raw)
+    if want is None:
+        with pytest.raises(ValueError, match="CERTATTN_SOME_SIZE.*integer >= 0"):
+            model_cache.positive_int_from_env("CERTATTN_SOME_SIZE", 0, minimum=0)
+    else:
+        assert model_cache.positive_int_from_env("CERTATTN_SOME_SIZE", 0, minimum=0) == want
+
+
+@pytest.mark.parametrize("raw, want", [("1", True), ("on", True), ("0", False), ("off", False), ("false", False),
+                                       ("auto", None), ("", None), ("bogus", "error")])
+def test_the_interpret_switch_reads_off_as_off(monkeypatch, raw, want):
+    """CERTATTN_PALLAS_INTERPRET=off used to turn interpret mode ON (anything but 0/false/no did): it reads as every
+    other switch now, and an unknown value is named."""
+    from pallas_kernels import backend
+
+    monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", raw)
+    if want == "error":
+        with pytest.raises(ValueError, match="CERTATTN_PALLAS_INTERPRET"):
+            backend.interpret()
+    else:
+        assert backend.interpret() == (jax.default_backend() != "gpu" if want is None else want)
+
+
+def test_a_block_larger_than_the_context_is_refused():
+    """A block size past the model's context could never fill, and the capacity rounding alone asked for a cache
+    of that many tokens per sequence (--block-size 1048576 was killed for memory)."""
+    small = dataclasses.replace(CFG, max_position_embeddings=256)
+    with pytest.raises(ValueError, match="block size 512 exceeds the model's context of 256 tokens.*at most 256"):
+        cache_spec("certified", small, jnp.float32, POLICY.replace(block_size=512))
+    cache_spec("dense", small, jnp.float32, POLICY.replace(block_size=512))  # dense has no blocks
+    cache_spec("naive", small, jnp.float32, POLICY.replace(block_size=256))
+
+
 def test_the_staging_cache_converts_a_layer_at_a_time_to_what_one_program_gives():
     """`CacheSpec.from_staging` converts eagerly one layer per call of one jitted program
     (`TieredKVCache.stacked_from_layers`), written in place into

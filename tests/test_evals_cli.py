@@ -72,3 +72,48 @@ def test_eval_cli_errors_are_clear(capsys):
     assert "--prefill-chunk must be >= 1" in capsys.readouterr().err
     assert cli.main(["eval", "ablations", "--sweep-eps=-1"]) == 2
     assert "must be >= 0" in capsys.readouterr().err
+
+
+def test_eval_cli_checks_outputs_and_limits_before_the_run(tmp_path, capsys, monkeypatch):
+    """Output paths, --max-new-tokens, --seed, --capacity and unparsable lists are refused before the model loads
+    (a bad --out / --summary / --plots used to fail after the whole compute, losing it); lengths, capacity and
+    prefill chunk beyond the model's context are refused before any cache exists (a 100000-token chunk asked for
+    a 721 GB cache)."""
+    import types
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded before the arguments were checked")
+
+    monkeypatch.setattr(cli, "load_model", no_load)
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    early = [(["--out", str(tmp_path)], "--out"), (["--summary", str(tmp_path)], "--summary"),
+             (["--audit-log", str(tmp_path)], "--audit-log"), (["--plots", str(a_file)], "--plots"),
+             (["--out", str(a_file / "sub" / "x.json")], "--out"),
+             (["--max-new-tokens", "-5"], "--max-new-tokens"), (["--max-new-tokens", "0"], "--max-new-tokens"),
+             (["--seed", "-1"], "--seed"), (["--capacity", "0"], "--capacity"), (["--lengths", "abc"], "--lengths"),
+             (["--depths", "12.5"], "--depths"), (["--sweep-tau", "x"], "--sweep-tau")]
+    for extra, flag in early:
+        assert cli.main(["eval", "ruler", "--out", str(tmp_path / "r.json"), *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert flag in err and "Traceback" not in err, (extra, err)
+
+    config = types.SimpleNamespace(max_position_embeddings=512, num_layers=2, vocab_size=100)
+    monkeypatch.setattr(cli, "load_model", lambda *a: types.SimpleNamespace(params={}, config=config,
+                                                                             tokenizer=object()))
+    late = [(["--lengths", "1024"], "exceeds the model's context of 512"),
+            (["--lengths", "256", "--prefill-chunk", "100000"], "--prefill-chunk"),
+            (["--lengths", "256", "--capacity", "4096"], "--capacity")]
+    for extra, words in late:
+        assert cli.main(["eval", "ppl", "--out", str(tmp_path / "p.json"), *extra]) == 2, extra
+        assert words in capsys.readouterr().err, extra
+
+
+@pytest.mark.slow
+def test_eval_memory_takes_lengths_beyond_the_context(tmp_path):
+    """docs/evaluation.md's memory command: the memory job only counts bytes, so lengths past the model's context
+    (SmolLM2: 8192) are fine there."""
+    out = tmp_path / "mem.json"
+    assert cli.main(["eval", "memory", "--lengths", "1024,8192,32768", "--layers", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["memory"]
+    assert {r["capacity"] for r in rows} >= {1024, 8192, 32768}

@@ -294,3 +294,11 @@ def test_the_evaluation_refuses_bad_params_and_non_finite_logits(params, ids):
         huge.generate(dense, ids[:PREFIX], 4)
     with pytest.raises(ValueError, match="non-finite logits .* teacher-forced step 0"):
         huge.nll(dense, ids, PREFIX)
+    # token ids of a tokenizer that does not match the model: named, in the prompt and in the scored targets
+    s = Session(params, CFG, None, CAP, CHUNK)
+    prompt_bad, target_bad = ids.copy(), ids.copy()
+    prompt_bad[1], target_bad[-1] = CFG.vocab_size, CFG.vocab_size + 7
+    for run in (lambda: s.generate(dense, prompt_bad[:PREFIX], 2), lambda: s.nll(dense, target_bad, PREFIX),
+                lambda: s.nll(dense, np.where(ids == ids[0], -1, ids), PREFIX)):
+        with pytest.raises(ValueError, match=r"outside \[0, 96\): the tokenizer does not match"):
+            run()

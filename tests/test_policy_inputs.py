@@ -90,3 +90,9 @@ def test_a_head_dim_the_group_size_does_not_divide_names_the_fix():
         with pytest.raises(ValueError, match=r"value group size 32: pass CertPolicy\(group_size=\.\.\.\).*e\.g\. 16"):
             build()
     TieredKVCache.from_dense(k, k, policy=CertPolicy(group_size=16), capacity=64)  # the fix works
+    # the suggestion is a size the policy takes (>= 2), also where gcd(head_dim, group) is 1
+    from certattn_jax.quant import suggested_group_size
+
+    assert [suggested_group_size(h, g) for h, g in ((80, 32), (9, 4), (7, 2), (45, 32))] == [16, 3, 7, 3]
+    for h, g in ((9, 4), (7, 2), (45, 32)):
+        CertPolicy(group_size=suggested_group_size(h, g))

@@ -14,12 +14,34 @@ DEFAULT_TASKS = ("niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah
                  "niah_multivalue,niah_multiquery,vt,cwe,fwe")
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+def _ints(s: str, flag: str = "") -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {s!r}") from None
 
 
-def _floats(s: str) -> list[float]:
-    return [float(x) for x in s.split(",") if x.strip()]
+def _floats(s: str, flag: str = "") -> list[float]:
+    try:
+        return [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers, got {s!r}") from None
+
+
+SEED_RANGE = (0, 2**63 - 1)  # as `generate --seed` (models.sampling.key_from_seed takes 64 bits)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output path checked before the model loads (a bad one found after the compute lost the results)."""
+    from certattn_jax.cli import check_output_dir, check_output_file
+
+    check_output_file(args.out or f"results/eval_{args.job}.json", "--out", "eval.json", make_parent=True)
+    if args.summary:
+        check_output_file(args.summary, "--summary", "eval_summary.json", make_parent=True)
+    if args.audit_log:
+        check_output_file(args.audit_log, "--audit-log", "audit.jsonl")
+    if args.plots:
+        check_output_dir(args.plots, "--plots")
 
 
 def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
@@ -82,7 +104,7 @@ def build(args: argparse.Namespace):
     overrides = {k: v for k, v in (("eps", args.eps), ("key_bits", args.key_bits), ("value_bits", args.value_bits),
                                    ("tau_cov", args.tau_cov), ("hot_slots", args.hot_slots)) if v is not None}
     policy = dataclasses.replace(CertPolicy(), **overrides)
-    lengths = _ints(args.lengths)
+    lengths = _ints(args.lengths, "--lengths")
     if not lengths or min(lengths) < 64:
         raise ValueError(f"--lengths must be positive token counts >= 64, got {args.lengths!r}")
     if args.samples < 1:
@@ -90,10 +112,18 @@ def build(args: argparse.Namespace):
     for name in ("prefill_chunk", "ppl_steps", "niah_new_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    sweeps = [dict(eps=e) for e in _floats(args.sweep_eps)] + [dict(tau_cov=t) for t in _floats(args.sweep_tau)]
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1 (leave it out for each task's own cap), got "
+                         f"{args.max_new_tokens}")
+    if args.capacity is not None and args.capacity < 1:
+        raise ValueError(f"--capacity must be >= 1 (leave it out for the largest length), got {args.capacity}")
+    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
+        raise ValueError(f"--seed must lie in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {args.seed}")
+    sweeps = ([dict(eps=e) for e in _floats(args.sweep_eps, "--sweep-eps")]
+              + [dict(tau_cov=t) for t in _floats(args.sweep_tau, "--sweep-tau")])
     for sweep in sweeps:  # a bad swept value fails now, not after the runs before it
         dataclasses.replace(policy, **sweep)
-    depths = _ints(args.depths)
+    depths = _ints(args.depths, "--depths")
     if any(not 0 <= d <= 100 for d in depths):
         raise ValueError(f"--depths are percentages in [0, 100], got {args.depths!r}")
     from certattn_jax.evals import ruler
@@ -102,13 +132,14 @@ def build(args: argparse.Namespace):
     unknown = [t for t in tasks if t not in ruler.TASKS]
     if unknown:
         raise ValueError(f"unknown RULER tasks {unknown}; choose from {sorted(ruler.TASKS)}")
+    check_outputs(args)
     pre = cli.load_model(args.model, args.dtype)
     if pre.tokenizer is None:
         raise ValueError("the evaluation needs a model with a tokenizer")
     params, config = pre.params, pre.config
-    if max(lengths) > config.max_position_embeddings:
-        raise ValueError(f"--lengths {max(lengths)} exceeds the model's context of "
-                         f"{config.max_position_embeddings} tokens")
+    context = config.max_position_embeddings
+    if args.job != "memory" and max(lengths) > context:  # the memory job only counts bytes: any length
+        raise ValueError(f"--lengths {max(lengths)} exceeds the model's context of {context} tokens")
     if args.layers is not None:
         if not 1 <= args.layers <= config.num_layers:
             raise ValueError(f"--layers must be in [1, {config.num_layers}]")
@@ -118,12 +149,17 @@ def build(args: argparse.Namespace):
     capacity = args.capacity or -(-max(lengths) // chunk) * chunk
     if capacity < max(lengths):
         raise ValueError(f"--capacity {capacity} is smaller than the largest length {max(lengths)}")
+    if args.job != "memory" and capacity > max(context, max(lengths)):  # e.g. a huge --prefill-chunk rounding up
+        raise ValueError(f"the cache capacity {capacity} (--capacity, or the largest length rounded up to "
+                         f"--prefill-chunk {chunk}) exceeds the model's context of {context} tokens: lower "
+                         f"{'--capacity' if args.capacity else '--prefill-chunk'}")
     log = open(args.audit_log, "w") if args.audit_log else None  # noqa: SIM115 - closed in run_eval
     session = Session(params, config, pre.tokenizer, capacity, chunk, audit=not args.no_audit, audit_log=log)
     cfg = EvalConfig(modes=[Mode(m, m, policy) for m in modes_named], policy=policy, lengths=lengths,
                      samples=args.samples, ppl_steps=args.ppl_steps, depths=depths, tasks=tasks,
                      max_new_tokens=args.max_new_tokens, niah_new_tokens=args.niah_new_tokens, seed=args.seed,
-                     plot_dir=args.plots, sweep_tau=_floats(args.sweep_tau), sweep_eps=_floats(args.sweep_eps))
+                     plot_dir=args.plots, sweep_tau=_floats(args.sweep_tau, "--sweep-tau"),
+                     sweep_eps=_floats(args.sweep_eps, "--sweep-eps"))
     label = args.model + (f" (first {args.layers} layers)" if args.layers else "")
     return session, cfg, cli.stop_ids(pre), label
 

@@ -59,7 +59,15 @@ class Session:
                                                          if mode.variant == "certified" else None)
         return self.collectors[mode.label]
 
+    def _check_ids(self, ids: np.ndarray) -> None:
+        """A token id outside the vocabulary (a tokenizer that does not match the model) named as such: the
+        embedding lookup would clip it and the run fail later as "non-finite logits" or score nonsense."""
+        vocab = self.config.vocab_size
+        if len(ids) and (int(np.min(ids)) < 0 or int(np.max(ids)) >= vocab):
+            raise ValueError(f"token ids outside [0, {vocab}): the tokenizer does not match the model's vocabulary")
+
     def _start(self, mode: Mode, ids: np.ndarray, extra: int):
+        self._check_ids(ids)
         if len(ids) + extra > self.capacity:
             raise ValueError(f"{len(ids)} prompt tokens + {extra} decode steps exceed the session's cache "
                              f"capacity {self.capacity}; raise --capacity")
@@ -79,6 +87,7 @@ class Session:
         ids = np.asarray(ids, np.int32)
         if not 0 < prefix < len(ids) - 1:
             raise ValueError(f"need 0 < prefix < len(ids) - 1, got prefix {prefix} for {len(ids)} tokens")
+        self._check_ids(ids)  # the teacher-forced targets too
         cache, _ = self._start(mode, ids[:prefix], len(ids) - prefix)
         nll, ok, cache = decode.teacher_forced(self.params, self.config, cache, jnp.asarray(ids[None, prefix:-1]),
                                                jnp.asarray(ids[None, prefix + 1:]), stream=True)
