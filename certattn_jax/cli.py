@@ -104,6 +104,17 @@ POLICY_FLAGS = {"eps": ("certified",), "key_bits": ("naive", "certified"), "valu
                 "block_size": ("naive", "certified"), "group_size": ("naive", "certified")}
 
 
+def check_demo_args(args: argparse.Namespace) -> None:
+    """ValueError naming a bad demo-only argument, before part 1 runs (they used to fail after it, or be ignored)."""
+    for name in ("needle_new_tokens", "long_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}")
+    if args.skip_comparison:
+        given = [f"--{n.replace('_', '-')}" for n in POLICY_FLAGS if getattr(args, n, None) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set the cache policy of parts 2-3, which --skip-comparison skips")
+
+
 def check_generation_args(args: argparse.Namespace) -> None:
     """ValueError naming the first bad sampling argument, checked before the (slow) model load."""
     if args.max_new_tokens < 1:
@@ -223,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from certattn_jax.demo import run_demo
 
             check_generation_args(args)
+            check_demo_args(args)
             enable_compilation_cache()
             run_demo(args)
         elif args.command == "convert":

@@ -161,6 +161,24 @@ def test_cli_generate_checks_its_arguments_before_loading_the_model(tmp_path, ca
     assert re.search(message, err[0])
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--needle-new-tokens", "0"], "--needle-new-tokens must be an integer >= 1"),
+    (["--long-tokens", "-5"], "--long-tokens must be an integer >= 1"),
+    (["--skip-comparison", "--eps", "0.5"], "--eps set the cache policy of parts 2-3, which --skip-comparison skips"),
+    (["--skip-comparison", "--key-bits", "4", "--value-bits", "2"], "--key-bits, --value-bits set the cache"),
+])
+def test_cli_demo_checks_its_own_arguments_before_part_1(capsys, monkeypatch, extra, message):
+    """The demo's own flags are checked with the generation flags, before the model loads (they failed after part
+    1, or a policy flag with --skip-comparison was ignored)."""
+    def load_model(*_):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(cli, "load_model", load_model)
+    assert cli.main(["demo", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err
+
+
 @pytest.fixture(scope="module")
 def head_dim_16_checkpoint(tmp_path_factory):
     from models.checkpoint import save_checkpoint
