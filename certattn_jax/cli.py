@@ -242,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if Path(args.outdir).exists() and not args.overwrite:  # before the (slow) load of the source
                 raise FileExistsError(f"{args.outdir} exists (pass --overwrite to replace it)")
+            existing = next(p for p in Path(args.outdir).resolve().parents if p.exists())
+            if not (existing.is_dir() and os.access(existing, os.W_OK)):  # also before the load
+                raise ValueError(f"cannot write {args.outdir}: {existing} is not a writable directory")
             path = convert(args.source, args.outdir, dtype=_dtype(args.dtype), overwrite=args.overwrite)
             print(f"wrote {path}")
         elif args.command == "eval":

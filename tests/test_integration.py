@@ -125,6 +125,9 @@ def test_cli_errors_are_clear(tiny_checkpoint, capsys):
     # an existing output directory: a one-line error, not a traceback; --overwrite replaces it
     assert cli.main(["convert", str(tiny_checkpoint), str(tiny_checkpoint)]) == 2
     assert "--overwrite" in capsys.readouterr().err
+    # an output under a file: named before the source loads
+    assert cli.main(["convert", "no-such-source", str(tiny_checkpoint / "config.json" / "out")]) == 2
+    assert "is not a writable directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra, message", [
