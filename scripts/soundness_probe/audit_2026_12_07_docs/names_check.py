@@ -1,6 +1,7 @@
 """Check names the docs mention as public API: existence + signatures (README.md, docs/architecture.md, docs/evaluation.md)."""
-import inspect
 import importlib
+import inspect
+
 
 def show(path):
     mod, _, attr = path.rpartition(".")
@@ -97,16 +98,23 @@ pallas_kernels.backend.offsets_fit
 for n in names.split():
     show(n)
 
-from certattn_jax import CertPolicy
 import dataclasses
+
+from certattn_jax import CertPolicy
+
 print("CertPolicy fields:", [ (f.name, f.default) for f in dataclasses.fields(CertPolicy)])
 from certattn_jax.model_cache import CACHE_MODES
+
 print("CACHE_MODES =", CACHE_MODES)
 from models.generate import GenerationOutput
+
 print("GenerationOutput fields:", [f.name for f in dataclasses.fields(GenerationOutput)] if dataclasses.is_dataclass(GenerationOutput) else dir(GenerationOutput))
 from certattn_jax.certificate import Certificate
+
 print("Certificate fields:", [f.name for f in dataclasses.fields(Certificate)])
 import models.llama as L
+
 print("BRIDGE_SCHEDULES", L.BRIDGE_SCHEDULES)
 from certattn_jax import model_cache as mc
+
 print("SCHEDULES", getattr(mc, "SCHEDULES", None))

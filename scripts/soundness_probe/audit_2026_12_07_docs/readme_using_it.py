@@ -1,3 +1,4 @@
+# ruff: noqa  (the README snippet is kept verbatim, as a user would paste it)
 import jax.numpy as jnp
 from models import load_pretrained
 from models.generate import generate
