@@ -647,7 +647,7 @@ def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = N
     """The cache of a LLaMA-like `config` (num_layers, num_heads, num_kv_heads, head_dim) in `mode`;
     `schedule` see TieredModelCache ("auto" is resolved here with the model's layer size: `resolve_schedule`)."""
     context = getattr(config, "max_position_embeddings", None)
-    block = (policy or CertPolicy()).block_size
+    block = policy.block_size if isinstance(policy, CertPolicy) else CertPolicy().block_size  # others: named later
     if mode != "dense" and context is not None and block > context:  # a block could never fill; its capacity
         # rounding alone would allocate a cache of `block` tokens per sequence (a 2**20 block: killed for memory)
         raise ValueError(f"the policy's block size {block} exceeds the model's context of {context} tokens: "
