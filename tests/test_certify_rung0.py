@@ -398,8 +398,8 @@ def test_the_certify_kernel_reads_a_models_hot_ids_in_place():
 
 def test_the_stacked_hot_ids_kernel_lowers_to_triton(monkeypatch):
     """The in-place read of the stacked hot ids (a leading layer axis of 3: not a power of two) lowers to Triton."""
+    q, view, policy = _model_layer_view()  # built first: with the token-write kernel forced on it runs eagerly
     monkeypatch.setenv("CERTATTN_PALLAS_INTERPRET", "0")
-    q, view, policy = _model_layer_view()
     allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
     f = jax.jit(functools.partial(step.rung0_fused))
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=allow)(q, view, policy).mlir_module()
