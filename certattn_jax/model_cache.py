@@ -650,8 +650,9 @@ def cache_spec(mode: str, config: Any, dtype: Any, policy: CertPolicy | None = N
     block = policy.block_size if isinstance(policy, CertPolicy) else CertPolicy().block_size  # others: named later
     if mode != "dense" and context is not None and block > context:  # a block could never fill; its capacity
         # rounding alone would allocate a cache of `block` tokens per sequence (a 2**20 block: killed for memory)
+        most = 1 << (max(context, 1).bit_length() - 1)  # the largest power of two within the context
         raise ValueError(f"the policy's block size {block} exceeds the model's context of {context} tokens: "
-                         f"choose a block size of at most {1 << (context.bit_length() - 1)} (e.g. the default 64)")
+                         f"choose a block size of at most {most} (e.g. {min(64, most)})")
     if schedule == "auto" and hasattr(config, "intermediate_size"):  # resolved with the model's layer size
         schedule = resolve_schedule(schedule, layer_weight_bytes(config, dtype))
     return CacheSpec(mode=mode, num_layers=config.num_layers, num_q_heads=config.num_heads,
