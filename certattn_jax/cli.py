@@ -144,7 +144,8 @@ def check_output_file(path: str, flag: str = "--certificates", example: str = "c
             raise ValueError(f"{flag} {path}: cannot create its directory ({e.strerror})") from None
     if not parent.is_dir():
         raise ValueError(f"{flag} {path}: its directory does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+    # an existing file is truncated in place (its directory's permission does not matter: e.g. /dev/null)
+    if not os.access(p, os.W_OK) if p.exists() else not os.access(parent, os.W_OK):
         raise ValueError(f"{flag} {path}: not writable")
 
 

@@ -117,9 +117,10 @@ def run_demo(args: argparse.Namespace) -> None:
     # built first so that a bad needle option fails before part 1 runs
     needle = None if args.skip_comparison else build_needle_prompt(tok, fmt, args.long_tokens, seed, depth)
     context = pretrained.config.max_position_embeddings
-    if needle is not None and len(needle.ids) + args.needle_new_tokens > context:
+    answer = getattr(args, "needle_new_tokens", 24)
+    if needle is not None and len(needle.ids) + answer > context:
         raise ValueError(f"--long-tokens {args.long_tokens}: part 2's prompt ({len(needle.ids)} tokens) and its "
-                         f"{args.needle_new_tokens} answer tokens exceed the model's context of {context} tokens")
+                         f"{answer} answer tokens exceed the model's context of {context} tokens")
 
     print("=== 1. Chat generation (dense cache) ===")
     prompt = args.prompt or DEFAULT_CHAT_PROMPT

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 
-_SWITCH = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False, "auto": None, "": None}
+_SWITCH = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False,
+           "auto": None, "": None}
 
 
 def switch_from_env(name: str) -> bool | None:
     """A three-way switch: 1/true/on -> True, 0/false/off -> False, auto or unset -> None (the code decides)."""
     raw = os.environ.get(name, "auto").strip().lower()
     if raw not in _SWITCH:
-        raise ValueError(f"{name}={raw!r}: expected 1, 0 or auto")
+        raise ValueError(f"{name}={raw!r}: expected 1 (on, true, yes), 0 (off, false, no) or auto")
     return _SWITCH[raw]
 
 

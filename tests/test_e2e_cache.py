@@ -978,8 +978,9 @@ def test_an_optional_size_from_the_environment_is_checked_by_name(monkeypatch, r
         assert model_cache.positive_int_from_env("CERTATTN_SOME_SIZE", 0, minimum=0) == want
 
 
-@pytest.mark.parametrize("raw, want", [("1", True), ("on", True), ("0", False), ("off", False), ("false", False),
-                                       ("auto", None), ("", None), ("bogus", "error")])
+@pytest.mark.parametrize("raw, want", [("1", True), ("on", True), ("yes", True), ("0", False), ("off", False),
+                                       ("false", False), ("no", False), ("auto", None), ("", None),
+                                       ("bogus", "error")])
 def test_the_interpret_switch_reads_off_as_off(monkeypatch, raw, want):
     """CERTATTN_PALLAS_INTERPRET=off used to turn interpret mode ON (anything but 0/false/no did): it reads as every
     other switch now, and an unknown value is named."""

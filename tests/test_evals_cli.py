@@ -94,19 +94,32 @@ def test_eval_cli_checks_outputs_and_limits_before_the_run(tmp_path, capsys, mon
              (["--seed", "-1"], "--seed"), (["--capacity", "0"], "--capacity"), (["--lengths", "abc"], "--lengths"),
              (["--depths", "12.5"], "--depths"), (["--sweep-tau", "x"], "--sweep-tau")]
     for extra, flag in early:
-        assert cli.main(["eval", "ruler", "--out", str(tmp_path / "r.json"), *extra]) == 2, extra
+        assert cli.main(["eval", "ppl", "--out", str(tmp_path / "r.json"), *extra]) == 2, extra
         err = capsys.readouterr().err
         assert flag in err and "Traceback" not in err, (extra, err)
 
-    config = types.SimpleNamespace(max_position_embeddings=512, num_layers=2, vocab_size=100)
+    config = types.SimpleNamespace(max_position_embeddings=500, num_layers=2, vocab_size=100)
     monkeypatch.setattr(cli, "load_model", lambda *a: types.SimpleNamespace(params={}, config=config,
                                                                              tokenizer=object()))
-    late = [(["--lengths", "1024"], "exceeds the model's context of 512"),
-            (["--lengths", "256", "--prefill-chunk", "100000"], "--prefill-chunk"),
-            (["--lengths", "256", "--capacity", "4096"], "--capacity")]
+    late = [(["--lengths", "1024"], "exceeds the model's context of 500"),
+            (["--lengths", "256", "--prefill-chunk", "100000"], "--prefill-chunk 100000 exceeds"),
+            (["--lengths", "256", "--capacity", "4096"], "--capacity 4096 exceeds")]
     for extra, words in late:
         assert cli.main(["eval", "ppl", "--out", str(tmp_path / "p.json"), *extra]) == 2, extra
         assert words in capsys.readouterr().err, extra
+    # accepted (they fail later, on the fake model's empty params): the whole context with a chunk it is no
+    # multiple of (500 rounded up to 512: positions never pass 500), and a negative seed for the string-seeded jobs
+    from certattn_jax.evals import session
+
+    def reached(*a, **k):
+        raise ValueError("the arguments passed")
+
+    monkeypatch.setattr(session, "Session", reached)
+    for job, extra in (("ppl", ["--lengths", "500"]), ("ruler", ["--lengths", "256", "--seed", "-1"])):
+        assert cli.main(["eval", job, "--out", str(tmp_path / "q.json"), *extra]) == 2
+        assert "the arguments passed" in capsys.readouterr().err, job
+    assert cli.main(["eval", "ppl", "--out", str(tmp_path / "q.json"), "--lengths", "256", "--seed", "-1"]) == 2
+    assert "--seed must lie in [0," in capsys.readouterr().err  # its windows are drawn by numpy
 
 
 @pytest.mark.slow

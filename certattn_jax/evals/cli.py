@@ -28,7 +28,8 @@ def _floats(s: str, flag: str = "") -> list[float]:
         raise ValueError(f"{flag} takes comma-separated numbers, got {s!r}") from None
 
 
-SEED_RANGE = (0, 2**63 - 1)  # as `generate --seed` (models.sampling.key_from_seed takes 64 bits)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # as `generate --seed`; jobs drawing windows with numpy need >= 0
+STRING_SEEDED_JOBS = ("ruler", "niah")  # their samples are seeded by a string (`ruler.generate_samples`)
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -117,8 +118,9 @@ def build(args: argparse.Namespace):
                          f"{args.max_new_tokens}")
     if args.capacity is not None and args.capacity < 1:
         raise ValueError(f"--capacity must be >= 1 (leave it out for the largest length), got {args.capacity}")
-    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
-        raise ValueError(f"--seed must lie in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {args.seed}")
+    low = SEED_RANGE[0] if args.job in STRING_SEEDED_JOBS else 0
+    if not low <= args.seed <= SEED_RANGE[1]:
+        raise ValueError(f"--seed must lie in [{low}, {SEED_RANGE[1]}] for the {args.job} job, got {args.seed}")
     sweeps = ([dict(eps=e) for e in _floats(args.sweep_eps, "--sweep-eps")]
               + [dict(tau_cov=t) for t in _floats(args.sweep_tau, "--sweep-tau")])
     for sweep in sweeps:  # a bad swept value fails now, not after the runs before it
@@ -149,10 +151,12 @@ def build(args: argparse.Namespace):
     capacity = args.capacity or -(-max(lengths) // chunk) * chunk
     if capacity < max(lengths):
         raise ValueError(f"--capacity {capacity} is smaller than the largest length {max(lengths)}")
-    if args.job != "memory" and capacity > max(context, max(lengths)):  # e.g. a huge --prefill-chunk rounding up
-        raise ValueError(f"the cache capacity {capacity} (--capacity, or the largest length rounded up to "
-                         f"--prefill-chunk {chunk}) exceeds the model's context of {context} tokens: lower "
-                         f"{'--capacity' if args.capacity else '--prefill-chunk'}")
+    # a chunk past the context asked for a cache of that many tokens (100000: 721 GB); a length rounded up to the
+    # chunk may pass the context by less than a chunk (positions never pass the largest length)
+    if args.job != "memory" and chunk > context:
+        raise ValueError(f"--prefill-chunk {chunk} exceeds the model's context of {context} tokens")
+    if args.job != "memory" and args.capacity and args.capacity > max(context, max(lengths)):
+        raise ValueError(f"--capacity {args.capacity} exceeds the model's context of {context} tokens")
     log = open(args.audit_log, "w") if args.audit_log else None  # noqa: SIM115 - closed in run_eval
     session = Session(params, config, pre.tokenizer, capacity, chunk, audit=not args.no_audit, audit_log=log)
     cfg = EvalConfig(modes=[Mode(m, m, policy) for m in modes_named], policy=policy, lengths=lengths,
