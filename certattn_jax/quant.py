@@ -186,18 +186,17 @@ def dequantize_keys(packed: jax.Array, scale: jax.Array, zero: jax.Array, bits: 
 def check_group_size(head_dim: int, group: int) -> None:
     """ValueError, naming the fix, where the value group size does not divide head_dim."""
     if head_dim % group:
+        if head_dim % 2:
+            raise ValueError(f"head_dim {head_dim} is odd: the INT4 / INT2 value codes pack two or four channels per "
+                             f"byte, so no value group size fits this model")
         raise ValueError(f"head_dim {head_dim} must be a multiple of the value group size {group}: pass "
                          f"CertPolicy(group_size=...) with a divisor of {head_dim}, e.g. "
                          f"{suggested_group_size(head_dim, group)}")
 
 
 def suggested_group_size(head_dim: int, group: int) -> int:
-    """A value group size to suggest for head_dim: gcd(head_dim, group) where it is a valid size (>= 2), else the
-    smallest divisor of head_dim that is (head_dim itself for a prime)."""
-    common = math.gcd(head_dim, group)
-    if common >= 2:
-        return common
-    return next(g for g in range(2, head_dim + 1) if head_dim % g == 0) if head_dim >= 2 else group
+    """A value group size to suggest for an even head_dim: gcd(head_dim, group), a valid size (>= 2) there."""
+    return max(math.gcd(head_dim, group), 2)
 
 
 def quantize_values(v: jax.Array, group: int, bits: int, packing: str | None = None,

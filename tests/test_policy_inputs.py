@@ -93,6 +93,10 @@ def test_a_head_dim_the_group_size_does_not_divide_names_the_fix():
     # the suggestion is a size the policy takes (>= 2), also where gcd(head_dim, group) is 1
     from certattn_jax.quant import suggested_group_size
 
-    assert [suggested_group_size(h, g) for h, g in ((80, 32), (9, 4), (7, 2), (45, 32))] == [16, 3, 7, 3]
-    for h, g in ((9, 4), (7, 2), (45, 32)):
-        CertPolicy(group_size=suggested_group_size(h, g))
+    assert [suggested_group_size(h, g) for h, g in ((80, 32), (48, 32), (6, 4), (10, 4))] == [16, 16, 2, 2]
+    for h, g in ((6, 4), (10, 4)):  # the suggestion builds a cache
+        kk = jnp.ones((1, 20, 1, h), jnp.float32)
+        TieredKVCache.from_dense(kk, kk, policy=CertPolicy(group_size=suggested_group_size(h, g)), capacity=64)
+    k9 = jnp.ones((1, 20, 1, 9), jnp.float32)  # an odd head_dim: no group size fits, and the error says so
+    with pytest.raises(ValueError, match="head_dim 9 is odd"):
+        TieredKVCache.from_dense(k9, k9, policy=CertPolicy(group_size=4), capacity=64)
