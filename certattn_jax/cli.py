@@ -178,12 +178,8 @@ def check_head_dim(config: Any, policy: Any) -> None:
     """ValueError pointing at --group-size where the model's head_dim is no multiple of the value group size."""
     from certattn_jax import quant
 
-    if policy is not None and config.head_dim % policy.group_size:
-        if config.head_dim % 2:  # no group size fits: the library's own message says why
-            quant.check_group_size(config.head_dim, policy.group_size)
-        raise ValueError(f"this model's head_dim {config.head_dim} is not a multiple of the value group size "
-                         f"{policy.group_size}: pass --group-size (a divisor of {config.head_dim}, e.g. "
-                         f"{quant.suggested_group_size(config.head_dim, policy.group_size)})")
+    if policy is not None:
+        quant.check_group_size(config.head_dim, policy.group_size, fix="--group-size")
 
 
 def _cmd_generate(args: argparse.Namespace) -> None:

@@ -183,15 +183,15 @@ def dequantize_keys(packed: jax.Array, scale: jax.Array, zero: jax.Array, bits: 
     return dequantize(unpack(packed, bits), scale, zero, axis=-2)
 
 
-def check_group_size(head_dim: int, group: int) -> None:
-    """ValueError, naming the fix, where the value group size does not divide head_dim."""
+def check_group_size(head_dim: int, group: int, fix: str = "CertPolicy(group_size=...)") -> None:
+    """ValueError, naming the fix (`fix`: how the caller sets the group size), where the value group size does not
+    divide head_dim."""
     if head_dim % group:
         if head_dim % 2:
             raise ValueError(f"head_dim {head_dim} is odd: the INT4 / INT2 value codes pack two or four channels per "
                              f"byte, so no value group size fits this model")
         raise ValueError(f"head_dim {head_dim} must be a multiple of the value group size {group}: pass "
-                         f"CertPolicy(group_size=...) with a divisor of {head_dim}, e.g. "
-                         f"{suggested_group_size(head_dim, group)}")
+                         f"{fix} with a divisor of {head_dim}, e.g. {suggested_group_size(head_dim, group)}")
 
 
 def suggested_group_size(head_dim: int, group: int) -> int:

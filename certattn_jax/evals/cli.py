@@ -155,7 +155,7 @@ def build(args: argparse.Namespace):
     # chunk may pass the context by less than a chunk (positions never pass the largest length)
     if args.job != "memory" and chunk > context:
         raise ValueError(f"--prefill-chunk {chunk} exceeds the model's context of {context} tokens")
-    if args.job != "memory" and args.capacity and args.capacity > max(context, max(lengths)):
+    if args.job != "memory" and args.capacity is not None and args.capacity > context:
         raise ValueError(f"--capacity {args.capacity} exceeds the model's context of {context} tokens")
     log = open(args.audit_log, "w") if args.audit_log else None  # noqa: SIM115 - closed in run_eval
     session = Session(params, config, pre.tokenizer, capacity, chunk, audit=not args.no_audit, audit_log=log)

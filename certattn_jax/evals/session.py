@@ -67,7 +67,6 @@ class Session:
             raise ValueError(f"token ids outside [0, {vocab}): the tokenizer does not match the model's vocabulary")
 
     def _start(self, mode: Mode, ids: np.ndarray, extra: int):
-        self._check_ids(ids)
         if len(ids) + extra > self.capacity:
             raise ValueError(f"{len(ids)} prompt tokens + {extra} decode steps exceed the session's cache "
                              f"capacity {self.capacity}; raise --capacity")
@@ -87,7 +86,7 @@ class Session:
         ids = np.asarray(ids, np.int32)
         if not 0 < prefix < len(ids) - 1:
             raise ValueError(f"need 0 < prefix < len(ids) - 1, got prefix {prefix} for {len(ids)} tokens")
-        self._check_ids(ids)  # the teacher-forced targets too
+        self._check_ids(ids)  # the prompt and the teacher-forced targets
         cache, _ = self._start(mode, ids[:prefix], len(ids) - prefix)
         nll, ok, cache = decode.teacher_forced(self.params, self.config, cache, jnp.asarray(ids[None, prefix:-1]),
                                                jnp.asarray(ids[None, prefix + 1:]), stream=True)
@@ -103,6 +102,7 @@ class Session:
     def generate(self, mode: Mode, ids: Sequence[int], num_steps: int, stop_ids: Sequence[int] = ()) -> list[int]:
         """Greedy continuation of ids: num_steps tokens (cut before the first stop id)."""
         ids = np.asarray(ids, np.int32)
+        self._check_ids(ids)
         cache, logits = self._start(mode, ids, num_steps)
         toks, cache = decode.greedy(self.params, self.config, cache, logits, num_steps, stream=True)
         toks = np.asarray(toks[0]).tolist()
