@@ -413,7 +413,7 @@ class BridgedDecode:
                     _DEFERRED[self.full_sig] = build_whole
 
         # keyed by the first pass's form too (CERTATTN_FIRST_PASS_UNROLLED "1": unrolled from the first step)
-        passes_sig = _signature("first_passes", config, greedy, record, (loop, first_pass_mode() == "1"), options,
+        passes_sig = _signature("first_passes", config, greedy, record, (loop, first_pass_mode(params) == "1"), options,
                                 run_args)
         if passes_sig not in _BRIDGE_COMPILED:
             passes_fn = functools.partial(bridge_first_passes, config=config, greedy=greedy, record=record)
@@ -424,7 +424,7 @@ class BridgedDecode:
         self.first_passes = _BRIDGE_COMPILED[passes_sig]
         # CERTATTN_FIRST_PASS_UNROLLED=background: the unrolled first passes compile after the whole program, in
         # the background, and replace the looped ones once ready (a failed build only keeps the looped ones)
-        if first_pass_mode() == "background" and background:
+        if first_pass_mode(params) == "background" and background:
             self.upgrade_sig = _signature("first_passes_unrolled", config, greedy, record, loop, options, run_args)
             unrolled_fn = functools.partial(bridge_first_passes, config=config, greedy=greedy, record=record,
                                             unrolled=True)

@@ -264,7 +264,11 @@ def has_rung0_first_pass(cache: Any) -> bool:
 
 # How the decode bridge's rung-0 first pass (`decode_first_pass(..., rung0=True)`) runs its layers for a schedule
 # whose own pass loops over them, CERTATTN_FIRST_PASS_UNROLLED:
-#   "0" (auto, the default): in a loop over layers (compiled once);
+#   "auto" (the default): "background" where the looped pass would hold a per-layer switch for the weights (large
+#     layers on a GPU without the stacked-weight kernel: 8B-sized, 33 host round trips per step looped, 1 unrolled;
+#     thirty-third session, H100: 103.7 against 101.5 tokens/s at 8B 8K), else "0" (small layers read stacked
+#     weights in the loop: SmolLM2 4K unrolled was 21 % slower);
+#   "0": in a loop over layers (compiled once);
 #   "1": unrolled (straight-line code: each layer's weights and cache read in place at a constant index, no loop
 #     over layers), from the first step: decoding waits for its compile;
 #   "background": looped until the unrolled pass has compiled in the background, then unrolled
@@ -277,9 +281,21 @@ FIRST_PASS_CHOICES = ("auto", "0", "1", "background")
 _FIRST_PASS_UNROLLED = choice_from_env("CERTATTN_FIRST_PASS_UNROLLED", FIRST_PASS_CHOICES, "auto")
 
 
-def first_pass_mode() -> str:
-    """CERTATTN_FIRST_PASS_UNROLLED resolved: "0" (looped), "1" (unrolled) or "background"."""
-    return "0" if _FIRST_PASS_UNROLLED == "auto" else _FIRST_PASS_UNROLLED
+def first_pass_mode(params: Params | None = None) -> str:
+    """CERTATTN_FIRST_PASS_UNROLLED resolved for these params: "0" (looped), "1" (unrolled) or "background".
+    "auto" is "background" where the looped pass would switch per layer to reach the weights
+    (`loops_switch_weights`), else "0"; without params, "auto" is "0"."""
+    if _FIRST_PASS_UNROLLED != "auto":
+        return _FIRST_PASS_UNROLLED
+    return "background" if params is not None and loops_switch_weights(params) else "0"
+
+
+def loops_switch_weights(params: Params) -> bool:
+    """Whether a rung-0 first pass in a loop over layers reaches each layer's weights through a per-layer
+    `lax.switch` (a host round trip per layer on a GPU): large layers on a GPU, unless the stacked-weight kernel
+    reads them in place (CERTATTN_LOOPED_WEIGHTS=kernel). See `_layers_looped_stacked`."""
+    return (jax.default_backend() == "gpu" and not _small_layers(params)
+            and _weights_mode(params) != "kernel")
 
 
 def first_pass_unrolled() -> bool:

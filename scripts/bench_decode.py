@@ -101,7 +101,7 @@ def weight_bytes(params) -> int:
     return total + head.size * head.dtype.itemsize
 
 
-PREFILL_CHUNK = 1024  # as scripts/bench_generate.py
+PREFILL_CHUNK = 1024  # as scripts/bench_generate.py (--prefill-chunk: at 128K a chunk's float32 scores are 17 GB)
 
 
 def make_step_loop(config: LlamaConfig, steps: int):
@@ -124,7 +124,8 @@ def make_step_loop(config: LlamaConfig, steps: int):
 KV_KINDS = ("gaussian", "prefill")
 
 
-def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian", params=None):
+def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian", params=None,
+                prefill_chunk=PREFILL_CHUNK):
     """A cache of capacity `context` holding `context` - room tokens (room for the timed steps).
 
     kv "gaussian": keys and values drawn N(0, 1) for every layer (fast to build; attention over them is diffuse,
@@ -141,7 +142,7 @@ def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian",
         prompts = [rng.integers(0, config.vocab_size, context - room).tolist() for _ in range(batch)]
         factory = "dense" if mode == "dense" else cache_spec(mode, config, jnp.bfloat16, policy)
         cache, _ = prefill(params, config, prompts, context, cache_factory=factory, policy=policy,
-                           prefill_chunk=PREFILL_CHUNK)
+                           prefill_chunk=prefill_chunk)
         return cache.replace(attn_impl=impl) if mode == "dense" else cache
     key = jax.random.key(batch * 7 + context)
     shape = (batch, config.num_kv_heads, context, config.head_dim)
@@ -156,12 +157,12 @@ def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian",
 
 
 def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode="dense", policy=None,
-              soak_steps=0, kv="gaussian"):
+              soak_steps=0, kv="gaussian", prefill_chunk=PREFILL_CHUNK):
     room = (reps + 2) * steps + 1 + soak_steps + steps
     if room >= context:
         raise ValueError(f"context {context} leaves no room for {room} decode steps")
     t0 = time.perf_counter()
-    cache = build_cache(config, batch, context, mode, impl, room, policy, kv, params)
+    cache = build_cache(config, batch, context, mode, impl, room, policy, kv, params, prefill_chunk)
     jax.block_until_ready(cache)
     build_s = time.perf_counter() - t0
     mem = memory_report(cache)
@@ -195,19 +196,26 @@ def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode=
         soak = dict(steps=done, bytes_in_use_first=in_use[0], bytes_in_use_last=in_use[-1],
                     bytes_in_use_max=max(x or 0 for x in in_use), compiled_programs=loop._cache_size())
     step_s = statistics.median(times)
+    # steps the whole ladder answered (the second pass) out of every step this cache ran, first call included
+    slow = None
+    if mode == "certified":
+        ran = (reps + 1) * steps + (soak["steps"] if soak else 0)
+        slow = dict(slow_steps=int(cache.slow_steps), steps=ran, schedule=cache.schedule,
+                    looped_weights=llama.looped_weights(params))
     wb = weight_bytes(params)
     kvb = 2 * config.num_layers * batch * config.num_kv_heads * context * config.head_dim * 2
     read_b = wb + (kvb if mode == "dense" else mem["tier1_device_bytes"])
     floor_s = read_b / bw
     stats = dev.memory_stats() or {}
-    row = dict(model=name, cache=mode, kv=kv, batch=batch, context=context, attn_impl=impl, steps_per_call=steps,
+    row = dict(model=name, cache=mode, kv=kv, prefill_chunk=prefill_chunk if kv == "prefill" else None,
+               batch=batch, context=context, attn_impl=impl, steps_per_call=steps,
                cache_build_s=build_s,
                step_ms=step_s * 1e3, step_ms_all=[t * 1e3 for t in times], tokens_per_s=batch / step_s,
                weight_bytes=wb, kv_bytes=kvb, tier1_device_bytes=mem["tier1_device_bytes"],
                tier2_host_bytes=mem["tier2_host_bytes"], floor_ms=floor_s * 1e3, ratio_to_floor=step_s / floor_s,
                compile_plus_first_call_s=compile_s, peak_device_bytes=stats.get("peak_bytes_in_use"),
                rung_histogram=[int(x) for x in hist] if mode == "certified" else None,
-               tier1=policy.tier1 if policy else None, soak=soak)
+               tier1=policy.tier1 if policy else None, soak=soak, second_pass=slow)
     del cache
     return row
 
@@ -225,6 +233,7 @@ def main() -> None:
     ap.add_argument("--tier1", choices=("jnp", "pallas"), default="pallas", help="the certified tier-1 pass")
     ap.add_argument("--kv", default="gaussian", help="comma list of what fills the cache: gaussian (random K/V)"
                     " and/or prefill (the model's own prefill of random tokens: the fast pass, not the ladder)")
+    ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="tokens per prefill call (--kv prefill)")
     ap.add_argument("--soak-steps", type=int, default=0, help="then this many more steps, memory recorded")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes (CPU check of the script)")
@@ -251,7 +260,7 @@ def main() -> None:
                     for impl in args.impls.split(",") if mode == "dense" else ["einsum"]:
                         try:
                             row = bench_one(name, config, params, batch, context, impl, args.steps, args.reps, bw,
-                                            mode, policy, args.soak_steps, kv)
+                                            mode, policy, args.soak_steps, kv, args.prefill_chunk)
                         except Exception as e:  # noqa: BLE001 - e.g. a batch that does not fit: recorded
                             errors.append(dict(model=name, cache=mode, kv=kv, batch=batch, context=context,
                                                attn_impl=impl, error=f"{type(e).__name__}: {e}"[:600]))

@@ -258,7 +258,7 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             # CERTATTN_DECODE_BRIDGE_STEADY)
             "bridge_round_trips_per_step": bridge_trips,
             "decode_bridge_steady": gen.BRIDGE_STEADY,
-            "first_pass_unrolled": llama.first_pass_mode(),  # "0" looped, "1" unrolled, "background"
+            "first_pass_unrolled": llama.first_pass_mode(params),  # "0" looped, "1" unrolled, "background"
             "unrolled_compile_s": round(build_s["unrolled_ready_at"] - build_s["started_at"], 3)
             if bridged and "unrolled_ready_at" in build_s else None,
             "unrolled_build_s": round(build_s["unrolled_lower_s"] + build_s["unrolled_xla_compile_s"], 3)

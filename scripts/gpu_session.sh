@@ -51,6 +51,28 @@ for s in "$@"; do
         step rg_old_$i 70 "cd .carry_old && PYTHONPATH=. $S4 --caches certified --out $W/rg_4k_old_$i.json"
         step rg_gen_$i 70 "CERTATTN_RUNG0_SINGLE_CHUNK=0 $S4 --caches certified --out $W/rg_4k_gen_$i.json"
       done ;;
+    bisect4k)  # thirty-fourth session: if regress4k puts the 4K regression between 7f75265 and this tree, which half:
+      # .carry_mid1 = 3003303 (after the single-chunk form and the unrolled bridge, before the soundness and bad-input
+      # changes), .carry_mid2 = 19faaea (after them, before the lifecycle/sampling audits' fixes); alternated
+      S4="${B/--timeout 150/--timeout 75} --new-tokens 64 --models smollm2 --prompts 4096"
+      for i in 1 2; do
+        step bi_new_$i 70 "$S4 --caches certified --out $W/bi_4k_new_$i.json"
+        step bi_mid1_$i 70 "cd .carry_mid1 && PYTHONPATH=. $S4 --caches certified --out $W/bi_4k_mid1_$i.json"
+        step bi_mid2_$i 70 "cd .carry_mid2 && PYTHONPATH=. $S4 --caches certified --out $W/bi_4k_mid2_$i.json"
+      done ;;
+    ab8b_unroll)  # thirty-fourth session: FIRST_PASS_UNROLLED=auto is "background" for 8B-sized layers (33 host round
+      # trips per step looped, 1 unrolled); alternated against the looped pass ("0"), dense in the call
+      S8="${B/--timeout 150/--timeout 85} --models llama3.1-8b --prompts 8192"
+      step u8_dense 80 "$S8 --caches dense --out $W/u8_dense.json"
+      for i in 1 2; do
+        step u8_auto_$i 85 "$S8 --caches certified --out $W/u8_auto_$i.json"
+        step u8_loop_$i 85 "CERTATTN_FIRST_PASS_UNROLLED=0 $S8 --caches certified --out $W/u8_loop_$i.json"
+      done ;;
+    dec128p)  # thirty-fourth session: issue 8's 8B 128K decode row with model-made K/V (the product's prefill: every
+      # head-step at rung 0 or 1, unlike the Gaussian K/V's ladder), dense and certified each in its own process
+      for c in dense certified; do
+        step dec128p_$c 270 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches $c --impls einsum --kv prefill --prefill-chunk 512 --steps 16 --reps 3 --out $W/dec128p_$c.json"
+      done ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;

@@ -1256,6 +1256,26 @@ def test_the_unrolled_first_pass_holds_no_loop_over_layers(params, schedule, mon
     assert loops(True) == 0
 
 
+def test_auto_unrolls_the_first_pass_only_where_the_loop_would_switch_per_layer(params, monkeypatch):
+    """CERTATTN_FIRST_PASS_UNROLLED=auto: "background" (the unrolled first pass built beside the looped one) for
+    large layers on a GPU, whose looped pass reaches each layer's weights through a switch (a host round trip per
+    layer); "0" for small layers (stacked weights read in the loop), with the stacked-weight kernel, on the CPU, and
+    without params."""
+    monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", "auto")
+    assert llama.first_pass_mode(params) == "0"  # the CPU
+    assert llama.first_pass_mode() == "0"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(llama.pallas_backend, "interpret", lambda: False)
+    small = llama._nbytes(params["layers"][0]) + 1
+    for weights, below, mode in [("auto", {"gpu": small}, "0"), ("auto", {"gpu": 1}, "background"),
+                                 ("stacked", {"gpu": 1}, "background"), ("kernel", {"gpu": 1}, "0")]:
+        monkeypatch.setattr(llama, "_LOOPED_WEIGHTS", weights)
+        monkeypatch.setattr(llama, "COPY_WEIGHTS_BELOW_BYTES", below)
+        assert llama.first_pass_mode(params) == mode, (weights, below)
+    monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", "0")
+    assert llama.first_pass_mode(params) == "0"  # an explicit choice stands
+
+
 @pytest.mark.xdist_group("layer-schedules")
 @pytest.mark.parametrize("schedule,eps,steady,background,unrolled", [
     ("looped", 0.05, False, True, "0"), ("adaptive", 0.05, False, True, "0"), ("two-pass", 0.05, False, True, "0"),
