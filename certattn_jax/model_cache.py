@@ -28,6 +28,7 @@ under one outer lax.cond.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,12 +44,13 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer
+from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer, conversion_layout
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import positive_int_from_env
 from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
 from certattn_jax.policy import CertPolicy
+from certattn_jax.validate import is_integer
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
@@ -244,6 +246,26 @@ class TieredModelCache:
         without compiling again (`cache.replace(policy=...)` with Python floats would compile once more)."""
         self.store.check_policy(policy)
         return self.replace(policy=owned_policy(policy))
+
+    def with_sequences(self, start: int, part: TieredModelCache) -> TieredModelCache:
+        """This cache with sequences [start, start + n) replaced by `part`'s n sequences (a cache of the same mode,
+        policy layout, layers, heads, capacity and dtype, e.g. a few prompts prefilled and converted on their own):
+        every layer's tier 1, hot set, residual, statistics and certificates, tier 2 in host memory, and the lengths.
+        Eager; this cache is donated (consumed) and the result is written in place, so a batch can be built a few
+        sequences at a time without a dense staging cache for the whole batch (`models.generate.prefill`'s
+        `staging_batch`). The step counters (`rung0_streak`, `slow_steps`) and the tolerances stay this cache's."""
+        if not isinstance(part, TieredModelCache):
+            raise TypeError(f"with_sequences takes a TieredModelCache, got {type(part).__name__}")
+        mine, theirs = _sequence_layout(self), _sequence_layout(part)
+        if mine[1:] != theirs[1:]:
+            raise ValueError(f"with_sequences: the part's layout {theirs[1:]} differs from this cache's {mine[1:]} "
+                             "(mode, schedule, layers, KV heads, query heads, blocks, block size, head_dim, dtype, "
+                             "policy layout)")
+        B, n = mine[0], theirs[0]
+        if not is_integer(start) or not 0 <= start <= B - n:
+            raise ValueError(f"with_sequences: start {start!r} with {n} sequences does not fit a batch of {B}")
+        tiers.check_on_host(self.store.host_k, self.store.host_v, part.store.host_k, part.store.host_v)
+        return _put_sequences(self, part, jnp.int32(start))
 
     def with_tier2_on_host(self) -> TieredModelCache:
         """This cache with tier 2 moved back to host memory (after pickle, device_get/device_put or a generic
@@ -474,6 +496,27 @@ class TieredModelCache:
 _STREAK_CAP = 1 << 30
 # what a decode step's rung-0 first pass changes in the store besides the token's residual row (`undo_step`)
 UNDONE_STORE_FIELDS = ("lengths", "v_min", "v_max", "v_norm_max", "value_stats", "nonfinite", "hot_used")
+
+
+def _sequence_layout(c: TieredModelCache) -> tuple:
+    """(batch, then what two caches must share for one to take the other's sequences)."""
+    s = c.store
+    return (s.batch, c.mode, c.schedule, c.num_layers, s.num_kv_heads, c.num_q_heads, s.num_blocks, s.block_size,
+            s.head_dim, jnp.dtype(s.dtype), conversion_layout(c.policy))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _put_sequences(full: TieredModelCache, part: TieredModelCache, start: jax.Array) -> TieredModelCache:
+    """full with part's sequences written at batch index `start` (axis 1 of the stacked store and certificates,
+    axis 0 of the lengths); tier 2 written in host memory."""
+    def put(whole: jax.Array, rows: jax.Array, axis: int) -> jax.Array:
+        return jax.lax.dynamic_update_slice_in_dim(whole, rows.astype(whole.dtype), start, axis)
+
+    s, p = full.store, part.store
+    store = s.replace(**{f: put(getattr(s, f), getattr(p, f), 1) for f in DEVICE_FIELDS},
+                      **{f: put(getattr(s, f), tiers.to_host(getattr(p, f)), 1) for f in ("host_k", "host_v")})
+    return full.replace(store=store, lengths=put(full.lengths, part.lengths, 0),
+                        cert_packed=put(full.cert_packed, part.cert_packed, 1))
 
 
 def _maintenance(store: TieredKVCache) -> tuple[jax.Array, jax.Array]:

@@ -534,7 +534,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
              eos_token_ids: Sequence[int] | None = None, cache_factory: CacheFactory | str | None = None,
              policy: Any = None,
              capacity: int | None = None, prefill_chunk: int = 256, progress: bool = True,
-             record_steps: bool = False) -> GenerationOutput:
+             record_steps: bool = False, staging_batch: int | None = None) -> GenerationOutput:
     """Generate up to max_new_tokens for each prompt (lists of token ids).
 
     temperature 0 means greedy (top_p is then unused); otherwise softmax(logits / temperature) restricted to the
@@ -546,7 +546,8 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     `certattn_jax.model_cache.CacheSpec`. For a mode name or a CacheSpec the prompt is prefilled into a dense
     staging cache and converted once into the mode's cache (tier 2 is never read back during prefill);
     `prefill_seconds` includes that conversion (it is the time to the first token's logits).
-    capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET.
+    capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET. staging_batch (tiered modes): prefill
+    that many prompts at a time (see `prefill`): a batch whose dense K/V would not fit on the device.
     With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
     """
     prompts = _validate_prompts(prompts, config)
@@ -577,7 +578,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     t0 = time.perf_counter()
     cache, last_logits = prefill(params, config, prompts, capacity, cache_factory=cache_factory, policy=policy,
                                  prefill_chunk=prefill_chunk, progress=progress, min_capacity=need,
-                                 check_finite=False)
+                                 check_finite=False, staging_batch=staging_batch)
     prefill_s = time.perf_counter() - t0
 
     # ---- decode, one jit (compiled ahead so that the timing below is the decode alone) ----
@@ -651,12 +652,17 @@ def _validate_eos(eos_token_ids: Any, config: LlamaConfig) -> tuple[int, ...]:
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
             cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
             progress: bool = False, min_capacity: int | None = None,
-            check_finite: bool = False) -> tuple[KVCache, jax.Array]:
+            check_finite: bool = False, staging_batch: int | None = None) -> tuple[KVCache, jax.Array]:
     """Prefill prompts (token-id lists, right-padded into chunks of `prefill_chunk`) into a new cache of
     `capacity`; returns (cache, logits [B, V] at each prompt's last token), both ready (blocked on).
 
     cache_factory as in `generate`. A mode name or CacheSpec prefills into the dense staging cache and converts
     it once (`CacheSpec.from_staging`); another factory's cache prefills through its own `attend`.
+    staging_batch (tiered modes): prefill at most this many prompts at a time in a dense staging cache of their
+    own, each group converted and written into the batch's tiered cache (`TieredModelCache.with_sequences`), so
+    the device holds the batch's tier 1 plus one group's dense K/V instead of the whole batch's dense K/V: a
+    batch larger than a dense cache could hold (tier 1 is 44 % of the dense bytes). None: the whole batch at once.
+    The dense mode's cache is its staging cache: it prefills the batch at once.
     The params are checked against the config and, with check_finite, for NaN / Inf (`check_params`: a read of
     every weight; `generate` checks them before its clock, and the loaders when they read them).
     """
@@ -681,6 +687,11 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
             raise ValueError("the policy's arrays were donated with the cache they came from (e.g. "
                              "`policy=cache.policy` after that cache went through a donating step): pass a CertPolicy "
                              "built anew, or take the policy before donating the cache")
+    if staging_batch is not None and (not is_integer(staging_batch) or staging_batch < 1):
+        raise ValueError(f"staging_batch must be an integer >= 1 (or None), got {staging_batch!r}")
+    if spec is not None and spec.tiered and staging_batch is not None and staging_batch < B:
+        return _prefill_in_groups(params, config, prompts, capacity, spec, policy, prefill_chunk, progress,
+                                  min_capacity, staging_batch)
     cache = spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity)
     if not (hasattr(cache, "lengths") and hasattr(cache, "capacity") and hasattr(cache, "attend")):
         raise TypeError(f"cache_factory({B}, {capacity}) must return a KV cache, got {type(cache).__name__}")
@@ -712,6 +723,27 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     jax.block_until_ready((last_logits, cache))
     if bar is not None:
         bar.close()
+    return cache, last_logits
+
+
+def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[int]], capacity: int,
+                       spec: CacheSpec, policy: Any, prefill_chunk: int, progress: bool, min_capacity: int,
+                       group: int) -> tuple[KVCache, jax.Array]:
+    """`prefill`'s staging_batch: the batch's tiered cache built empty, then `group` prompts at a time prefilled
+    in their own staging cache, converted, and written into it."""
+    cache = commit_arrays(spec(len(prompts), capacity))
+    if cache.capacity < min_capacity:
+        raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")
+    logits = []
+    for start in range(0, len(prompts), group):
+        part, part_logits = prefill(params, config, prompts[start:start + group], capacity, cache_factory=spec,
+                                    policy=policy, prefill_chunk=prefill_chunk, progress=progress,
+                                    min_capacity=min_capacity)
+        cache = cache.with_sequences(start, part)
+        del part  # its tier 1 and tier 2 are in `cache` now
+        logits.append(part_logits)
+    last_logits = jnp.concatenate(logits, axis=0)
+    jax.block_until_ready((last_logits, cache))
     return cache, last_logits
 
 

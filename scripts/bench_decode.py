@@ -125,7 +125,7 @@ KV_KINDS = ("gaussian", "prefill")
 
 
 def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian", params=None,
-                prefill_chunk=PREFILL_CHUNK):
+                prefill_chunk=PREFILL_CHUNK, staging_batch=None, seed_offset=0):
     """A cache of capacity `context` holding `context` - room tokens (room for the timed steps).
 
     kv "gaussian": keys and values drawn N(0, 1) for every layer (fast to build; attention over them is diffuse,
@@ -135,16 +135,27 @@ def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian",
     makes, so the certified rows time what a user's decode costs."""
     if kv not in KV_KINDS:
         raise ValueError(f"kv must be one of {KV_KINDS}, got {kv!r}")
+    if mode != "dense" and staging_batch is not None and staging_batch < batch:
+        # the tiered cache a few sequences at a time: the device holds one group's dense K/V at most (a batch
+        # whose dense cache would not fit; `TieredModelCache.with_sequences`)
+        full = cache_spec(mode, config, jnp.bfloat16, policy)(batch, context)
+        for start in range(0, batch, staging_batch):
+            n = min(staging_batch, batch - start)
+            part = build_cache(config, n, context, mode, impl, room, policy, kv, params, prefill_chunk, None,
+                               seed_offset=start)
+            full = full.with_sequences(start, part)
+            del part
+        return full
     if kv == "prefill":
         from models.generate import prefill
 
-        rng = np.random.default_rng(batch * 7 + context)
+        rng = np.random.default_rng(batch * 7 + context + 1000 * seed_offset)
         prompts = [rng.integers(0, config.vocab_size, context - room).tolist() for _ in range(batch)]
         factory = "dense" if mode == "dense" else cache_spec(mode, config, jnp.bfloat16, policy)
         cache, _ = prefill(params, config, prompts, context, cache_factory=factory, policy=policy,
                            prefill_chunk=prefill_chunk)
         return cache.replace(attn_impl=impl) if mode == "dense" else cache
-    key = jax.random.key(batch * 7 + context)
+    key = jax.random.key(batch * 7 + context + 1000 * seed_offset)
     shape = (batch, config.num_kv_heads, context, config.head_dim)
     ks = jax.random.split(key, 2 * config.num_layers)
     dense = DenseKVCache(
@@ -157,12 +168,12 @@ def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian",
 
 
 def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode="dense", policy=None,
-              soak_steps=0, kv="gaussian", prefill_chunk=PREFILL_CHUNK):
+              soak_steps=0, kv="gaussian", prefill_chunk=PREFILL_CHUNK, staging_batch=None):
     room = (reps + 2) * steps + 1 + soak_steps + steps
     if room >= context:
         raise ValueError(f"context {context} leaves no room for {room} decode steps")
     t0 = time.perf_counter()
-    cache = build_cache(config, batch, context, mode, impl, room, policy, kv, params, prefill_chunk)
+    cache = build_cache(config, batch, context, mode, impl, room, policy, kv, params, prefill_chunk, staging_batch)
     jax.block_until_ready(cache)
     build_s = time.perf_counter() - t0
     mem = memory_report(cache)
@@ -209,6 +220,7 @@ def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode=
     stats = dev.memory_stats() or {}
     row = dict(model=name, cache=mode, kv=kv, prefill_chunk=prefill_chunk if kv == "prefill" else None,
                batch=batch, context=context, attn_impl=impl, steps_per_call=steps,
+               staging_batch=staging_batch if mode != "dense" else None,
                cache_build_s=build_s,
                step_ms=step_s * 1e3, step_ms_all=[t * 1e3 for t in times], tokens_per_s=batch / step_s,
                weight_bytes=wb, kv_bytes=kvb, tier1_device_bytes=mem["tier1_device_bytes"],
@@ -234,6 +246,8 @@ def main() -> None:
     ap.add_argument("--kv", default="gaussian", help="comma list of what fills the cache: gaussian (random K/V)"
                     " and/or prefill (the model's own prefill of random tokens: the fast pass, not the ladder)")
     ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="tokens per prefill call (--kv prefill)")
+    ap.add_argument("--staging-batch", type=int, default=None,
+                    help="build naive/certified caches this many sequences at a time (a batch dense cannot hold)")
     ap.add_argument("--soak-steps", type=int, default=0, help="then this many more steps, memory recorded")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes (CPU check of the script)")
@@ -260,7 +274,8 @@ def main() -> None:
                     for impl in args.impls.split(",") if mode == "dense" else ["einsum"]:
                         try:
                             row = bench_one(name, config, params, batch, context, impl, args.steps, args.reps, bw,
-                                            mode, policy, args.soak_steps, kv, args.prefill_chunk)
+                                            mode, policy, args.soak_steps, kv, args.prefill_chunk,
+                                            args.staging_batch)
                         except Exception as e:  # noqa: BLE001 - e.g. a batch that does not fit: recorded
                             errors.append(dict(model=name, cache=mode, kv=kv, batch=batch, context=context,
                                                attn_impl=impl, error=f"{type(e).__name__}: {e}"[:600]))

@@ -73,6 +73,13 @@ for s in "$@"; do
       for c in dense certified; do
         step dec128p_$c 270 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches $c --impls einsum --kv prefill --prefill-chunk 512 --steps 16 --reps 3 --out $W/dec128p_$c.json"
       done ;;
+    fits128)  # thirty-fourth session: issue 8's "a larger batch than dense fits" at 8B 128K on an 80 GB H100: dense at
+      # batch 3 and 4 (4 x 17.2 GB of K/V + 15 GB of weights should not fit), certified at 4 built one sequence at a
+      # time (--staging-batch 1: tier 1 is 7.3 GB per sequence on the device, tier 2 17.2 GB per sequence in host
+      # memory: 69 GB of the host's 128 GiB). Gaussian K/V (quick to build): the certified row times the ladder
+      D="python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --impls einsum --steps 8 --reps 2"
+      step fits_dense 200 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
+      step fits_cert 300 "$D --batches 4 --caches certified --staging-batch 1 --out $W/fits128_cert.json" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;

@@ -1,0 +1,140 @@
+"""A batch's tiered cache built a few sequences at a time (`prefill(..., staging_batch=n)`,
+`TieredModelCache.with_sequences`): the device never holds more than n sequences' dense K/V, so a certified or naive
+cache can take a batch whose dense cache would not fit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from certattn_jax import tiers
+from certattn_jax.model_cache import CacheSpec, TieredModelCache, cache_spec
+from certattn_jax.policy import CertPolicy
+from models import generate as gen
+from models import llama
+from models.config import LlamaConfig
+
+# the shapes of tests/test_e2e_cache.py (compiled programs shared within a worker)
+CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=32, max_position_embeddings=2048)
+POLICY = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2)
+CAPACITY = 96
+
+
+@pytest.fixture(scope="module")
+def params():
+    return llama.init_params(CFG, jax.random.key(0), jnp.float32, scale=0.3)
+
+
+def _prompts(seed: int, lengths) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, CFG.vocab_size, n).tolist() for n in lengths]
+
+
+def _rows(cache: TieredModelCache, start: int, n: int) -> list[np.ndarray]:
+    """Every per-sequence leaf of a model cache, sequences [start, start + n)."""
+    s = cache.store
+    leaves = [getattr(s, f) for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "v_err",
+                                      "v_mean_err", "v_err_op", "v_min", "v_max", "value_stats", "nonfinite",
+                                      "res_k", "res_v", "hot_k", "hot_v", "hot_ids", "hot_used", "hot_pending",
+                                      "host_k", "host_v", "lengths", "flushed")]
+    return [np.asarray(x)[:, start:start + n] for x in leaves + [cache.cert_packed]] + [
+        np.asarray(cache.lengths)[start:start + n]]
+
+
+@pytest.mark.parametrize("mode", ["certified", "naive"])
+def test_with_sequences_writes_each_part_in_its_rows(params, mode):
+    spec = cache_spec(mode, CFG, jnp.float32, POLICY)
+    prompts = _prompts(1, (40, 7, 33, 16))  # a full block and a residual, one short of a block, exactly a block
+    parts = [gen.prefill(params, CFG, prompts[i:i + 2], CAPACITY, cache_factory=spec, policy=POLICY,
+                         prefill_chunk=16)[0] for i in (0, 2)]
+    full = spec(4, CAPACITY)
+    for start, part in zip((0, 2), parts, strict=True):
+        full = full.with_sequences(start, part)
+    assert full.store.host_k.sharding.memory_kind == tiers.host_memory_kind()
+    assert full.lengths.tolist() == [40, 7, 33, 16]
+    for start, part in zip((0, 2), parts, strict=True):
+        for got, want in zip(_rows(full, start, 2), _rows(part, 0, 2), strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_with_sequences_refuses_what_does_not_fit(params):
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    part = spec(2, CAPACITY)
+    with pytest.raises(ValueError, match="start 3 with 2 sequences does not fit a batch of 4"):
+        spec(4, CAPACITY).with_sequences(3, part)
+    with pytest.raises(ValueError, match="start -1"):
+        spec(4, CAPACITY).with_sequences(-1, part)
+    with pytest.raises(ValueError, match="layout"):
+        spec(4, CAPACITY).with_sequences(0, cache_spec("naive", CFG, jnp.float32, POLICY)(2, CAPACITY))
+    with pytest.raises(ValueError, match="layout"):
+        spec(4, CAPACITY).with_sequences(0, spec(2, CAPACITY + 16))
+    other = cache_spec("certified", CFG, jnp.float32, CertPolicy(block_size=16, group_size=8, k_max=4, v_max=2))
+    with pytest.raises(ValueError, match="layout"):
+        spec(4, CAPACITY).with_sequences(0, other(2, CAPACITY))
+    with pytest.raises(TypeError, match="TieredModelCache"):
+        spec(4, CAPACITY).with_sequences(0, llama.init_cache(params, CFG, 2, CAPACITY))
+
+
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_prefill_in_groups_stages_at_most_the_group(params, group, monkeypatch):
+    """staging_batch n: every dense staging cache holds at most n sequences, and the result holds what the groups'
+    own prefills give, row for row; its last logits are the whole batch's (the same math a few rows at a time)."""
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    prompts = _prompts(2, (40, 7, 33, 16, 25))
+    staged = []
+    original = CacheSpec.staging
+
+    def spy(self, batch, capacity):
+        staged.append(batch)
+        return original(self, batch, capacity)
+
+    monkeypatch.setattr(CacheSpec, "staging", spy)
+    cache, logits = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=spec, policy=POLICY,
+                                prefill_chunk=16, staging_batch=group)
+    assert staged == [min(group, 5 - s) for s in range(0, 5, group)]
+    assert isinstance(cache, TieredModelCache) and cache.store.batch == 5
+    whole, whole_logits = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=spec, policy=POLICY,
+                                      prefill_chunk=16)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(whole_logits), rtol=1e-5, atol=1e-5)
+    assert cache.lengths.tolist() == whole.lengths.tolist()
+    for s in range(0, 5, group):
+        part, part_logits = gen.prefill(params, CFG, prompts[s:s + group], CAPACITY, cache_factory=spec,
+                                        policy=POLICY, prefill_chunk=16)
+        n = len(prompts[s:s + group])
+        np.testing.assert_array_equal(np.asarray(logits)[s:s + n], np.asarray(part_logits))
+        for got, want in zip(_rows(cache, s, n), _rows(part, 0, n), strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_generate_decodes_a_batch_staged_in_groups(params):
+    """generate(staging_batch=1): the decode runs on the batch built one sequence at a time, every head-step
+    certified or escalated, and each row decodes what that prompt decodes when its group is the whole batch
+    (the decode's rows are independent; a batch of one is that group's prefill)."""
+    prompts = _prompts(3, (40, 21))
+    out = gen.generate(params, CFG, prompts, 6, cache_factory="certified", policy=POLICY, progress=False,
+                       staging_batch=1, record_steps=True)
+    assert [len(t) for t in out.tokens] == [6, 6]
+    rec = out.step_records
+    assert np.all(np.asarray(rec.certified) | (np.asarray(rec.rung) >= 1))
+    assert np.all(np.asarray(rec.error_bound)[np.asarray(rec.certified)]
+                  <= np.asarray(rec.tolerance)[np.asarray(rec.certified)])
+    whole = gen.generate(params, CFG, prompts, 6, cache_factory="certified", policy=POLICY, progress=False)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(whole.tokens))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_a_bad_staging_batch_is_named(params, bad):
+    with pytest.raises(ValueError, match="staging_batch"):
+        gen.prefill(params, CFG, _prompts(4, (9, 5)), CAPACITY, cache_factory="certified", policy=POLICY,
+                    staging_batch=bad)
+
+
+def test_the_dense_cache_prefills_its_batch_at_once(params):
+    """The dense mode's cache is its own staging cache: staging_batch does not split it (nothing to save)."""
+    prompts = _prompts(5, (12, 30))
+    grouped, logits = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory="dense", staging_batch=1)
+    whole, whole_logits = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory="dense")
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(whole_logits))
+    for a, b in zip(jax.tree.leaves(grouped), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
