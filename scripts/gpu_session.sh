@@ -63,8 +63,8 @@ for s in "$@"; do
     ab8b_unroll)  # thirty-fourth session: FIRST_PASS_UNROLLED=auto is "background" for 8B-sized layers (33 host round
       # trips per step looped, 1 unrolled); alternated against the looped pass ("0"), dense in the call
       S8="${B/--timeout 150/--timeout 85} --models llama3.1-8b --prompts 8192"
-      step u8_dense 80 "$S8 --caches dense --out $W/u8_dense.json"
-      for i in 1 2; do
+      [ "${AB8B_DENSE:-1}" = 1 ] && step u8_dense 80 "$S8 --caches dense --out $W/u8_dense.json"
+      for i in $(seq 1 "${AB8B_ROUNDS:-2}"); do
         step u8_auto_$i 85 "$S8 --caches certified --out $W/u8_auto_$i.json"
         step u8_loop_$i 85 "CERTATTN_FIRST_PASS_UNROLLED=0 $S8 --caches certified --out $W/u8_loop_$i.json"
       done ;;
