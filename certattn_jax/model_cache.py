@@ -44,7 +44,7 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer, conversion_layout
+from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import positive_int_from_env
@@ -248,24 +248,40 @@ class TieredModelCache:
         return self.replace(policy=owned_policy(policy))
 
     def with_sequences(self, start: int, part: TieredModelCache) -> TieredModelCache:
-        """This cache with sequences [start, start + n) replaced by `part`'s n sequences (a cache of the same mode,
-        policy layout, layers, heads, capacity and dtype, e.g. a few prompts prefilled and converted on their own):
-        every layer's tier 1, hot set, residual, statistics and certificates, tier 2 in host memory, and the lengths.
-        Eager; this cache is donated (consumed) and the result is written in place, so a batch can be built a few
-        sequences at a time without a dense staging cache for the whole batch (`models.generate.prefill`'s
-        `staging_batch`). The step counters (`rung0_streak`, `slow_steps`) and the tolerances stay this cache's."""
+        """This cache with sequences [start, start + n) replaced by `part`'s n sequences: every layer's tier 1, hot
+        set, residual, statistics and certificates, tier 2 in host memory, and the lengths. `part` must hold
+        arrays of this cache's per-sequence shapes and dtypes (layers, KV and query heads, capacity, block and
+        group size, bits, hot slots) in the same mode and schedule, e.g. a few prompts prefilled and converted on
+        their own, or a finished row's replacement. Eager, with start a Python int; this cache is donated
+        (consumed) and written in place, so a batch can be built a few sequences at a time without a dense staging
+        cache for the whole batch (`models.generate.prefill`'s `staging_batch`). The step counters (`rung0_streak`,
+        `slow_steps`) and the tolerances stay this cache's."""
         if not isinstance(part, TieredModelCache):
             raise TypeError(f"with_sequences takes a TieredModelCache, got {type(part).__name__}")
-        mine, theirs = _sequence_layout(self), _sequence_layout(part)
-        if mine[1:] != theirs[1:]:
-            raise ValueError(f"with_sequences: the part's layout {theirs[1:]} differs from this cache's {mine[1:]} "
-                             "(mode, schedule, layers, KV heads, query heads, blocks, block size, head_dim, dtype, "
-                             "policy layout)")
-        B, n = mine[0], theirs[0]
-        if not is_integer(start) or not 0 <= start <= B - n:
-            raise ValueError(f"with_sequences: start {start!r} with {n} sequences does not fit a batch of {B}")
+        if not is_integer(start):
+            raise TypeError(f"with_sequences: start must be a Python or NumPy int, got {type(start).__name__}")
+        for name, c in (("this cache", self), ("the part", part)):
+            if any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(c)):
+                raise ValueError(f"with_sequences: {name} was donated to an earlier call (a decode step or "
+                                 "with_sequences consumes the cache it is given): use the cache that call returned")
+        mine = {id(x) for x in jax.tree.leaves(self)}
+        if any(id(x) in mine for x in jax.tree.leaves((part.store, part.lengths, part.cert_packed))):
+            raise ValueError("with_sequences: the part shares arrays with this cache (which is donated and written "
+                             "in place): pass a cache of its own")
+        differ = []
+        for what, a, b in zip(_SEQUENCE_LAYOUT, _sequence_layout(self), _sequence_layout(part), strict=True):
+            if a != b and what.startswith("per-sequence"):  # name the arrays that differ, not all of them
+                pairs = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+                a, b = [x for x, _ in pairs], [y for _, y in pairs]
+            if a != b:
+                differ.append(f"{what}: {a} here, {b} in the part")
+        if differ:
+            raise ValueError("with_sequences: the part does not fit this cache's sequences: " + "; ".join(differ))
+        B, n = self.store.batch, part.store.batch
+        if not 0 <= start <= B - n:
+            raise ValueError(f"with_sequences: start {start} with {n} sequences does not fit a batch of {B}")
         tiers.check_on_host(self.store.host_k, self.store.host_v, part.store.host_k, part.store.host_v)
-        return _put_sequences(self, part, jnp.int32(start))
+        return _put_sequences(self, part.store, part.lengths, part.cert_packed, jnp.int32(start))
 
     def with_tier2_on_host(self) -> TieredModelCache:
         """This cache with tier 2 moved back to host memory (after pickle, device_get/device_put or a generic
@@ -498,25 +514,36 @@ _STREAK_CAP = 1 << 30
 UNDONE_STORE_FIELDS = ("lengths", "v_min", "v_max", "v_norm_max", "value_stats", "nonfinite", "hot_used")
 
 
+_SEQUENCE_LAYOUT = ("mode", "schedule", "store settings", "per-sequence arrays (shape without the batch axis, dtype)",
+                    "certificate rows")
+
+
 def _sequence_layout(c: TieredModelCache) -> tuple:
-    """(batch, then what two caches must share for one to take the other's sequences)."""
+    """What two caches must share for one to take the other's sequences (`_SEQUENCE_LAYOUT`): every store array's
+    shape without its batch axis (axis 1) and its dtype, by field, so that a write replaces whole rows (hot
+    slots, blocks, groups and bits included: a narrower part would leave another sequence's hot blocks behind)."""
     s = c.store
-    return (s.batch, c.mode, c.schedule, c.num_layers, s.num_kv_heads, c.num_q_heads, s.num_blocks, s.block_size,
-            s.head_dim, jnp.dtype(s.dtype), conversion_layout(c.policy))
+    arrays = tuple((f, getattr(s, f).shape[:1] + getattr(s, f).shape[2:], str(getattr(s, f).dtype))
+                   for f in DEVICE_FIELDS + ("host_k", "host_v"))
+    settings = tuple((f.name, getattr(s, f.name)) for f in dataclasses.fields(s)
+                     if not f.metadata.get("pytree_node", True))
+    return c.mode, c.schedule, settings, arrays, c.cert_packed.shape[:1] + c.cert_packed.shape[2:]
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _put_sequences(full: TieredModelCache, part: TieredModelCache, start: jax.Array) -> TieredModelCache:
-    """full with part's sequences written at batch index `start` (axis 1 of the stacked store and certificates,
-    axis 0 of the lengths); tier 2 written in host memory."""
+def _put_sequences(full: TieredModelCache, p: TieredKVCache, lengths: jax.Array, cert_packed: jax.Array,
+                   start: jax.Array) -> TieredModelCache:
+    """full with a part's sequences (its stacked store p, lengths [n], cert_packed [L, n, Hq, 9]) written at batch
+    index `start` (axis 1 of the stacked store and certificates, axis 0 of the lengths); tier 2 written in host
+    memory. Only full is donated (the part's policy never enters: it may share arrays with full's)."""
     def put(whole: jax.Array, rows: jax.Array, axis: int) -> jax.Array:
-        return jax.lax.dynamic_update_slice_in_dim(whole, rows.astype(whole.dtype), start, axis)
+        return jax.lax.dynamic_update_slice_in_dim(whole, rows, start, axis)
 
-    s, p = full.store, part.store
+    s = full.store
     store = s.replace(**{f: put(getattr(s, f), getattr(p, f), 1) for f in DEVICE_FIELDS},
                       **{f: put(getattr(s, f), tiers.to_host(getattr(p, f)), 1) for f in ("host_k", "host_v")})
-    return full.replace(store=store, lengths=put(full.lengths, part.lengths, 0),
-                        cert_packed=put(full.cert_packed, part.cert_packed, 1))
+    return full.replace(store=store, lengths=put(full.lengths, lengths, 0),
+                        cert_packed=put(full.cert_packed, cert_packed, 1))
 
 
 def _maintenance(store: TieredKVCache) -> tuple[jax.Array, jax.Array]:

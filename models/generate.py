@@ -689,6 +689,9 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
                              "built anew, or take the policy before donating the cache")
     if staging_batch is not None and (not is_integer(staging_batch) or staging_batch < 1):
         raise ValueError(f"staging_batch must be an integer >= 1 (or None), got {staging_batch!r}")
+    if staging_batch is not None and spec is None:
+        raise ValueError("staging_batch needs a mode name or a CacheSpec as cache_factory (a callable factory's "
+                         "cache prefills through its own attend)")
     if spec is not None and spec.tiered and staging_batch is not None and staging_batch < B:
         return _prefill_in_groups(params, config, prompts, capacity, spec, policy, prefill_chunk, progress,
                                   min_capacity, staging_batch)
@@ -735,13 +738,22 @@ def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[i
     if cache.capacity < min_capacity:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")
     logits = []
-    for start in range(0, len(prompts), group):
+    starts = range(0, len(prompts), group)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc=f"prefill ({group} prompts at a time)", unit="prompt", file=sys.stderr)
+    for start in starts:
         part, part_logits = prefill(params, config, prompts[start:start + group], capacity, cache_factory=spec,
-                                    policy=policy, prefill_chunk=prefill_chunk, progress=progress,
-                                    min_capacity=min_capacity)
+                                    policy=policy, prefill_chunk=prefill_chunk, min_capacity=min_capacity)
         cache = cache.with_sequences(start, part)
         del part  # its tier 1 and tier 2 are in `cache` now
         logits.append(part_logits)
+        if bar is not None:
+            bar.update(len(prompts[start:start + group]))
+    if bar is not None:
+        bar.close()
     last_logits = jnp.concatenate(logits, axis=0)
     jax.block_until_ready((last_logits, cache))
     return cache, last_logits

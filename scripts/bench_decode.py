@@ -252,6 +252,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes (CPU check of the script)")
     args = ap.parse_args()
+    if args.staging_batch is not None and args.staging_batch < 1:
+        ap.error(f"--staging-batch must be >= 1, got {args.staging_batch}")
     policy = CertPolicy(tier1=args.tier1)
     if args.smoke:
         args.models, args.batches, args.contexts, args.steps, args.reps = "tiny", "1,2", "256", 4, 2

@@ -1392,6 +1392,24 @@ def test_the_decode_bridge_decodes_like_the_plain_loop(params, schedule, eps, st
 
 
 @pytest.mark.xdist_group("layer-schedules")
+def test_auto_builds_the_unrolled_first_passes_where_the_loop_switches_weights(params, monkeypatch):
+    """CERTATTN_FIRST_PASS_UNROLLED=auto in the decode bridge: where the looped first pass would switch per layer
+    for its weights (`llama.loops_switch_weights`: large layers on a GPU), the unrolled first passes are built in
+    the background; where it would not, they are not (the looped ones stay the loop)."""
+    prompts, kw = _one_prompt_bridge_case("adaptive")
+    monkeypatch.setattr(gen, "BRIDGE_STEADY", True)
+    monkeypatch.setattr(llama, "_FIRST_PASS_UNROLLED", "auto")
+    monkeypatch.setenv("CERTATTN_DECODE_BRIDGE", "1")
+    for switches in (False, True):
+        _fresh_bridge_state(monkeypatch)
+        monkeypatch.setattr(llama, "loops_switch_weights", lambda p, s=switches: s)
+        gen.generate(params, CFG, prompts, 4, **kw)
+        gen.finish_background_compiles()
+        built = any(key[0] == "first_passes_unrolled" for key in gen._COMPILED)
+        assert built == switches
+
+
+@pytest.mark.xdist_group("layer-schedules")
 def test_unrolled_first_passes_that_fail_to_build_leave_the_looped_ones(params, monkeypatch):
     """CERTATTN_FIRST_PASS_UNROLLED=background where the unrolled first passes never build: a warning, and the
     looped ones decode to the end (the host's looks at the step limit never turn into a wait: decoding finishes in

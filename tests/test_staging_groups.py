@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from certattn_jax import tiers
+from certattn_jax.cache import DEVICE_FIELDS
 from certattn_jax.model_cache import CacheSpec, TieredModelCache, cache_spec
 from certattn_jax.policy import CertPolicy
 from models import generate as gen
@@ -32,14 +33,21 @@ def _prompts(seed: int, lengths) -> list[list[int]]:
 
 
 def _rows(cache: TieredModelCache, start: int, n: int) -> list[np.ndarray]:
-    """Every per-sequence leaf of a model cache, sequences [start, start + n)."""
+    """Every per-sequence array of a model cache (every store field, whatever is added later), sequences
+    [start, start + n)."""
     s = cache.store
-    leaves = [getattr(s, f) for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "v_err",
-                                      "v_mean_err", "v_err_op", "v_min", "v_max", "value_stats", "nonfinite",
-                                      "res_k", "res_v", "hot_k", "hot_v", "hot_ids", "hot_used", "hot_pending",
-                                      "host_k", "host_v", "lengths", "flushed")]
-    return [np.asarray(x)[:, start:start + n] for x in leaves + [cache.cert_packed]] + [
-        np.asarray(cache.lengths)[start:start + n]]
+    leaves = [getattr(s, f) for f in DEVICE_FIELDS + ("host_k", "host_v")] + [cache.cert_packed]
+    return [np.asarray(x)[:, start:start + n] for x in leaves] + [np.asarray(cache.lengths)[start:start + n]]
+
+
+def _decoded(params, spec, lengths, steps: int = 3) -> TieredModelCache:
+    """A cache whose every row holds data (prefilled, then decoded: hot sets filled, certificates written)."""
+    cache, _ = gen.prefill(params, CFG, _prompts(9, lengths), CAPACITY, cache_factory=spec, policy=POLICY,
+                           prefill_chunk=16)
+    tok = jnp.ones((len(lengths), 1), jnp.int32)
+    for _ in range(steps):
+        _, cache = llama.forward(params, CFG, tok, cache)
+    return cache
 
 
 @pytest.mark.parametrize("mode", ["certified", "naive"])
@@ -48,7 +56,7 @@ def test_with_sequences_writes_each_part_in_its_rows(params, mode):
     prompts = _prompts(1, (40, 7, 33, 16))  # a full block and a residual, one short of a block, exactly a block
     parts = [gen.prefill(params, CFG, prompts[i:i + 2], CAPACITY, cache_factory=spec, policy=POLICY,
                          prefill_chunk=16)[0] for i in (0, 2)]
-    full = spec(4, CAPACITY)
+    full = _decoded(params, spec, (20, 30, 50, 10))  # every row written before: nothing of it may survive
     for start, part in zip((0, 2), parts, strict=True):
         full = full.with_sequences(start, part)
     assert full.store.host_k.sharding.memory_kind == tiers.host_memory_kind()
@@ -58,22 +66,55 @@ def test_with_sequences_writes_each_part_in_its_rows(params, mode):
             np.testing.assert_array_equal(got, want)
 
 
+def _spec(**policy):
+    return cache_spec("certified", CFG, jnp.float32, POLICY.replace(**policy) if policy else POLICY)
+
+
 def test_with_sequences_refuses_what_does_not_fit(params):
-    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    spec = _spec()
     part = spec(2, CAPACITY)
     with pytest.raises(ValueError, match="start 3 with 2 sequences does not fit a batch of 4"):
         spec(4, CAPACITY).with_sequences(3, part)
     with pytest.raises(ValueError, match="start -1"):
         spec(4, CAPACITY).with_sequences(-1, part)
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(TypeError, match="start must be a Python or NumPy int"):
+        spec(4, CAPACITY).with_sequences(jnp.int32(0), part)
+    with pytest.raises(ValueError, match="mode: certified here, naive in the part"):
         spec(4, CAPACITY).with_sequences(0, cache_spec("naive", CFG, jnp.float32, POLICY)(2, CAPACITY))
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(ValueError, match="does not fit this cache's sequences.*host_k"):
         spec(4, CAPACITY).with_sequences(0, spec(2, CAPACITY + 16))
-    other = cache_spec("certified", CFG, jnp.float32, CertPolicy(block_size=16, group_size=8, k_max=4, v_max=2))
-    with pytest.raises(ValueError, match="layout"):
-        spec(4, CAPACITY).with_sequences(0, other(2, CAPACITY))
+    with pytest.raises(ValueError, match="group_size"):
+        spec(4, CAPACITY).with_sequences(0, _spec(group_size=8)(2, CAPACITY))
     with pytest.raises(TypeError, match="TieredModelCache"):
         spec(4, CAPACITY).with_sequences(0, llama.init_cache(params, CFG, 2, CAPACITY))
+
+
+@pytest.mark.parametrize("slots", [2, 6])
+def test_a_part_with_other_hot_slots_is_refused(params, slots):
+    """A part holding fewer hot slots than the cache would leave another sequence's exact blocks in the row's
+    other slots, which rung 0 would then take as this sequence's (a review found certificates lying that way);
+    more slots do not fit. Both are refused by name, whatever the policies' k_max say."""
+    full = _spec(hot_slots=4)(2, CAPACITY)
+    with pytest.raises(ValueError, match="hot_ids"):
+        full.with_sequences(0, _spec(k_max=min(slots, 4), v_max=2, hot_slots=slots)(1, CAPACITY))
+    narrowed = full.with_policy(full.policy.replace(k_max=2))  # the store keeps its 4 slots
+    with pytest.raises(ValueError, match="hot_ids"):
+        narrowed.with_sequences(0, _spec(k_max=2, hot_slots=2)(1, CAPACITY))
+
+
+def test_with_sequences_names_a_consumed_or_shared_cache(params):
+    spec = _spec()
+    full, part = spec(2, CAPACITY), spec(1, CAPACITY)
+    with pytest.raises(ValueError, match="shares arrays"):
+        full.with_sequences(0, full.replace(store=full.store))
+    new = full.with_sequences(1, part)
+    with pytest.raises(ValueError, match="this cache was donated"):
+        full.with_sequences(0, spec(1, CAPACITY))
+    with pytest.raises(ValueError, match="the part was donated"):
+        spec(2, CAPACITY).with_sequences(0, full.replace(lengths=jnp.zeros(1, jnp.int32)))
+    assert new.lengths.tolist() == [0, 0]
+    shared_policy = spec(1, CAPACITY).with_policy(new.policy)  # tolerances may be the same arrays: fine
+    assert new.with_sequences(0, shared_policy).lengths.tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("group", [1, 2, 3])
@@ -128,6 +169,13 @@ def test_a_bad_staging_batch_is_named(params, bad):
     with pytest.raises(ValueError, match="staging_batch"):
         gen.prefill(params, CFG, _prompts(4, (9, 5)), CAPACITY, cache_factory="certified", policy=POLICY,
                     staging_batch=bad)
+
+
+def test_staging_batch_needs_a_mode_or_spec(params):
+    factory = _spec()
+    with pytest.raises(ValueError, match="staging_batch needs a mode name or a CacheSpec"):
+        gen.prefill(params, CFG, _prompts(4, (9, 5)), CAPACITY, cache_factory=lambda b, c: factory(b, c),
+                    staging_batch=1)
 
 
 def test_the_dense_cache_prefills_its_batch_at_once(params):
