@@ -1,11 +1,16 @@
-import sys, warnings
+import sys
+import warnings
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import jax, jax.numpy as jnp
+import jax
+import jax.numpy as jnp
+
 from certattn_jax import model_cache
 from certattn_jax.model_cache import cache_spec
 from certattn_jax.policy import CertPolicy
 from models.config import LlamaConfig
+
 CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=32, max_position_embeddings=2048)
 spec = cache_spec("certified", CFG, jnp.float32, CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2))
@@ -16,6 +21,7 @@ with warnings.catch_warnings(record=True) as w:
     print("warnings:", [str(x.message)[:200] for x in w])
 txt = comp.as_text()
 import re
+
 m = re.search(r"input_output_alias=\{.*?\}, ", txt)
 print("aliases:", m.group(0)[:2000] if m else None)
 leaves = jax.tree.leaves(full)

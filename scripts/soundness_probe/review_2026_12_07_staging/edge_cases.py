@@ -1,12 +1,17 @@
 """Edge cases of TieredModelCache.with_sequences (review 2026-12-07, staging). CPU."""
-import sys, traceback
+import sys
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import jax, jax.numpy as jnp, numpy as np
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from certattn_jax import tiers
-from certattn_jax.model_cache import cache_spec, TieredModelCache
+from certattn_jax.model_cache import cache_spec
 from certattn_jax.policy import CertPolicy
-from models import generate as gen, llama
+from models import generate as gen
+from models import llama
 from models.config import LlamaConfig
 
 CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -1,10 +1,14 @@
 import sys
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import jax, jax.numpy as jnp, numpy as np
+import jax
+import jax.numpy as jnp
+
 from certattn_jax.model_cache import cache_spec
 from certattn_jax.policy import CertPolicy
 from models.config import LlamaConfig
+
 CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=32, max_position_embeddings=2048)
 POL = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2)

@@ -4,15 +4,19 @@ part's slots and leaves the row's other slots (hot_ids / hot_k / hot_v of the se
 Those stale slots claim to hold exact originals of the new sequence's blocks."""
 import sys
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import functools
-import jax, jax.numpy as jnp, numpy as np
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.model_cache import TieredModelCache
 from certattn_jax.policy import CertPolicy
 
 H, G, d, Bk = 1, 1, 16, 16
 import os
+
 EPS = float(os.environ.get("EPS", "1e-3")); QS = float(os.environ.get("QS", "6"))
 P4 = CertPolicy(block_size=Bk, group_size=16, k_max=4, v_max=2, eps=EPS)
 P2 = P4.replace(k_max=2)

@@ -10,8 +10,11 @@ audit_2026_12_07/probe_model.py's checks (its CFG: 2 layers, 6 q / 2 KV heads, h
 
     .venv/bin/python scripts/soundness_probe/review_2026_12_07_staging/staged_soundness.py [--eps E] [--scale S]
 """
-import sys, time, argparse
+import argparse
+import sys
+import time
 from pathlib import Path
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "audit_2026_12_07"))
 ap = argparse.ArgumentParser(); ap.add_argument("--eps", type=float, default=0.05)
@@ -19,13 +22,17 @@ ap.add_argument("--scale", type=float, default=0.25); ap.add_argument("--new", t
 ap.add_argument("--seed", type=int, default=0)
 a = ap.parse_args()
 sys.argv = [sys.argv[0], "--eps", str(a.eps), "--scale", str(a.scale), "--seed", str(a.seed)]
-import jax, jax.numpy as jnp, numpy as np
+import jax
+import jax.numpy as jnp
+import numpy as np
 import probe_model as pm  # noqa: E402  (argparse at import: fed the same flags)
 from common import Tally, f64
+
 from certattn_jax import model_cache
 from certattn_jax.cache import DEVICE_FIELDS
 from certattn_jax.model_cache import cache_spec
-from models import generate as gen, llama
+from models import generate as gen
+from models import llama
 
 CFG, POL = pm.CFG, pm.POL
 t = Tally(f"staged eps={a.eps} scale={a.scale}")
@@ -37,6 +44,7 @@ t0 = time.time()
 
 # ---- A
 import os
+
 SKIP_AB = bool(os.environ.get("ONLY_C"))
 for mode in (() if SKIP_AB else ("certified", "naive")):
     spec = cache_spec(mode, CFG, jnp.float32, POL)
@@ -81,7 +89,7 @@ if not SKIP_AB:
     if np.any(~recs.ranking_ok):
         t.bad("B: ranking_ok False")
     if cert.tokens != ref.tokens:
-        t.note(f"B: staged tokens differ from whole-batch tokens")
+        t.note("B: staged tokens differ from whole-batch tokens")
     print("B tokens equal whole-batch generate:", cert.tokens == ref.tokens, flush=True)
     rr = jax.tree.map(np.asarray, ref.step_records)
     print("B max |bound staged - bound whole|:", float(np.max(np.abs(recs.error_bound - rr.error_bound))),
@@ -104,6 +112,7 @@ if not SKIP_AB:
 spec = cache_spec("certified", CFG, jnp.float32, POL, schedule="unrolled")
 cap = 8 * (-(-(max(map(len, prompts)) + a.new) // 8))
 import os
+
 cache, logits = gen.prefill(params, CFG, prompts, cap, cache_factory=spec, policy=POL,
                              staging_batch=None if os.environ.get("NO_STAGE") else 1)
 tok = np.argmax(np.asarray(logits), -1)
