@@ -78,6 +78,41 @@ def test_bench_decode_prefill_kv_is_the_models_own_cache():
         bench_decode.build_cache(config, 2, 128, "dense", "einsum", 40, policy, "uniform", params)
 
 
+def test_bench_decode_stages_a_tiered_batch_a_sequence_at_a_time(monkeypatch):
+    """--staging-batch 1: the tiered cache is built one sequence at a time (each sequence's dense K/V made and
+    converted alone, then written into its row), so the device never holds the whole batch's dense K/V; each row
+    holds what that sequence's own build gives."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_decode
+
+    from certattn_jax.cache import DEVICE_FIELDS
+    from certattn_jax.dense_cache import DenseKVCache
+    from certattn_jax.policy import CertPolicy
+
+    config = bench_decode.MODELS["tiny"]
+    policy = CertPolicy(tier1="jnp", block_size=16, group_size=16)
+    built = []
+    real = DenseKVCache.__init__
+
+    def spy(self, *args, **kw):
+        real(self, *args, **kw)
+        built.append(int(self.lengths.shape[0]))
+
+    monkeypatch.setattr(DenseKVCache, "__init__", spy)
+    staged = bench_decode.build_cache(config, 3, 128, "certified", "einsum", 40, policy, staging_batch=1)
+    assert built == [1, 1, 1] and staged.store.batch == 3
+    for b in range(3):
+        own = bench_decode.build_cache(config, 1, 128, "certified", "einsum", 40, policy, seed_offset=b)
+        for f in DEVICE_FIELDS + ("host_k", "host_v"):
+            np.testing.assert_array_equal(np.asarray(getattr(staged.store, f))[:, b:b + 1],
+                                          np.asarray(getattr(own.store, f)), err_msg=f)
+    assert jnp.array_equal(staged.lengths, jnp.full((3,), 88)) and jax.typeof(staged.lengths).shape == (3,)
+
+
 def test_probe_conditionals_smoke(tmp_path):
     out = tmp_path / "probe_conditionals.json"
     cmd = [sys.executable, str(ROOT / "scripts/probe_conditionals.py"), "--smoke", "--out", str(out)]
