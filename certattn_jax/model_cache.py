@@ -661,6 +661,19 @@ class CacheSpec:
                                      head_dim=self.head_dim, dtype=self.dtype, policy=self.policy, mode=self.mode,
                                      schedule=self.schedule)
 
+    def bytes_per_sequence(self, capacity: int) -> dict[str, int]:
+        """What one sequence of a cache of `capacity` tokens takes, in bytes: "staging" its dense K/V (the prefill's
+        staging cache), "device" this mode's cache on the device (tier 1, hot set, residual, statistics,
+        certificates; the dense cache itself for "dense"), "host" its tier 2 in host memory (0 for "dense").
+        From the shapes alone (nothing is allocated); kept per layout, as a prefill asks it every call."""
+        policy = self._policy() if self.tiered else None
+        layout = None if policy is None else tuple(
+            getattr(policy, f) for f in ("block_size", "group_size", "key_bits", "value_bits", "k_max", "v_max",
+                                         "hot_slots"))
+        return dict(_bytes_per_sequence(self.mode, self.num_layers, self.num_q_heads, self.num_kv_heads,
+                                        self.head_dim, jnp.dtype(self.dtype).name, layout, self.schedule,
+                                        int(capacity)))
+
     def staging(self, batch: int, capacity: int) -> DenseKVCache:
         """A dense cache to prefill into (for the dense mode: the cache itself). For a tiered mode this also
         starts, in the background, the compiled kernels' one-time self-checks that the decode step will need
@@ -686,6 +699,24 @@ class CacheSpec:
             return dense
         return _convert(dense, self._policy(), num_q_heads=self.num_q_heads, mode=self.mode,
                         schedule=self.schedule)
+
+
+@functools.lru_cache(maxsize=64)
+def _bytes_per_sequence(mode: str, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
+                        layout: tuple | None, schedule: str, capacity: int) -> tuple[tuple[str, int], ...]:
+    policy = None if layout is None else CertPolicy(**dict(zip(
+        ("block_size", "group_size", "key_bits", "value_bits", "k_max", "v_max", "hot_slots"), layout, strict=True)))
+    spec = CacheSpec(mode, num_layers, num_q_heads, num_kv_heads, head_dim, jnp.dtype(dtype), policy, schedule)
+
+    def nbytes(tree: Any) -> int:
+        return int(sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+    staging = nbytes(jax.eval_shape(lambda: spec.staging(1, capacity)))
+    if not spec.tiered:
+        return (("staging", staging), ("device", staging), ("host", 0))
+    shapes = jax.eval_shape(lambda: spec(1, capacity))
+    host = nbytes((shapes.store.host_k, shapes.store.host_v))
+    return (("staging", staging), ("device", nbytes(shapes) - host), ("host", host))
 
 
 def owned_policy(policy: CertPolicy) -> CertPolicy:

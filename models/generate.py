@@ -534,7 +534,7 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
              eos_token_ids: Sequence[int] | None = None, cache_factory: CacheFactory | str | None = None,
              policy: Any = None,
              capacity: int | None = None, prefill_chunk: int = 256, progress: bool = True,
-             record_steps: bool = False, staging_batch: int | None = None) -> GenerationOutput:
+             record_steps: bool = False, staging_batch: int | str | None = "auto") -> GenerationOutput:
     """Generate up to max_new_tokens for each prompt (lists of token ids).
 
     temperature 0 means greedy (top_p is then unused); otherwise softmax(logits / temperature) restricted to the
@@ -547,7 +547,8 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     staging cache and converted once into the mode's cache (tier 2 is never read back during prefill);
     `prefill_seconds` includes that conversion (it is the time to the first token's logits).
     capacity defaults to prompt + max_new rounded up to CAPACITY_BUCKET. staging_batch (tiered modes): prefill
-    that many prompts at a time (see `prefill`): a batch whose dense K/V would not fit on the device.
+    that many prompts at a time (see `prefill`; "auto", the default, splits a batch only where its dense K/V would
+    not fit on the device).
     With record_steps, the cache's per-step records (e.g. certificates) are returned stacked.
     """
     prompts = _validate_prompts(prompts, config)
@@ -652,7 +653,7 @@ def _validate_eos(eos_token_ids: Any, config: LlamaConfig) -> tuple[int, ...]:
 def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]], capacity: int, *,
             cache_factory: CacheFactory | str | None = None, policy: Any = None, prefill_chunk: int = 256,
             progress: bool = False, min_capacity: int | None = None,
-            check_finite: bool = False, staging_batch: int | None = None) -> tuple[KVCache, jax.Array]:
+            check_finite: bool = False, staging_batch: int | str | None = "auto") -> tuple[KVCache, jax.Array]:
     """Prefill prompts (token-id lists, right-padded into chunks of `prefill_chunk`) into a new cache of
     `capacity`; returns (cache, logits [B, V] at each prompt's last token), both ready (blocked on).
 
@@ -662,6 +663,8 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     own, each group converted and written into the batch's tiered cache (`TieredModelCache.with_sequences`), so
     the device holds the batch's tier 1 plus one group's dense K/V instead of the whole batch's dense K/V: a
     batch larger than a dense cache could hold (tier 1 is 44 % of the dense bytes). None: the whole batch at once.
+    "auto" (the default): the whole batch where the device's free memory holds it by `auto_staging_batch`'s
+    estimate (always on a device without memory statistics, e.g. the CPU), else groups that fit.
     The dense mode's cache is its staging cache: it prefills the batch at once.
     The params are checked against the config and, with check_finite, for NaN / Inf (`check_params`: a read of
     every weight; `generate` checks them before its clock, and the loaders when they read them).
@@ -687,8 +690,10 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
             raise ValueError("the policy's arrays were donated with the cache they came from (e.g. "
                              "`policy=cache.policy` after that cache went through a donating step): pass a CertPolicy "
                              "built anew, or take the policy before donating the cache")
+    if staging_batch == "auto":
+        staging_batch = None if spec is None else auto_staging_batch(spec, config, B, capacity, prefill_chunk)
     if staging_batch is not None and (not is_integer(staging_batch) or staging_batch < 1):
-        raise ValueError(f"staging_batch must be an integer >= 1 (or None), got {staging_batch!r}")
+        raise ValueError(f"staging_batch must be an integer >= 1, None or 'auto', got {staging_batch!r}")
     if staging_batch is not None and spec is None:
         raise ValueError("staging_batch needs a mode name or a CacheSpec as cache_factory (a callable factory's "
                          "cache prefills through its own attend)")
@@ -729,6 +734,39 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     return cache, last_logits
 
 
+# The share of the device's free memory that `auto_staging_batch` plans to fill (the rest: XLA's own temporaries
+# beyond the estimate, fragmentation).
+STAGING_MEMORY_SHARE = 0.85
+
+
+def auto_staging_batch(spec: CacheSpec, config: LlamaConfig, batch: int, capacity: int, prefill_chunk: int,
+                       device: Any = None) -> int | None:
+    """`prefill`'s staging_batch="auto": None (the whole batch in one staging cache) where the device's free memory
+    holds it, else the most prompts per group that fit beside the batch's tiered cache; None as well where the
+    device reports no memory statistics (the CPU) or the mode has no staging of its own (dense).
+
+    Estimate, per sequence (`CacheSpec.bytes_per_sequence`): the staging cache's dense K/V, the tiered cache's
+    device bytes, and the prefill's temporaries: one chunk's float32 scores, weights and probabilities
+    [Hq, chunk, capacity] and one layer's float32 K/V in the conversion. The whole batch at once needs all three
+    per sequence; in groups of n, the batch's tiered cache plus n sequences' three. An estimate: XLA's own
+    temporaries may differ (STAGING_MEMORY_SHARE of the free memory is planned)."""
+    if not spec.tiered:
+        return None
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() or {}
+    if "bytes_limit" not in stats:
+        return None
+    free = (stats["bytes_limit"] - stats.get("bytes_in_use", 0)) * STAGING_MEMORY_SHARE
+    per = spec.bytes_per_sequence(capacity)
+    chunk = min(prefill_chunk, capacity)
+    temps = 3 * 4 * config.num_heads * chunk * capacity + 2 * 2 * 4 * config.num_kv_heads * capacity * config.head_dim
+    one = per["staging"] + per["device"] + temps
+    if batch * one <= free:
+        return None
+    n = int((free - batch * per["device"]) // one)
+    return max(1, min(n, batch - 1))
+
+
 def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[int]], capacity: int,
                        spec: CacheSpec, policy: Any, prefill_chunk: int, progress: bool, min_capacity: int,
                        group: int) -> tuple[KVCache, jax.Array]:
@@ -746,7 +784,8 @@ def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[i
         bar = tqdm(total=len(prompts), desc=f"prefill ({group} prompts at a time)", unit="prompt", file=sys.stderr)
     for start in starts:
         part, part_logits = prefill(params, config, prompts[start:start + group], capacity, cache_factory=spec,
-                                    policy=policy, prefill_chunk=prefill_chunk, min_capacity=min_capacity)
+                                    policy=policy, prefill_chunk=prefill_chunk, min_capacity=min_capacity,
+                                    staging_batch=None)
         cache = cache.with_sequences(start, part)
         del part  # its tier 1 and tier 2 are in `cache` now
         logits.append(part_logits)

@@ -186,3 +186,82 @@ def test_the_dense_cache_prefills_its_batch_at_once(params):
     np.testing.assert_array_equal(np.asarray(logits), np.asarray(whole_logits))
     for a, b in zip(jax.tree.leaves(grouped), jax.tree.leaves(whole), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bytes_per_sequence_are_the_cache_arrays_bytes():
+    """CacheSpec.bytes_per_sequence: from shapes alone, what a built cache's arrays take per sequence (device and
+    host apart for the tiered modes; the staging cache's dense K/V and length)."""
+    def nbytes(tree):
+        return sum(x.nbytes for x in jax.tree.leaves(tree))
+
+    for mode in ("dense", "naive", "certified"):
+        spec = cache_spec(mode, CFG, jnp.bfloat16, POLICY)
+        per = spec.bytes_per_sequence(CAPACITY)
+        assert 2 * per["staging"] == nbytes(spec.staging(2, CAPACITY))
+        if mode == "dense":
+            assert per["host"] == 0 and per["device"] == per["staging"]
+            continue
+        two = spec(2, CAPACITY)
+        host = two.store.host_k.nbytes + two.store.host_v.nbytes
+        assert 2 * per["host"] == host and per["host"] == per["staging"] - 4  # the originals, once (not the length)
+        shared = 2 * per["device"] - (nbytes(two) - host)  # what a cache holds once, whatever its batch
+        assert 0 <= shared <= 256, shared
+    # the 8B shape at 128K, default policy (shapes only, nothing allocated): tier 1 and the rest are ~44 % of the
+    # dense bytes (hot set and residual are a few blocks per head)
+    big = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                      num_kv_heads=8, head_dim=128, max_position_embeddings=131072)
+    per = cache_spec("certified", big, jnp.bfloat16, CertPolicy()).bytes_per_sequence(131072)
+    assert per["host"] == 2 * 32 * 8 * 131072 * 128 * 2
+    assert 0.40 < per["device"] / per["host"] < 0.47, per
+
+
+class _Device:
+    def __init__(self, limit, in_use=0):
+        self.stats = None if limit is None else {"bytes_limit": limit, "bytes_in_use": in_use}
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_auto_staging_batch_splits_only_what_would_not_fit():
+    spec = cache_spec("certified", CFG, jnp.bfloat16, POLICY)
+    per = spec.bytes_per_sequence(CAPACITY)
+    temps = 3 * 4 * CFG.num_heads * 16 * CAPACITY + 2 * 2 * 4 * CFG.num_kv_heads * CAPACITY * CFG.head_dim
+    one = per["staging"] + per["device"] + temps
+    share = gen.STAGING_MEMORY_SHARE
+
+    def auto(limit, batch=8, in_use=0, mode_spec=spec):
+        return gen.auto_staging_batch(mode_spec, CFG, batch, CAPACITY, 16, device=_Device(limit, in_use))
+
+    assert auto(None) is None  # no memory statistics (the CPU): the whole batch, as before
+    assert auto(int(8 * one / share) + 64) is None  # it fits: the whole batch
+    for in_use in (one, 3 * one, 5 * one):  # less free: the largest group that fits beside the batch's tier 1
+        limit = int(8 * one / share) + 64
+        n = auto(limit, in_use=in_use)
+        free = (limit - in_use) * share
+        assert 1 <= n < 8 and 8 * per["device"] + n * one <= free < 8 * per["device"] + (n + 1) * one, (in_use, n)
+    assert auto(int((8 * per["device"] + 3 * one) / share) + 64) == 3
+    assert auto(int(8 * per["device"] / share)) == 1  # nothing fits: one at a time, the best chance
+    assert auto(10, mode_spec=cache_spec("dense", CFG, jnp.bfloat16, POLICY)) is None
+
+
+def test_prefill_auto_stages_in_groups_where_memory_says(params, monkeypatch):
+    """prefill's default staging_batch="auto" follows `auto_staging_batch`: groups where it says, the whole batch
+    where it says None."""
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    staged = []
+    original = CacheSpec.staging
+
+    def spy(self, batch, capacity):
+        staged.append(batch)
+        return original(self, batch, capacity)
+
+    monkeypatch.setattr(CacheSpec, "staging", spy)
+    prompts = _prompts(6, (20, 9, 31))
+    monkeypatch.setattr(gen, "auto_staging_batch", lambda *a, **k: 2)
+    cache, _ = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=spec, policy=POLICY, prefill_chunk=16)
+    assert staged == [2, 1] and cache.lengths.tolist() == [20, 9, 31]
+    staged.clear()
+    monkeypatch.setattr(gen, "auto_staging_batch", lambda *a, **k: None)
+    gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=spec, policy=POLICY, prefill_chunk=16)
+    assert staged == [3]
