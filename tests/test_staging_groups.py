@@ -50,6 +50,19 @@ def _decoded(params, spec, lengths, steps: int = 3) -> TieredModelCache:
     return cache
 
 
+def _staged_batches(monkeypatch) -> list[int]:
+    """The batch of every dense staging cache made from here on (a spy on CacheSpec.staging)."""
+    staged = []
+    original = CacheSpec.staging
+
+    def spy(self, batch, capacity):
+        staged.append(batch)
+        return original(self, batch, capacity)
+
+    monkeypatch.setattr(CacheSpec, "staging", spy)
+    return staged
+
+
 @pytest.mark.parametrize("mode", ["certified", "naive"])
 def test_with_sequences_writes_each_part_in_its_rows(params, mode):
     spec = cache_spec(mode, CFG, jnp.float32, POLICY)
@@ -123,14 +136,7 @@ def test_prefill_in_groups_stages_at_most_the_group(params, group, monkeypatch):
     own prefills give, row for row; its last logits are the whole batch's (the same math a few rows at a time)."""
     spec = cache_spec("certified", CFG, jnp.float32, POLICY)
     prompts = _prompts(2, (40, 7, 33, 16, 25))
-    staged = []
-    original = CacheSpec.staging
-
-    def spy(self, batch, capacity):
-        staged.append(batch)
-        return original(self, batch, capacity)
-
-    monkeypatch.setattr(CacheSpec, "staging", spy)
+    staged = _staged_batches(monkeypatch)
     cache, logits = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=spec, policy=POLICY,
                                 prefill_chunk=16, staging_batch=group)
     assert staged == [min(group, 5 - s) for s in range(0, 5, group)]
@@ -249,14 +255,7 @@ def test_prefill_auto_stages_in_groups_where_memory_says(params, monkeypatch):
     """prefill's default staging_batch="auto" follows `auto_staging_batch`: groups where it says, the whole batch
     where it says None."""
     spec = cache_spec("certified", CFG, jnp.float32, POLICY)
-    staged = []
-    original = CacheSpec.staging
-
-    def spy(self, batch, capacity):
-        staged.append(batch)
-        return original(self, batch, capacity)
-
-    monkeypatch.setattr(CacheSpec, "staging", spy)
+    staged = _staged_batches(monkeypatch)
     prompts = _prompts(6, (20, 9, 31))
     monkeypatch.setattr(gen, "auto_staging_batch", lambda *a, **k: 2)
     cache, _ = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=spec, policy=POLICY, prefill_chunk=16)
