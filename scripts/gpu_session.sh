@@ -45,8 +45,8 @@ for s in "$@"; do
       # with the certify kernel's general form (CERTATTN_RUNG0_SINGLE_CHUNK=0: the twenty-ninth session's single-chunk
       # form, default since and never timed, is the first suspect). One row per step: a cut call keeps its rows.
       S4="${B/--timeout 150/--timeout 75} --new-tokens 64 --models smollm2 --prompts 4096"
-      step rg_dense 70 "$S4 --caches dense --out $W/rg_4k_dense.json"
-      for i in 1 2; do
+      [ "${REGRESS_DENSE:-1}" = 1 ] && step rg_dense 70 "$S4 --caches dense --out $W/rg_4k_dense.json"
+      for i in $(seq 1 "${REGRESS_ROUNDS:-2}"); do
         step rg_new_$i 70 "$S4 --caches certified --out $W/rg_4k_new_$i.json"
         step rg_old_$i 70 "cd .carry_old && PYTHONPATH=. $S4 --caches certified --out $W/rg_4k_old_$i.json"
         step rg_gen_$i 70 "CERTATTN_RUNG0_SINGLE_CHUNK=0 $S4 --caches certified --out $W/rg_4k_gen_$i.json"
