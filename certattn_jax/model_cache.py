@@ -711,7 +711,10 @@ def _bytes_per_sequence(mode: str, num_layers: int, num_q_heads: int, num_kv_hea
     def nbytes(tree: Any) -> int:
         return int(sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
-    staging = nbytes(jax.eval_shape(lambda: spec.staging(1, capacity)))
+    # DenseKVCache.init, not spec.staging: that also starts the kernels' self-checks (for a batch of 1 here)
+    staging = nbytes(jax.eval_shape(lambda: DenseKVCache.init(
+        num_layers=num_layers, batch=1, capacity=spec.staging_capacity(capacity), num_kv_heads=num_kv_heads,
+        head_dim=head_dim, dtype=spec.dtype)))
     if not spec.tiered:
         return (("staging", staging), ("device", staging), ("host", 0))
     shapes = jax.eval_shape(lambda: spec(1, capacity))

@@ -221,6 +221,19 @@ def test_bytes_per_sequence_are_the_cache_arrays_bytes():
     assert 0.40 < per["device"] / per["host"] < 0.47, per
 
 
+def test_bytes_per_sequence_starts_no_kernel_checks(monkeypatch):
+    """The estimate reads shapes only: it must not start the compiled kernels' self-checks (`CacheSpec.staging`
+    does, for the batch it is given), which would compile for a batch of one beside the real prefill's."""
+    from certattn_jax import kernel_checks
+
+    def refuse(**kw):
+        raise AssertionError(f"kernel checks started: {kw}")
+
+    monkeypatch.setattr(kernel_checks, "start", refuse)
+    per = cache_spec("certified", CFG, jnp.bfloat16, POLICY.replace(k_max=3)).bytes_per_sequence(CAPACITY + 32)
+    assert per["host"] > 0
+
+
 class _Device:
     def __init__(self, limit, in_use=0):
         self.stats = None if limit is None else {"bytes_limit": limit, "bytes_in_use": in_use}
