@@ -118,12 +118,15 @@ COUNT_SELECT_MAX_COLUMNS = 128  # the pairwise pass holds [columns, columns] val
 DEFAULT_SELECT: str = choice_from_env("CERTATTN_RUNG0_SELECT", SELECT_CHOICES, "count")
 
 
-# Where one chunk holds every block column, the kernel loads the block statistics once and runs its passes over
-# chunks as straight-line code, taking a hot slot's column from the loaded tile (no dependent load per slot);
-# CERTATTN_RUNG0_SINGLE_CHUNK=0 keeps the general form (loops over chunks, loads per pass and per slot) at every
-# size, for measurements. The same float operations either way (tests compare the two bit for bit under the
-# suite's XLA flags; an optimizing compiler may fuse them into another rounding).
-SINGLE_CHUNK: bool = switch_from_env("CERTATTN_RUNG0_SINGLE_CHUNK") is not False
+# CERTATTN_RUNG0_SINGLE_CHUNK=1: where one chunk holds every block column, the kernel loads the block statistics
+# once and runs its passes over chunks as straight-line code, taking a hot slot's column from the loaded tile (no
+# dependent load per slot). Off by default: measured on an H200 (thirty-fourth session, SmolLM2, bench_generate,
+# alternated processes) the general form (loops over chunks, loads per pass and per slot) decodes 5-6 % faster at
+# 1K and 4K (4K: 469.3 / 476.4 against 443.1 / 448.3 tokens/s; 1K: 575.8 against 548.2), and without the
+# single-chunk form 4K is back at the twenty-eighth session's tree (476.0). The same float operations either way
+# (tests compare the two bit for bit under the suite's XLA flags; an optimizing compiler may fuse them into another
+# rounding).
+SINGLE_CHUNK: bool = bool(switch_from_env("CERTATTN_RUNG0_SINGLE_CHUNK"))
 
 
 def counts_picks(padded_block_count: int, chunk: int, select: str | None = None) -> bool:
