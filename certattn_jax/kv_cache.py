@@ -65,6 +65,11 @@ def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision="highest")
 
 
+def was_donated(tree: Any) -> bool:
+    """Whether some array of `tree` was donated (deleted) by an earlier call."""
+    return any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(tree))
+
+
 def commit_arrays(tree: Any) -> Any:
     """Commit freshly created (uncommitted) arrays to the default device, each in its own memory kind.
 

@@ -44,11 +44,11 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer
+from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer, conversion_layout
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import positive_int_from_env
-from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention
+from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention, was_donated
 from certattn_jax.policy import CertPolicy
 from certattn_jax.validate import is_integer
 
@@ -261,7 +261,7 @@ class TieredModelCache:
         if not is_integer(start):
             raise TypeError(f"with_sequences: start must be a Python or NumPy int, got {type(start).__name__}")
         for name, c in (("this cache", self), ("the part", part)):
-            if any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(c)):
+            if was_donated(c):
                 raise ValueError(f"with_sequences: {name} was donated to an earlier call (a decode step or "
                                  "with_sequences consumes the cache it is given): use the cache that call returned")
         mine = {id(x) for x in jax.tree.leaves(self)}
@@ -666,10 +666,7 @@ class CacheSpec:
         staging cache), "device" this mode's cache on the device (tier 1, hot set, residual, statistics,
         certificates; the dense cache itself for "dense"), "host" its tier 2 in host memory (0 for "dense").
         From the shapes alone (nothing is allocated); kept per layout, as a prefill asks it every call."""
-        policy = self._policy() if self.tiered else None
-        layout = None if policy is None else tuple(
-            getattr(policy, f) for f in ("block_size", "group_size", "key_bits", "value_bits", "k_max", "v_max",
-                                         "hot_slots"))
+        layout = conversion_layout(self._policy()) if self.tiered else None  # hashable: the cache's key
         return dict(_bytes_per_sequence(self.mode, self.num_layers, self.num_q_heads, self.num_kv_heads,
                                         self.head_dim, jnp.dtype(self.dtype).name, layout, self.schedule,
                                         int(capacity)))
@@ -703,10 +700,8 @@ class CacheSpec:
 
 @functools.lru_cache(maxsize=64)
 def _bytes_per_sequence(mode: str, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
-                        layout: tuple | None, schedule: str, capacity: int) -> tuple[tuple[str, int], ...]:
-    policy = None if layout is None else CertPolicy(**dict(zip(
-        ("block_size", "group_size", "key_bits", "value_bits", "k_max", "v_max", "hot_slots"), layout, strict=True)))
-    spec = CacheSpec(mode, num_layers, num_q_heads, num_kv_heads, head_dim, jnp.dtype(dtype), policy, schedule)
+                        layout: CertPolicy | None, schedule: str, capacity: int) -> tuple[tuple[str, int], ...]:
+    spec = CacheSpec(mode, num_layers, num_q_heads, num_kv_heads, head_dim, jnp.dtype(dtype), layout, schedule)
 
     def nbytes(tree: Any) -> int:
         return int(sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))

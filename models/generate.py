@@ -29,7 +29,7 @@ import numpy as np
 from certattn_jax import kernel_checks, xla_options
 from certattn_jax.certificate import Certificate, mark_stopped
 from certattn_jax.env import choice_from_env, switch_from_env
-from certattn_jax.kv_cache import KVCache, commit_arrays
+from certattn_jax.kv_cache import KVCache, commit_arrays, was_donated
 from certattn_jax.model_cache import CacheSpec, cache_spec
 from certattn_jax.validate import is_finite_number, is_integer
 from models.config import LlamaConfig
@@ -619,11 +619,6 @@ def generate(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int
     return result
 
 
-def _donated(tree: Any) -> bool:
-    """Whether some array of `tree` was donated (deleted) by an earlier call."""
-    return any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(tree))
-
-
 def check_params(params: Params, config: LlamaConfig, finite: bool = True) -> None:
     """Raise ValueError naming the first tensor of `params` whose name, shape or dtype the config does not
     imply (fused projections accepted) or, with `finite`, that holds NaN / Inf: either would make generation emit
@@ -686,7 +681,7 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         spec = cache_factory if isinstance(cache_factory, CacheSpec) else None
     if spec is not None:
         spec.check_model(config)
-        if _donated(spec.policy):
+        if was_donated(spec.policy):
             raise ValueError("the policy's arrays were donated with the cache they came from (e.g. "
                              "`policy=cache.policy` after that cache went through a donating step): pass a CertPolicy "
                              "built anew, or take the policy before donating the cache")
@@ -705,7 +700,7 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         raise TypeError(f"cache_factory({B}, {capacity}) must return a KV cache, got {type(cache).__name__}")
     if cache.lengths.shape[-1] != B:
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache for {cache.lengths.shape[-1]} sequences")
-    if _donated(cache):
+    if was_donated(cache):
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache whose arrays were donated to an earlier "
                          "call (prefill and decoding consume the cache they are given): build a fresh one per call")
     cache = commit_arrays(cache)
