@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -265,9 +266,28 @@ class TieredKVCache:
         layout = conversion_layout(policy)
         store = cls.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=ks[0].dtype, policy=layout,
                          layers=len(ks))
+        return _poisoned(store.with_rows_converted(0, ks, vs, lengths), bad)
+
+    def with_rows_converted(self, start: int, ks: Sequence[jax.Array], vs: Sequence[jax.Array],
+                            lengths: jax.Array) -> TieredKVCache:
+        """This stacked cache [L, B, ...] with sequences [start, start + n) converted from per-layer k, v
+        [n, Hkv, S, d] (the first lengths[i] tokens valid, lengths concrete): a layer per call of one compiled
+        program, written in place (this cache is donated), tier 1 on the device and the originals from the
+        device into their rows of the pinned-host tier 2. The rows hold what converting k, v on their own gives
+        (`stacked_from_layers`), bit for bit; eager only. Shapes are the caller's to match (the model cache's
+        `with_staged_sequences` checks them)."""
+        layout = self.layout_policy()
+        lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
+        store = self
         for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
-            store = _convert_layer_into(store, k, v, lengths, jnp.int32(i), layout)
-        return _poisoned(store, bad)
+            store = _convert_layer_into(store, k, v, lengths, jnp.int32(i), layout, jnp.int32(start))
+        return store
+
+    def layout_policy(self) -> CertPolicy:
+        """The layout this cache's arrays were built with (block, group, bits, hot-set slots), as a policy: what a
+        conversion into its rows must use (a narrowed policy, `with_policy(k_max=2)`, keeps the cache's slots)."""
+        return CertPolicy(block_size=self.block_size, group_size=self.group_size, key_bits=self.key_bits,
+                          value_bits=self.value_bits, k_max=self.k_max)
 
     # ------------------------------------------------------------------ shape facts
     @property
@@ -791,12 +811,13 @@ def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: Cer
 
 @functools.partial(jax.jit, donate_argnums=0, static_argnames=("policy",))
 def _convert_layer_into(store: TieredKVCache, k: jax.Array, v: jax.Array, lengths: jax.Array, layer: jax.Array,
-                        policy: CertPolicy) -> TieredKVCache:
-    """store (stacked, donated) with layer `layer` converted from k, v [B, H, S, d] (the first lengths[b] valid)."""
+                        policy: CertPolicy, start: jax.Array) -> TieredKVCache:
+    """store (stacked [L, B, ...], donated) with layer `layer` of sequences [start, start + n) converted from
+    k, v [n, H, S, d] (the first lengths[i] valid)."""
     c = _convert_on_device(k, v, lengths, policy)  # this layer, its tier 2 still on the device
 
-    def put(stacked: jax.Array, one: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_update_index_in_dim(stacked, one, layer, 0)
+    def put(stacked: jax.Array, rows: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_slice(stacked, rows[None], (layer, start) + (0,) * (rows.ndim - 1))
 
     host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
     return store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in DEVICE_FIELDS}, **host)

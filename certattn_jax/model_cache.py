@@ -283,6 +283,41 @@ class TieredModelCache:
         tiers.check_on_host(self.store.host_k, self.store.host_v, part.store.host_k, part.store.host_v)
         return _put_sequences(self, part.store, part.lengths, part.cert_packed, jnp.int32(start))
 
+    def with_staged_sequences(self, start: int, staging: DenseKVCache) -> TieredModelCache:
+        """This cache with sequences [start, start + n) converted from a prefilled dense staging cache of n
+        sequences (`CacheSpec.staging`, `DenseKVCache`): a layer at a time, straight into this cache's rows, tier 2
+        from the device into its rows of host memory. The result is `with_sequences(start,
+        spec.from_staging(staging))`'s, without the part's tiered copy: the device holds this cache, the staging
+        K/V and one layer's conversion temporaries. The rows' certificates start empty, as a converted cache's do.
+        Eager, start a Python int; this cache is donated (consumed). Drop `staging` afterwards to free its
+        device memory (`models.generate.prefill`'s `staging_batch` does this per group)."""
+        if not isinstance(staging, DenseKVCache):
+            raise TypeError(f"with_staged_sequences takes a DenseKVCache (a prefilled staging cache), got "
+                            f"{type(staging).__name__}")
+        if not is_integer(start):
+            raise TypeError(f"with_staged_sequences: start must be a Python or NumPy int, got {type(start).__name__}")
+        for name, c in (("this cache", self), ("the staging cache", staging)):
+            if was_donated(c):
+                raise ValueError(f"with_staged_sequences: {name} was donated to an earlier call: use the cache that "
+                                 "call returned")
+        if not all(is_concrete(x) for x in (staging.lengths, *staging.k, *staging.v)):
+            raise ValueError("with_staged_sequences is eager only (a traced staging cache)")
+        k0 = staging.k[0]
+        mine = (self.num_layers, self.num_kv_heads, self.capacity, self.head_dim, str(jnp.dtype(self.store.dtype)))
+        theirs = (staging.num_layers, k0.shape[1], k0.shape[2], k0.shape[3], str(k0.dtype))
+        if mine != theirs:
+            raise ValueError(f"with_staged_sequences: the staging cache holds (layers, KV heads, capacity, head_dim, "
+                             f"dtype) = {theirs}; this cache {mine}")
+        B, n = self.store.batch, k0.shape[0]
+        if not 0 <= start <= B - n:
+            raise ValueError(f"with_staged_sequences: start {start} with {n} sequences does not fit a batch of {B}")
+        tiers.check_on_host(self.store.host_k, self.store.host_v)
+        store = self.store.with_rows_converted(int(start), staging.k, staging.v, staging.lengths)
+        lengths = self.lengths.at[start:start + n].set(jnp.asarray(staging.lengths, jnp.int32))
+        empty = pack(empty_like_heads(n, self.num_q_heads))
+        cert = self.cert_packed.at[:, start:start + n].set(jnp.broadcast_to(empty, (self.num_layers,) + empty.shape))
+        return commit_arrays(self.replace(store=store, lengths=lengths, cert_packed=cert))
+
     def with_tier2_on_host(self) -> TieredModelCache:
         """This cache with tier 2 moved back to host memory (after pickle, device_get/device_put or a generic
         checkpoint restore put it on the device); the cache itself where it is there already."""

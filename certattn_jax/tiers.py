@@ -13,6 +13,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @functools.cache
@@ -94,4 +95,12 @@ def write_block(host: jax.Array, blk: jax.Array, b: jax.Array, block: jax.Array,
 
 
 def zeros_on_host(shape: tuple[int, ...], dtype) -> jax.Array:
-    return to_host(jnp.zeros(shape, dtype))
+    """Zeros of `shape` in tier-2 memory. Eagerly they are made in host memory directly (NumPy's zero pages put
+    into `pinned_host`): a batch's tier 2 may be larger than the device's free memory, and zeros made on the
+    device first (34 GB per array for 4 sequences at the 8B shape, 128K) ran an 80 GB H100 out of memory
+    (docs/performance.md, thirty-fifth session). Inside a trace, zeros moved to the host (XLA places them)."""
+    kind = host_memory_kind()
+    if kind is None or isinstance(jnp.zeros((), jnp.int8), jax.core.Tracer):
+        return to_host(jnp.zeros(shape, dtype))
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kind)
+    return jax.device_put(np.zeros(shape, jnp.dtype(dtype)), sharding)

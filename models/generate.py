@@ -655,7 +655,7 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     cache_factory as in `generate`. A mode name or CacheSpec prefills into the dense staging cache and converts
     it once (`CacheSpec.from_staging`); another factory's cache prefills through its own `attend`.
     staging_batch (tiered modes): prefill at most this many prompts at a time in a dense staging cache of their
-    own, each group converted and written into the batch's tiered cache (`TieredModelCache.with_sequences`), so
+    own, each group converted into its rows of the batch's tiered cache (`TieredModelCache.with_staged_sequences`), so
     the device holds the batch's tier 1 plus one group's dense K/V instead of the whole batch's dense K/V: a
     batch larger than a dense cache could hold (tier 1 is 44 % of the dense bytes). None: the whole batch at once.
     "auto" (the default): the whole batch where the device's free memory holds it by `auto_staging_batch`'s
@@ -693,8 +693,8 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         raise ValueError("staging_batch needs a mode name or a CacheSpec as cache_factory (a callable factory's "
                          "cache prefills through its own attend)")
     if spec is not None and spec.tiered and staging_batch is not None and staging_batch < B:
-        return _prefill_in_groups(params, config, prompts, capacity, spec, policy, prefill_chunk, progress,
-                                  min_capacity, staging_batch)
+        return _prefill_in_groups(params, config, prompts, capacity, spec, prefill_chunk, progress, min_capacity,
+                                  staging_batch)
     cache = spec.staging(B, capacity) if spec is not None else cache_factory(B, capacity)
     if not (hasattr(cache, "lengths") and hasattr(cache, "capacity") and hasattr(cache, "attend")):
         raise TypeError(f"cache_factory({B}, {capacity}) must return a KV cache, got {type(cache).__name__}")
@@ -703,9 +703,21 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     if was_donated(cache):
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache whose arrays were donated to an earlier "
                          "call (prefill and decoding consume the cache they are given): build a fresh one per call")
+    cache, last_logits = _prefill_into(params, config, cache, prompts, prefill_chunk, progress, min_capacity)
+    if spec is not None:
+        cache = spec.from_staging(cache)
+    jax.block_until_ready((last_logits, cache))
+    return cache, last_logits
+
+
+def _prefill_into(params: Params, config: LlamaConfig, cache: KVCache, prompts: list[list[int]], prefill_chunk: int,
+                  progress: bool, min_capacity: int) -> tuple[KVCache, jax.Array]:
+    """The prompts (checked) prefilled chunk by chunk into an empty cache (donated); (cache, last logits [B, V])."""
     cache = commit_arrays(cache)
     if cache.capacity < min_capacity:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")
+    B = len(prompts)
+    lens = np.array([len(p) for p in prompts], np.int32)
     C = min(prefill_chunk, round_up(int(lens.max()), 8))
     n_chunks = -(-int(lens.max()) // C)
     padded = np.zeros((B, n_chunks * C), np.int32)
@@ -721,9 +733,6 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         if bar is not None:
             jax.block_until_ready(last_logits)
             bar.update(1)
-    if spec is not None:
-        cache = spec.from_staging(cache)
-    jax.block_until_ready((last_logits, cache))
     if bar is not None:
         bar.close()
     return cache, last_logits
@@ -763,10 +772,11 @@ def auto_staging_batch(spec: CacheSpec, config: LlamaConfig, batch: int, capacit
 
 
 def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[int]], capacity: int,
-                       spec: CacheSpec, policy: Any, prefill_chunk: int, progress: bool, min_capacity: int,
+                       spec: CacheSpec, prefill_chunk: int, progress: bool, min_capacity: int,
                        group: int) -> tuple[KVCache, jax.Array]:
-    """`prefill`'s staging_batch: the batch's tiered cache built empty, then `group` prompts at a time prefilled
-    in their own staging cache, converted, and written into it."""
+    """`prefill`'s staging_batch: the batch's tiered cache built empty (tier 2 made in host memory), then `group`
+    prompts at a time prefilled in their own dense staging cache and converted a layer at a time into their rows
+    (`TieredModelCache.with_staged_sequences`)."""
     cache = commit_arrays(spec(len(prompts), capacity))
     if cache.capacity < min_capacity:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")
@@ -778,11 +788,12 @@ def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[i
 
         bar = tqdm(total=len(prompts), desc=f"prefill ({group} prompts at a time)", unit="prompt", file=sys.stderr)
     for start in starts:
-        part, part_logits = prefill(params, config, prompts[start:start + group], capacity, cache_factory=spec,
-                                    policy=policy, prefill_chunk=prefill_chunk, min_capacity=min_capacity,
-                                    staging_batch=None)
-        cache = cache.with_sequences(start, part)
-        del part  # its tier 1 and tier 2 are in `cache` now
+        group_prompts = prompts[start:start + group]
+        staging = spec.staging(len(group_prompts), capacity)
+        staging, part_logits = _prefill_into(params, config, staging, group_prompts, prefill_chunk, False,
+                                             min_capacity)
+        cache = cache.with_staged_sequences(start, staging)  # converted a layer at a time into the group's rows
+        del staging
         logits.append(part_logits)
         if bar is not None:
             bar.update(len(prompts[start:start + group]))

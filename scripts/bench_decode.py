@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -132,39 +133,74 @@ def build_cache(config, batch, context, mode, impl, room, policy, kv="gaussian",
     so a certified cache sends many head-steps up the ladder: its rows then time the fallbacks, not the fast
     pass). kv "prefill": the model's own chunked prefill of random token ids into the dense staging cache,
     converted once (`models.generate.prefill`, the product's path): the keys, values and queries the model
-    makes, so the certified rows time what a user's decode costs."""
+    makes, so the certified rows time what a user's decode costs. staging_batch n < batch (tiered modes): the
+    tiered cache built empty, then n sequences' dense K/V at a time converted into their rows
+    (`TieredModelCache.with_staged_sequences`): the device never holds more than n sequences' dense K/V."""
     if kv not in KV_KINDS:
         raise ValueError(f"kv must be one of {KV_KINDS}, got {kv!r}")
-    if mode != "dense" and staging_batch is not None and staging_batch < batch:
-        # the tiered cache a few sequences at a time: the device holds one group's dense K/V at most (a batch
-        # whose dense cache would not fit; `TieredModelCache.with_sequences`)
-        full = cache_spec(mode, config, jnp.bfloat16, policy)(batch, context)
-        for start in range(0, batch, staging_batch):
-            n = min(staging_batch, batch - start)
-            part = build_cache(config, n, context, mode, impl, room, policy, kv, params, prefill_chunk, None,
-                               seed_offset=start)
-            full = full.with_sequences(start, part)
-            del part
-        return full
+    if mode == "dense":
+        return _dense_kv(config, batch, context, room, kv, params, prefill_chunk, seed_offset, impl, None)
+    spec = cache_spec(mode, config, jnp.bfloat16, policy)
+    if staging_batch is None or staging_batch >= batch:
+        return spec.from_staging(_dense_kv(config, batch, context, room, kv, params, prefill_chunk, seed_offset,
+                                           impl, spec))
+    full = spec(batch, context)
+    for start in range(0, batch, staging_batch):
+        n = min(staging_batch, batch - start)
+        part = _dense_kv(config, n, context, room, kv, params, prefill_chunk, seed_offset + start, impl, spec)
+        full = full.with_staged_sequences(start, part)
+        del part
+    return full
+
+
+def _dense_kv(config, batch, context, room, kv, params, prefill_chunk, seed_offset, impl, spec):
+    """A dense cache of `batch` sequences holding context - room tokens (`build_cache`'s kinds); the prefill
+    with a tiered `spec` goes through its staging cache (which starts the kernels' self-checks meanwhile)."""
     if kv == "prefill":
         from models.generate import prefill
 
         rng = np.random.default_rng(batch * 7 + context + 1000 * seed_offset)
         prompts = [rng.integers(0, config.vocab_size, context - room).tolist() for _ in range(batch)]
-        factory = "dense" if mode == "dense" else cache_spec(mode, config, jnp.bfloat16, policy)
-        cache, _ = prefill(params, config, prompts, context, cache_factory=factory, policy=policy,
-                           prefill_chunk=prefill_chunk)
-        return cache.replace(attn_impl=impl) if mode == "dense" else cache
+        make = "dense" if spec is None else (lambda b, c: spec.staging(b, c))  # (a callable: not converted)
+        cache, _ = prefill(params, config, prompts, context, cache_factory=make, prefill_chunk=prefill_chunk)
+        return cache.replace(attn_impl=impl)
     key = jax.random.key(batch * 7 + context + 1000 * seed_offset)
     shape = (batch, config.num_kv_heads, context, config.head_dim)
     ks = jax.random.split(key, 2 * config.num_layers)
-    dense = DenseKVCache(
+    return DenseKVCache(
         k=tuple(jax.random.normal(ks[2 * i], shape, jnp.bfloat16) for i in range(config.num_layers)),
         v=tuple(jax.random.normal(ks[2 * i + 1], shape, jnp.bfloat16) for i in range(config.num_layers)),
         lengths=jnp.full((batch,), context - room, jnp.int32), attn_impl=impl)
+
+
+class DoesNotFit(RuntimeError):
+    """A row whose cache alone needs more device memory than is free (not attempted)."""
+
+
+def cache_build_bytes(config, batch, context, mode, policy, staging_batch=None) -> int:
+    """The device bytes a row's cache needs at its build's peak, from shapes alone (`CacheSpec.bytes_per_sequence`):
+    dense, its K/V; tiered, the batch's tier 1 plus one staging group's dense K/V. A lower bound: XLA's
+    temporaries and the weights (already resident) are not counted."""
+    per = cache_spec(mode, config, jnp.bfloat16, policy).bytes_per_sequence(context)
     if mode == "dense":
-        return dense
-    return cache_spec(mode, config, jnp.bfloat16, policy).from_staging(dense)
+        return batch * per["staging"]
+    group = batch if staging_batch is None else min(staging_batch, batch)
+    return batch * per["device"] + group * per["staging"]
+
+
+def check_fits(config, batch, context, mode, policy, staging_batch, dev) -> None:
+    """DoesNotFit where the cache alone exceeds the device's free memory (the allocator's limit less what is in
+    use): such a build is not attempted, since a failing allocation on the GPU retries for minutes (thirty-fifth
+    session). Devices without memory statistics (the CPU) are not checked."""
+    stats = dev.memory_stats() or {}
+    if "bytes_limit" not in stats:
+        return
+    need = cache_build_bytes(config, batch, context, mode, policy, staging_batch)
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    if need > free:
+        raise DoesNotFit(f"does not fit: the {mode} cache needs at least {need / 1e9:.2f} GB on the device, "
+                         f"{free / 1e9:.2f} GB free of the allocator's {stats['bytes_limit'] / 1e9:.2f} GB limit "
+                         "(not attempted)")
 
 
 def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode="dense", policy=None,
@@ -172,6 +208,8 @@ def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode=
     room = (reps + 2) * steps + 1 + soak_steps + steps
     if room >= context:
         raise ValueError(f"context {context} leaves no room for {room} decode steps")
+    dev = jax.devices()[0]
+    check_fits(config, batch, context, mode, policy, staging_batch, dev)
     t0 = time.perf_counter()
     cache = build_cache(config, batch, context, mode, impl, room, policy, kv, params, prefill_chunk, staging_batch)
     jax.block_until_ready(cache)
@@ -179,7 +217,6 @@ def bench_one(name, config, params, batch, context, impl, steps, reps, bw, mode=
     mem = memory_report(cache)
     # every input committed to the device, as the loop's outputs are: a committed/uncommitted mix between the
     # first call and the later ones would compile the loop twice (jit keys on it)
-    dev = jax.devices()[0]
     tokens = jax.device_put(jnp.ones((batch,), jnp.int32), dev)
     if mode == "dense":
         cache = jax.device_put(cache, dev)
@@ -302,6 +339,8 @@ def _write(out, dev, bws, rows, errors=()) -> None:
         return
     result = dict(device=dev.device_kind, platform=dev.platform, jax_version=jax.__version__,
                   python=platform.python_version(), measured_bandwidth_Bps=bws,
+                  device_bytes_limit=(dev.memory_stats() or {}).get("bytes_limit"),
+                  xla_python_client_mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
                   timing="median over reps of (one jitted fori_loop of steps_per_call decode steps) / steps",
                   rows=rows, errors=list(errors))
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -73,13 +73,17 @@ for s in "$@"; do
       for c in dense certified; do
         step dec128p_$c 270 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --batches 1 --caches $c --impls einsum --kv prefill --prefill-chunk 512 --steps 16 --reps 3 --out $W/dec128p_$c.json"
       done ;;
-    fits128)  # thirty-fourth session: issue 8's "a larger batch than dense fits" at 8B 128K on an 80 GB H100: dense at
-      # batch 3 and 4 (4 x 17.2 GB of K/V + 15 GB of weights should not fit), certified at 4 built one sequence at a
-      # time (--staging-batch 1: tier 1 is 7.3 GB per sequence on the device, tier 2 17.2 GB per sequence in host
-      # memory: 69 GB of the host's 128 GiB). Gaussian K/V (quick to build): the certified row times the ladder
-      D="python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --impls einsum --steps 8 --reps 2"
-      step fits_dense 200 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
-      step fits_cert 300 "$D --batches 4 --caches certified --staging-batch 1 --out $W/fits128_cert.json" ;;
+    fits128)  # thirty-fourth/fifth sessions: issue 8's "a larger batch than dense fits" at 8B 128K on an 80 GB H100.
+      # The thirty-fifth session's first try: jax's allocator stops at XLA_PYTHON_CLIENT_MEM_FRACTION (0.75 by default,
+      # 60 GB here), so dense B=3 (51.5 GB of K/V + 16 GB of weights) ran out, and the empty certified B=4 cache made
+      # its 34 GB tier-2 zeros on the device; both retried failing allocations until their timeouts. Now: the same
+      # fraction (0.95) for both caches, tier 2's zeros made in host memory, groups converted into their rows, and
+      # rows that cannot fit by their cache's bytes refused at once (bench_decode.check_fits).
+      D="XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --impls einsum --steps 8 --reps 2"
+      step fits_dense 150 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
+      step fits_cert 260 "$D --batches 4,5 --caches certified --staging-batch 1 --out $W/fits128_cert.json"
+      step fits_cert6 150 "$D --batches 6 --caches certified --staging-batch 1 --out $W/fits128_cert6.json" ;;
+    staging_gpu) step staging_gpu 150 "python3 -m pytest -q -n 4 tests/test_staging_groups.py" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;

@@ -113,6 +113,47 @@ def test_bench_decode_stages_a_tiered_batch_a_sequence_at_a_time(monkeypatch):
     assert jnp.array_equal(staged.lengths, jnp.full((3,), 88)) and jax.typeof(staged.lengths).shape == (3,)
 
 
+def test_bench_decode_skips_a_cache_that_cannot_fit():
+    """A row whose cache alone exceeds the device's free memory is refused before it is built (a failing GPU
+    allocation retries for minutes); the estimate is the cache's bytes: dense K/V, or tier 1 plus one staging
+    group's dense K/V."""
+    import jax.numpy as jnp
+    import pytest
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_decode
+
+    from certattn_jax.model_cache import cache_spec
+    from certattn_jax.policy import CertPolicy
+
+    config = bench_decode.MODELS["tiny"]
+    policy = CertPolicy(tier1="jnp", block_size=16, group_size=16)
+    per = cache_spec("certified", config, jnp.bfloat16, policy).bytes_per_sequence(128)
+    assert bench_decode.cache_build_bytes(config, 4, 128, "dense", policy) == 4 * per["staging"]
+    assert bench_decode.cache_build_bytes(config, 4, 128, "certified", policy) == 4 * (per["device"] + per["staging"])
+    staged = bench_decode.cache_build_bytes(config, 4, 128, "certified", policy, staging_batch=1)
+    assert staged == 4 * per["device"] + per["staging"]
+
+    class Device:
+        def __init__(self, limit, used):
+            self.stats = {"bytes_limit": limit, "bytes_in_use": used}
+
+        def memory_stats(self):
+            return self.stats
+
+    bench_decode.check_fits(config, 4, 128, "certified", policy, 1, Device(staged + 10, 10))  # just fits
+    with pytest.raises(bench_decode.DoesNotFit, match="needs at least"):
+        bench_decode.check_fits(config, 4, 128, "certified", policy, 1, Device(staged + 10, 11))
+    with pytest.raises(bench_decode.DoesNotFit, match="dense cache"):
+        bench_decode.check_fits(config, 4, 128, "dense", policy, None, Device(4 * per["staging"] - 1, 0))
+
+    class NoStats:
+        def memory_stats(self):
+            return None
+
+    bench_decode.check_fits(config, 10**6, 128, "dense", policy, None, NoStats())  # the CPU: not checked
+
+
 def test_probe_conditionals_smoke(tmp_path):
     out = tmp_path / "probe_conditionals.json"
     cmd = [sys.executable, str(ROOT / "scripts/probe_conditionals.py"), "--smoke", "--out", str(out)]

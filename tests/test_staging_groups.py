@@ -130,6 +130,90 @@ def test_with_sequences_names_a_consumed_or_shared_cache(params):
     assert new.with_sequences(0, shared_policy).lengths.tolist() == [0, 0]
 
 
+def _staging(params, spec, prompts):
+    """A dense staging cache of `spec` holding the prompts' prefill (not converted)."""
+    cache, _ = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=lambda b, c: spec.staging(b, c),
+                           prefill_chunk=16)
+    return cache
+
+
+@pytest.mark.parametrize("mode", ["certified", "naive"])
+def test_with_staged_sequences_converts_into_the_rows(params, mode):
+    """with_staged_sequences(start, staging): the rows hold what converting the staging cache on its own gives
+    (`from_staging`), every field, bit for bit; certificates start empty; rows outside are untouched; tier 2
+    stays in host memory; the staging cache is left intact (only the tiered cache is donated)."""
+    spec = cache_spec(mode, CFG, jnp.float32, POLICY)
+    full = _decoded(params, spec, (20, 30, 50, 10))  # every row written before: nothing of it may survive
+    before = _rows(full, 0, 4)
+    staging = _staging(params, spec, _prompts(11, (40, 16)))
+    full = full.with_staged_sequences(1, staging)
+    own = spec.from_staging(staging)
+    assert full.store.host_k.sharding.memory_kind == tiers.host_memory_kind()
+    assert full.lengths.tolist() == [23, 40, 16, 13]  # (rows 0 and 3 decoded 3 tokens)
+    for got, want in zip(_rows(full, 1, 2), _rows(own, 0, 2), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for b in (0, 3):
+        for got, want in zip(_rows(full, b, 1), [x[:, b:b + 1] if x.ndim > 1 else x[b:b + 1] for x in before],
+                             strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_with_staged_sequences_fills_a_narrowed_cache_s_every_slot(params):
+    """A cache narrowed by with_policy(k_max=2) keeps its 4 hot slots: the conversion takes the store's layout,
+    so slots 2-3 of the rows are cleared too (a conversion at the policy's 2 slots would leave the previous
+    sequence's exact blocks there, which rung 0 takes as this sequence's)."""
+    spec = _spec()  # k_max 4, hot slots = k_max
+    full = _decoded(params, spec, (60, 50))
+    assert np.any(np.asarray(full.store.hot_ids)[:, 0, :, 2:] >= 0)  # the old row uses slots 2-3
+    narrowed = full.with_policy(full.policy.replace(k_max=2))
+    assert narrowed.policy.slots == 2 and narrowed.store.k_max == 4
+    staging = _staging(params, spec, _prompts(12, (33,)))
+    got = narrowed.with_staged_sequences(0, staging)
+    own = spec.from_staging(staging)
+    for a, b in zip(_rows(got, 0, 1), _rows(own, 0, 1), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_with_staged_sequences_refuses_what_does_not_fit(params):
+    spec = _spec()
+    staging = spec.staging(2, CAPACITY)
+    with pytest.raises(ValueError, match="start 3 with 2 sequences does not fit a batch of 4"):
+        spec(4, CAPACITY).with_staged_sequences(3, staging)
+    with pytest.raises(TypeError, match="start must be a Python or NumPy int"):
+        spec(4, CAPACITY).with_staged_sequences(jnp.int32(0), staging)
+    with pytest.raises(TypeError, match="DenseKVCache"):
+        spec(4, CAPACITY).with_staged_sequences(0, spec(2, CAPACITY))
+    with pytest.raises(ValueError, match=r"capacity.*\(2, 2, 112, 32, 'float32'\); this cache \(2, 2, 96"):
+        spec(4, CAPACITY).with_staged_sequences(0, spec.staging(2, CAPACITY + 16))
+    with pytest.raises(ValueError, match="float16"):
+        spec(4, CAPACITY).with_staged_sequences(0, cache_spec("certified", CFG, jnp.float16, POLICY).staging(
+            2, CAPACITY))
+    full = spec(2, CAPACITY)
+    new = full.with_staged_sequences(0, staging)
+    with pytest.raises(ValueError, match="this cache was donated"):
+        full.with_staged_sequences(0, staging)
+    assert new.lengths.tolist() == [0, 0]
+
+
+def test_zeros_on_host_are_made_in_host_memory(monkeypatch):
+    """Eagerly, tier 2's zeros are made in host memory directly, never on the device first (a batch's tier 2 may
+    exceed the device's free memory: 34 GB per array at 4 x 128K of the 8B shape); traced, they are placed by
+    XLA."""
+    if tiers.host_memory_kind() is None:
+        pytest.skip("no host memory space on this backend")
+
+    def refuse(x):
+        raise AssertionError("zeros made on the device and moved")
+
+    monkeypatch.setattr(tiers, "to_host", refuse)
+    x = tiers.zeros_on_host((2, 3, 5), jnp.bfloat16)
+    assert x.sharding.memory_kind == "pinned_host" and x.dtype == jnp.bfloat16 and x.shape == (2, 3, 5)
+    assert not np.any(np.asarray(x, np.float32))
+    monkeypatch.undo()
+    y = jax.jit(lambda: tiers.zeros_on_host((4,), jnp.float32))()
+    assert y.sharding.memory_kind == "pinned_host" and not np.any(np.asarray(y))
+
+
 @pytest.mark.parametrize("group", [1, 2, 3])
 def test_prefill_in_groups_stages_at_most_the_group(params, group, monkeypatch):
     """staging_batch n: every dense staging cache holds at most n sequences, and the result holds what the groups'
