@@ -83,7 +83,7 @@ for s in "$@"; do
       step fits_dense 150 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
       step fits_cert 260 "$D --batches 4,5 --caches certified --staging-batch 1 --out $W/fits128_cert.json"
       step fits_cert6 150 "$D --batches 6 --caches certified --staging-batch 1 --out $W/fits128_cert6.json" ;;
-    staging_gpu) step staging_gpu 150 "python3 -m pytest -q -n 4 tests/test_staging_groups.py" ;;
+    staging_gpu) step staging_gpu 120 "python3 -m pytest -q -n 4 tests/test_staging_groups.py" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
@@ -176,7 +176,7 @@ for s in "$@"; do
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
-    sound) step sound 460 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
+    sound) step sound 450 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
     kernels_fix) step kernels_fix 120 "python3 -m pytest -q -n 4 tests/test_pallas_tier1.py -k 'subnormal or leaves_the_hot or slot_programs or any_size'" ;;
     eval_compile) step eval_compile 300 "python3 scripts/probe_eval_compile.py --model smollm2 --schedules looped two-pass --out $W/eval_compile.json" ;;
     trace) step trace 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified:pallas:jnp certified:pallas:fused --steps 16 --out $W/trace_decode.json" ;;
