@@ -254,13 +254,7 @@ class TieredKVCache:
         H200 for 66.6 GiB at the 8B shape, 32K, batch 8: docs/performance.md, fourteenth session): the peak is
         the inputs, the result and one layer's temporaries. Same result, bit for bit."""
         policy = _checked_policy(policy)
-        if not ks or len(ks) != len(vs):
-            raise ValueError(f"need as many key layers as value layers, at least one; got {len(ks)} and {len(vs)}")
-        _check_kv(ks[0], vs[0])
-        for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
-            if k.shape != ks[0].shape or v.shape != ks[0].shape or k.dtype != ks[0].dtype or v.dtype != k.dtype:
-                raise ValueError(f"layer {i} holds k {k.shape} {k.dtype}, v {v.shape} {v.dtype}; layer 0 "
-                                 f"{ks[0].shape} {ks[0].dtype}")
+        _check_layers(ks, vs)
         lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
         B, H, S, d = ks[0].shape
         layout = conversion_layout(policy)
@@ -271,11 +265,27 @@ class TieredKVCache:
     def with_rows_converted(self, start: int, ks: Sequence[jax.Array], vs: Sequence[jax.Array],
                             lengths: jax.Array) -> TieredKVCache:
         """This stacked cache [L, B, ...] with sequences [start, start + n) converted from per-layer k, v
-        [n, Hkv, S, d] (the first lengths[i] tokens valid, lengths concrete): a layer per call of one compiled
-        program, written in place (this cache is donated), tier 1 on the device and the originals from the
-        device into their rows of the pinned-host tier 2. The rows hold what converting k, v on their own gives
-        (`stacked_from_layers`), bit for bit; eager only. Shapes are the caller's to match (the model cache's
-        `with_staged_sequences` checks them)."""
+        [n, Hkv, S, d] (the first lengths[i] tokens valid): a layer per call of one compiled program, written in
+        place (this cache is donated), tier 1 on the device and the originals from the device into their rows of
+        the pinned-host tier 2. The rows hold what converting k, v on their own gives (`stacked_from_layers`),
+        bit for bit. Eager only. Everything is checked before the first layer is written (a refusal halfway would
+        lose the cache): one k and one v per layer of this cache, each of its KV heads, capacity, head_dim and
+        dtype; 0 <= start <= B - n; the lengths in [0, S]."""
+        ks, vs = tuple(ks), tuple(vs)
+        _check_layers(ks, vs)
+        if not self.stacked or self.layer is not None:
+            raise ValueError("with_rows_converted writes a model's stacked cache, not a layer or a layer's view")
+        if len(ks) != self.k_codes.shape[0]:
+            raise ValueError(f"{len(ks)} layers given; this cache holds {self.k_codes.shape[0]}")
+        n, H, S, d = ks[0].shape
+        mine = (self.num_kv_heads, self.capacity, self.head_dim, jnp.dtype(self.dtype))
+        if (H, S, d, jnp.dtype(ks[0].dtype)) != mine:
+            raise ValueError(f"the layers hold (KV heads, capacity, head_dim, dtype) = {(H, S, d, ks[0].dtype)}; "
+                             f"this cache {mine}")
+        if not is_integer(start) or not 0 <= start <= self.batch - n:
+            raise ValueError(f"start {start!r} with {n} sequences does not fit a batch of {self.batch}")
+        if not all(is_concrete(x) for x in (lengths, *ks, *vs, self.k_codes)):
+            raise ValueError("with_rows_converted is eager only (a traced input)")
         layout = self.layout_policy()
         lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
         store = self
@@ -743,6 +753,18 @@ def _poisoned(c: TieredKVCache, bad: jax.Array | None) -> TieredKVCache:
     if bad is None or is_concrete(bad) and not bool(jnp.any(bad)):
         return c
     return c.replace(nonfinite=c.nonfinite | bad[:, None])
+
+
+def _check_layers(ks: Sequence[jax.Array], vs: Sequence[jax.Array]) -> None:
+    """Per-layer k, v [B, Hkv, S, d] of a model: as many values as keys, at least one, every layer's k and v of
+    layer 0's shape and floating dtype."""
+    if not ks or len(ks) != len(vs):
+        raise ValueError(f"need as many key layers as value layers, at least one; got {len(ks)} and {len(vs)}")
+    _check_kv(ks[0], vs[0])
+    for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        if k.shape != ks[0].shape or v.shape != ks[0].shape or k.dtype != ks[0].dtype or v.dtype != k.dtype:
+            raise ValueError(f"layer {i} holds k {k.shape} {k.dtype}, v {v.shape} {v.dtype}; layer 0 "
+                             f"{ks[0].shape} {ks[0].dtype}")
 
 
 def _check_kv(k: jax.Array, v: jax.Array) -> None:

@@ -288,9 +288,11 @@ class TieredModelCache:
         sequences (`CacheSpec.staging`, `DenseKVCache`): a layer at a time, straight into this cache's rows, tier 2
         from the device into its rows of host memory. The result is `with_sequences(start,
         spec.from_staging(staging))`'s, without the part's tiered copy: the device holds this cache, the staging
-        K/V and one layer's conversion temporaries. The rows' certificates start empty, as a converted cache's do.
-        Eager, start a Python int; this cache is donated (consumed). Drop `staging` afterwards to free its
-        device memory (`models.generate.prefill`'s `staging_batch` does this per group)."""
+        K/V and one layer's conversion temporaries. The rows' certificates start empty, as a converted cache's do;
+        the step counters (`rung0_streak`, `slow_steps`) and the tolerances stay this cache's. Every layer of
+        `staging` is checked before the first is written. Eager, start a Python int; this cache is donated
+        (consumed). Drop `staging` afterwards to free its device memory (`models.generate.prefill`'s
+        `staging_batch` does this per group)."""
         if not isinstance(staging, DenseKVCache):
             raise TypeError(f"with_staged_sequences takes a DenseKVCache (a prefilled staging cache), got "
                             f"{type(staging).__name__}")
@@ -300,8 +302,8 @@ class TieredModelCache:
             if was_donated(c):
                 raise ValueError(f"with_staged_sequences: {name} was donated to an earlier call: use the cache that "
                                  "call returned")
-        if not all(is_concrete(x) for x in (staging.lengths, *staging.k, *staging.v)):
-            raise ValueError("with_staged_sequences is eager only (a traced staging cache)")
+        if not all(is_concrete(x) for x in (staging.lengths, *staging.k, *staging.v, self.lengths)):
+            raise ValueError("with_staged_sequences is eager only (a traced cache)")
         k0 = staging.k[0]
         mine = (self.num_layers, self.num_kv_heads, self.capacity, self.head_dim, str(jnp.dtype(self.store.dtype)))
         theirs = (staging.num_layers, k0.shape[1], k0.shape[2], k0.shape[3], str(k0.dtype))

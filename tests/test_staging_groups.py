@@ -195,6 +195,48 @@ def test_with_staged_sequences_refuses_what_does_not_fit(params):
     assert new.lengths.tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("bad", ["kv_heads", "capacity", "dtype", "batch", "missing_v"])
+def test_a_bad_later_layer_is_refused_before_anything_is_written(params, bad):
+    """Every layer of the staging cache is checked before the first is converted into the rows (an independent
+    review: layer 1 with fewer KV heads was written over part of each row; a refusal after layer 0 had been
+    written consumed the whole batch cache). The cache stays usable after the refusal."""
+    spec = _spec()
+    full = _decoded(params, spec, (20, 30))
+    before = _rows(full, 0, 2)
+    staging = _staging(params, spec, _prompts(13, (40,)))
+    k1, v1 = staging.k[1], staging.v[1]
+    layer1 = {"kv_heads": (k1[:, :1], v1[:, :1]), "capacity": (k1[:, :, :80], v1[:, :, :80]),
+              "dtype": (k1.astype(jnp.float16), v1.astype(jnp.float16)),
+              "batch": (jnp.concatenate([k1, k1]), jnp.concatenate([v1, v1])), "missing_v": (k1, None)}[bad]
+    vs = (staging.v[0],) if bad == "missing_v" else (staging.v[0], layer1[1])
+    broken = staging.replace(k=(staging.k[0], layer1[0]), v=vs)
+    with pytest.raises(ValueError, match="layer|layers"):
+        full.with_staged_sequences(0, broken)
+    for got, want in zip(_rows(full, 0, 2), before, strict=True):  # nothing consumed, nothing written
+        np.testing.assert_array_equal(got, want)
+
+
+def test_with_rows_converted_checks_its_inputs(params):
+    """The stacked store's own row conversion (public) checks start, the layer count and the layers' shapes."""
+    spec = _spec()
+    store = spec(4, CAPACITY).store
+    staging = _staging(params, spec, _prompts(14, (40, 9)))
+    ks, vs, lengths = staging.k, staging.v, staging.lengths
+    for start in (3, 7, -2, True):
+        with pytest.raises(ValueError, match="does not fit a batch of 4"):
+            store.with_rows_converted(start, ks, vs, lengths)
+    with pytest.raises(ValueError, match="3 layers given; this cache holds 2"):
+        store.with_rows_converted(0, ks + ks[:1], vs + vs[:1], lengths)
+    with pytest.raises(ValueError, match="1 layers given"):
+        store.with_rows_converted(0, ks[:1], vs[:1], lengths)
+    short = spec.staging(2, CAPACITY - 32)
+    with pytest.raises(ValueError, match=r"capacity.*\(2, 64, 32"):
+        store.with_rows_converted(0, short.k, short.v, short.lengths)
+    with pytest.raises(ValueError, match="stacked"):
+        spec(4, CAPACITY).layer_view(0).with_rows_converted(0, ks, vs, lengths)
+    assert store.with_rows_converted(2, ks, vs, lengths).hot_ids.shape == store.hot_ids.shape
+
+
 def test_zeros_on_host_are_made_in_host_memory(monkeypatch):
     """Eagerly, tier 2's zeros are made in host memory directly, never on the device first (a batch's tier 2 may
     exceed the device's free memory: 34 GB per array at 4 x 128K of the 8B shape); traced, they are placed by
