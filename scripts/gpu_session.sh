@@ -87,7 +87,7 @@ for s in "$@"; do
       D="XLA_PYTHON_CLIENT_MEM_FRACTION=$FR python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --impls einsum --steps 8 --reps 2"
       step fits_dense 150 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
       step fits_cert 260 "$D --batches 4,5 --caches certified --staging-batch 1 --out $W/fits128_cert.json"
-      step fits_cert6 150 "$D --batches 6 --caches certified --staging-batch 1 --out $W/fits128_cert6.json" ;;
+      [ "${FITS6:-1}" = 1 ] && step fits_cert6 150 "$D --batches 6 --caches certified --staging-batch 1 --out $W/fits128_cert6.json" ;;
     staging_gpu) step staging_gpu 120 "python3 -m pytest -q -n 4 tests/test_staging_groups.py" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
