@@ -102,5 +102,23 @@ def zeros_on_host(shape: tuple[int, ...], dtype) -> jax.Array:
     kind = host_memory_kind()
     if kind is None or isinstance(jnp.zeros((), jnp.int8), jax.core.Tracer):
         return to_host(jnp.zeros(shape, dtype))
+    nbytes = int(np.prod(shape)) * jnp.dtype(dtype).itemsize
+    available = host_memory_available()
+    if available is not None and nbytes > available:  # pinned pages cannot be swapped: fail by name, not by the OS
+        raise MemoryError(f"tier 2 (the original keys or values, {tuple(shape)} {jnp.dtype(dtype)}) needs "
+                          f"{nbytes / 1e9:.2f} GB of host memory; {available / 1e9:.2f} GB is available: choose a "
+                          "smaller batch or capacity")
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kind)
     return jax.device_put(np.zeros(shape, jnp.dtype(dtype)), sharding)
+
+
+def host_memory_available() -> int | None:
+    """Bytes of host memory available for new allocations (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

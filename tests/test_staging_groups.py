@@ -256,6 +256,19 @@ def test_zeros_on_host_are_made_in_host_memory(monkeypatch):
     assert y.sharding.memory_kind == "pinned_host" and not np.any(np.asarray(y))
 
 
+def test_tier2_beyond_the_host_s_memory_is_named(monkeypatch):
+    """A tier 2 larger than the host's available memory is refused by name before anything is allocated (pinned
+    pages cannot be swapped: the OS would otherwise kill the process)."""
+    if tiers.host_memory_kind() is None:
+        pytest.skip("no host memory space on this backend")
+    monkeypatch.setattr(tiers, "host_memory_available", lambda: 1000)
+    with pytest.raises(MemoryError, match=r"needs 0.00 GB of host memory; 0.00 GB is available"):
+        _spec()(4, CAPACITY)
+    assert tiers.zeros_on_host((10, 10), jnp.bfloat16).shape == (10, 10)  # 200 bytes: fits
+    monkeypatch.undo()
+    assert tiers.host_memory_available() is None or tiers.host_memory_available() > 0
+
+
 @pytest.mark.parametrize("group", [1, 2, 3])
 def test_prefill_in_groups_stages_at_most_the_group(params, group, monkeypatch):
     """staging_batch n: every dense staging cache holds at most n sequences, and the result holds what the groups'
