@@ -85,8 +85,13 @@ for s in "$@"; do
       FR=$(python3 -c "print(0.95 if $MIB < 100000 else round(0.95 * 81559 / $MIB, 4))")
       echo "fits128: memory.total $MIB MiB, XLA_PYTHON_CLIENT_MEM_FRACTION=$FR" | tee -a "$OUT/summary.log"
       D="XLA_PYTHON_CLIENT_MEM_FRACTION=$FR python3 scripts/bench_decode.py --models llama3.1-8b --contexts 131072 --impls einsum --steps 8 --reps 2"
-      step fits_dense 150 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
-      step fits_cert 260 "$D --batches 4,5 --caches certified --staging-batch 1 --out $W/fits128_cert.json"
+      if [ "${FITS_CERT_FIRST:-0}" = 1 ]; then  # a short call: the certified row first
+        step fits_cert "${FITS_CERT_S:-260}" "$D --batches ${FITS_CERT_BATCHES:-4,5} --caches certified --staging-batch 1 --out $W/fits128_cert.json"
+        step fits_dense 150 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
+      else
+        step fits_dense 150 "$D --batches 3,4 --caches dense --out $W/fits128_dense.json"
+        step fits_cert "${FITS_CERT_S:-260}" "$D --batches ${FITS_CERT_BATCHES:-4,5} --caches certified --staging-batch 1 --out $W/fits128_cert.json"
+      fi
       [ "${FITS6:-1}" = 1 ] && step fits_cert6 150 "$D --batches 6 --caches certified --staging-batch 1 --out $W/fits128_cert6.json" ;;
     staging_gpu) step staging_gpu 120 "python3 -m pytest -q -n 4 tests/test_staging_groups.py" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
