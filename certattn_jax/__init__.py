@@ -4,6 +4,10 @@
 from certattn_jax.source_digest import SOURCES_DIGEST as _SOURCES_DIGEST  # noqa: F401
 
 # isort: split
+# tier 2's pinned-host pool sized (on import) before jax's GPU client starts (`certattn_jax.host_limit`)
+from certattn_jax import host_limit as _host_limit  # noqa: F401
+
+# isort: split
 from certattn_jax.attention import certified_attention, certified_attention_step, dense_attention, naive_attention
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.certificate import Certificate, summarize

@@ -416,3 +416,22 @@ def test_prefill_auto_stages_in_groups_where_memory_says(params, monkeypatch):
     monkeypatch.setattr(gen, "auto_staging_batch", lambda *a, **k: None)
     gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=spec, policy=POLICY, prefill_chunk=16)
     assert staged == [3]
+
+
+def test_the_pinned_host_pool_is_sized_for_tier_2(monkeypatch):
+    """XLA's pinned-host pool (tier 2) is capped at XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB, 64 GiB unless set; a 68.7 GB
+    tier 2 left the kernels' self-checks no room on an H100. Unless the user set it, the cap becomes the host's
+    memory; a host of less than XLA's default leaves it alone; the user's value always wins."""
+    import os
+
+    from certattn_jax import host_limit
+
+    monkeypatch.delenv(host_limit.ENV, raising=False)
+    monkeypatch.setattr(host_limit, "host_memory_total_gib", lambda: 125)
+    assert host_limit.default_pinned_host_limit() == "125"
+    monkeypatch.delenv(host_limit.ENV)
+    monkeypatch.setattr(host_limit, "host_memory_total_gib", lambda: 32)
+    assert host_limit.default_pinned_host_limit() is None and host_limit.ENV not in os.environ
+    monkeypatch.setenv(host_limit.ENV, "7")
+    monkeypatch.setattr(host_limit, "host_memory_total_gib", lambda: 125)
+    assert host_limit.default_pinned_host_limit() == "7"
