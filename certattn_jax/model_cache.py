@@ -258,12 +258,7 @@ class TieredModelCache:
         `slow_steps`) and the tolerances stay this cache's."""
         if not isinstance(part, TieredModelCache):
             raise TypeError(f"with_sequences takes a TieredModelCache, got {type(part).__name__}")
-        if not is_integer(start):
-            raise TypeError(f"with_sequences: start must be a Python or NumPy int, got {type(start).__name__}")
-        for name, c in (("this cache", self), ("the part", part)):
-            if was_donated(c):
-                raise ValueError(f"with_sequences: {name} was donated to an earlier call (a decode step or "
-                                 "with_sequences consumes the cache it is given): use the cache that call returned")
+        _check_start_and_donation("with_sequences", start, (("this cache", self), ("the part", part)))
         mine = {id(x) for x in jax.tree.leaves(self)}
         if any(id(x) in mine for x in jax.tree.leaves((part.store, part.lengths, part.cert_packed))):
             raise ValueError("with_sequences: the part shares arrays with this cache (which is donated and written "
@@ -296,12 +291,8 @@ class TieredModelCache:
         if not isinstance(staging, DenseKVCache):
             raise TypeError(f"with_staged_sequences takes a DenseKVCache (a prefilled staging cache), got "
                             f"{type(staging).__name__}")
-        if not is_integer(start):
-            raise TypeError(f"with_staged_sequences: start must be a Python or NumPy int, got {type(start).__name__}")
-        for name, c in (("this cache", self), ("the staging cache", staging)):
-            if was_donated(c):
-                raise ValueError(f"with_staged_sequences: {name} was donated to an earlier call: use the cache that "
-                                 "call returned")
+        _check_start_and_donation("with_staged_sequences", start,
+                                  (("this cache", self), ("the staging cache", staging)))
         if not all(is_concrete(x) for x in (staging.lengths, *staging.k, *staging.v, self.lengths)):
             raise ValueError("with_staged_sequences is eager only (a traced cache)")
         k0 = staging.k[0]
@@ -549,6 +540,17 @@ class TieredModelCache:
 _STREAK_CAP = 1 << 30
 # what a decode step's rung-0 first pass changes in the store besides the token's residual row (`undo_step`)
 UNDONE_STORE_FIELDS = ("lengths", "v_min", "v_max", "v_norm_max", "value_stats", "nonfinite", "hot_used")
+
+
+def _check_start_and_donation(method: str, start: Any, caches: tuple[tuple[str, Any], ...]) -> None:
+    """A TypeError for a start that is not a Python or NumPy int; a ValueError naming any of `caches` whose arrays
+    were donated to an earlier call (a decode step, `with_sequences` and `with_staged_sequences` consume theirs)."""
+    if not is_integer(start):
+        raise TypeError(f"{method}: start must be a Python or NumPy int, got {type(start).__name__}")
+    for name, c in caches:
+        if was_donated(c):
+            raise ValueError(f"{method}: {name} was donated to an earlier call (a decode step, with_sequences or "
+                             "with_staged_sequences consumes the cache it is given): use the cache that call returned")
 
 
 _SEQUENCE_LAYOUT = ("mode", "schedule", "store settings", "per-sequence arrays (shape without the batch axis, dtype)",
