@@ -18,16 +18,22 @@ ENV = "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"
 XLA_DEFAULT_GIB = 64
 
 
-def host_memory_total_gib() -> int | None:
-    """The host's physical memory in whole GiB (Linux's MemTotal), or None where unknown."""
+def meminfo_bytes(field: str) -> int | None:
+    """A Linux /proc/meminfo field (e.g. "MemTotal", "MemAvailable") in bytes, or None where unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // (1 << 20)
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def host_memory_total_gib() -> int | None:
+    """The host's physical memory in whole GiB (MemTotal), or None where unknown."""
+    total = meminfo_bytes("MemTotal")
+    return None if total is None else total >> 30
 
 
 def default_pinned_host_limit() -> str | None:

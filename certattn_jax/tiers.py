@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from certattn_jax.host_limit import meminfo_bytes
+
 
 @functools.cache
 def host_memory_kind() -> str | None:
@@ -114,11 +116,4 @@ def zeros_on_host(shape: tuple[int, ...], dtype) -> jax.Array:
 
 def host_memory_available() -> int | None:
     """Bytes of host memory available for new allocations (Linux's MemAvailable), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return meminfo_bytes("MemAvailable")
