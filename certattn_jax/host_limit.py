@@ -5,7 +5,7 @@ XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB, 64 GiB unless set, read once when the client 
 cap (4 sequences of 128K at the 8B shape: 68.7 GB) left the pool without room on an H100 (thirty-fifth session,
 docs/performance.md): the kernels' self-checks then failed to allocate their small host buffers, and the ladder
 fell back to its slower jnp rung 0 and block transfers. So unless the user has set it, importing certattn_jax
-raises the cap to the host's physical memory. Nothing is pinned up front (the pool grows on demand), and
+raises the cap to the host's physical memory (a limit: the pool is allocated as it is used), and
 `tiers.zeros_on_host` refuses a tier 2 beyond the memory available. It takes effect only where jax's GPU client
 has not started yet: import certattn_jax before running any jax computation.
 """

@@ -796,7 +796,7 @@ def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[i
         del staging
         logits.append(part_logits)
         if bar is not None:
-            bar.update(len(prompts[start:start + group]))
+            bar.update(len(group_prompts))
     if bar is not None:
         bar.close()
     last_logits = jnp.concatenate(logits, axis=0)
