@@ -93,6 +93,11 @@ for s in "$@"; do
         step fits_cert "${FITS_CERT_S:-260}" "$D --batches ${FITS_CERT_BATCHES:-4,5} --caches certified --staging-batch 1 --out $W/fits128_cert.json"
       fi
       [ "${FITS6:-1}" = 1 ] && step fits_cert6 150 "$D --batches 6 --caches certified --staging-batch 1 --out $W/fits128_cert6.json" ;;
+    issue7_smol)  # issue 7's named grid, SmolLM2 half (1K, 4K; dense / naive / certified, each row a fresh process)
+      step issue7_smol 330 "python3 scripts/bench_generate.py --timeout 140 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense naive certified --out $W/issue7_smol.json" ;;
+    issue7_8b)  # issue 7's named grid, LLaMA-3.1-8B-shape half (8K, 32K); merged with the SmolLM2 half into
+      # results/bench_generate.json (bench_generate.py --merge) when both ran on the same machine
+      step issue7_8b 560 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/issue7_8b.json" ;;
     staging_gpu) step staging_gpu 120 "python3 -m pytest -q -n 4 tests/test_staging_groups.py" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
