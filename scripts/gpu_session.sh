@@ -93,6 +93,9 @@ for s in "$@"; do
         step fits_cert "${FITS_CERT_S:-260}" "$D --batches ${FITS_CERT_BATCHES:-4,5} --caches certified --staging-batch 1 --out $W/fits128_cert.json"
       fi
       [ "${FITS6:-1}" = 1 ] && step fits_cert6 150 "$D --batches 6 --caches certified --staging-batch 1 --out $W/fits128_cert6.json" ;;
+    sound_staging)  # thirty-sixth session: the compiled soundness suites (12 workers) beside the staging tests (4), each
+      # failure written as it happens (CERTATTN_FAILURE_LOG: a call cut at its limit keeps them), -rA names every result
+      step sound_staging 560 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt timeout 300 python3 -m pytest -q -rfE -n 4 tests/test_staging_groups.py > $W/staging_gpu.log 2>&1 & P=\$!; CERTATTN_FAILURE_LOG=$W/sound_failures.txt CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -rfE -n 12 --durations=15 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py; wait \$P; tail -5 $W/staging_gpu.log" ;;
     issue7_smol)  # issue 7's named grid, SmolLM2 half (1K, 4K; dense / naive / certified, each row a fresh process)
       step issue7_smol 330 "python3 scripts/bench_generate.py --timeout 140 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense naive certified --out $W/issue7_smol.json" ;;
     issue7_8b)  # issue 7's named grid, LLaMA-3.1-8B-shape half (8K, 32K); merged with the SmolLM2 half into

@@ -57,3 +57,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if breadth_off and item.get_closest_marker("breadth"):
             item.add_marker(pytest.mark.skip(reason="breadth case: CERTATTN_TEST_BREADTH=1 runs it on the CPU"))
+
+
+def pytest_runtest_logreport(report):
+    """CERTATTN_FAILURE_LOG=PATH: each failure's report appended to PATH as it happens (a device call stopped at its
+    time limit loses pytest's end-of-run summary, not these). Written by the controlling process only."""
+    path = os.environ.get("CERTATTN_FAILURE_LOG")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a") as f:
+        f.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n\n")
