@@ -64,7 +64,7 @@ import numpy as np
 from flax import struct
 
 from certattn_jax import bounds, quant, select, tiers
-from certattn_jax.env import switch_from_env
+from certattn_jax.env import positive_int_from_env, switch_from_env
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 from certattn_jax.validate import checked_counts, is_integer
@@ -288,9 +288,21 @@ class TieredKVCache:
             raise ValueError("with_rows_converted is eager only (a traced input)")
         layout = self.layout_policy()
         lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
-        store = self
-        for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
-            store = _convert_layer_into(store, k, v, lengths, jnp.int32(i), layout, jnp.int32(start))
+        group = conversion_group_layers(ks[0].nbytes + vs[0].nbytes, len(ks))
+        store, first = self, True
+        for i in range(0, len(ks), group):
+            try:
+                store = _convert_layers_into(store, ks[i:i + group], vs[i:i + group], lengths, jnp.int32(i), layout,
+                                             jnp.int32(start))
+            except jax.errors.JaxRuntimeError as e:
+                if first and "external reference" in str(e):  # refused before running: nothing was written
+                    raise ValueError(
+                        "with_rows_converted: this cache's arrays cannot be donated because a NumPy array shares one "
+                        "of their buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 returns "
+                        "a view of it, kept while any view lives): read tier 2 with `tiers.to_numpy`, which copies. "
+                        "The cache is unchanged") from e
+                raise
+            first = False
         return store
 
     def layout_policy(self) -> CertPolicy:
@@ -831,18 +843,36 @@ def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: Cer
     return commit_arrays(_from_head_major_impl(k, v, lengths, conversion_layout(policy)))
 
 
+# Staging K/V bytes one conversion program takes at most (`conversion_group_layers`); CERTATTN_CONVERT_GROUP_BYTES.
+CONVERT_GROUP_BYTES = positive_int_from_env("CERTATTN_CONVERT_GROUP_BYTES", 256 * 2**20)
+
+
+def conversion_group_layers(layer_bytes: int, num_layers: int, budget: int | None = None) -> int:
+    """Layers converted per program by `with_rows_converted`: as many as keep the program's staging K/V within
+    `budget` bytes (CONVERT_GROUP_BYTES), at least 1. Each program costs a dispatch and a host round of its own
+    (~1.5 ms on an H100: a layer at a time, SmolLM2's 30 layers made a 1K prompt's time to first token 3x dense's,
+    docs/performance.md, thirty-sixth session), while its float32 temporaries grow with the layers it holds
+    (about 5x their K/V bytes; a layer at a time keeps the 8B shape's long contexts within the device)."""
+    budget = CONVERT_GROUP_BYTES if budget is None else budget
+    return int(max(1, min(num_layers, budget // max(int(layer_bytes), 1))))
+
+
 @functools.partial(jax.jit, donate_argnums=0, static_argnames=("policy",))
-def _convert_layer_into(store: TieredKVCache, k: jax.Array, v: jax.Array, lengths: jax.Array, layer: jax.Array,
-                        policy: CertPolicy, start: jax.Array) -> TieredKVCache:
-    """store (stacked [L, B, ...], donated) with layer `layer` of sequences [start, start + n) converted from
-    k, v [n, H, S, d] (the first lengths[i] valid)."""
-    c = _convert_on_device(k, v, lengths, policy)  # this layer, its tier 2 still on the device
+def _convert_layers_into(store: TieredKVCache, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...],
+                         lengths: jax.Array, first: jax.Array, policy: CertPolicy, start: jax.Array) -> TieredKVCache:
+    """store (stacked [L, B, ...], donated) with layers first, first + 1, ... (one per k, v [n, H, S, d]) of
+    sequences [start, start + n) converted (the first lengths[i] tokens valid). Each layer is the same computation
+    as on its own (`_convert_on_device`), written into its own slice."""
+    for j, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        c = _convert_on_device(k, v, lengths, policy)  # this layer, its tier 2 still on the device
+        layer = first + j
 
-    def put(stacked: jax.Array, rows: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_update_slice(stacked, rows[None], (layer, start) + (0,) * (rows.ndim - 1))
+        def put(stacked: jax.Array, rows: jax.Array, layer=layer) -> jax.Array:
+            return jax.lax.dynamic_update_slice(stacked, rows[None], (layer, start) + (0,) * (rows.ndim - 1))
 
-    host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
-    return store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in DEVICE_FIELDS}, **host)
+        host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
+        store = store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in DEVICE_FIELDS}, **host)
+    return store
 
 
 def conversion_layout(policy: CertPolicy) -> CertPolicy:

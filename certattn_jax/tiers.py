@@ -49,6 +49,16 @@ def check_on_host(*arrays: jax.Array) -> None:
                              "`cache.with_tier2_on_host()`")
 
 
+def to_numpy(x: jax.Array) -> np.ndarray:
+    """A NumPy copy of x that shares no buffer with it. `np.asarray` / `jax.device_get` of an array in host memory
+    (tier 2) return a view of its buffer, and jax keeps that view on the array: the buffer can then never be
+    donated, so the cache's next donating call (a decode step, `with_staged_sequences`) fails on a GPU with
+    "Donation requested for buffer with external reference". Here the view is of a fresh copy instead."""
+    if not isinstance(x, jax.Array):
+        return np.array(x)
+    return np.asarray(jax.device_put(x, x.sharding, may_alias=False))
+
+
 def to_device(x: jax.Array) -> jax.Array:
     if host_memory_kind() is None:
         return x

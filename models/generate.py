@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax import kernel_checks, xla_options
+from certattn_jax.cache import conversion_group_layers
 from certattn_jax.certificate import Certificate, mark_stopped
 from certattn_jax.env import choice_from_env, switch_from_env
 from certattn_jax.kv_cache import KVCache, commit_arrays, was_donated
@@ -751,8 +752,9 @@ def auto_staging_batch(spec: CacheSpec, config: LlamaConfig, batch: int, capacit
 
     Estimate, per sequence (`CacheSpec.bytes_per_sequence`): the staging cache's dense K/V, the tiered cache's
     device bytes, and the prefill's temporaries: one chunk's float32 scores, weights and probabilities
-    [Hq, chunk, capacity] and one layer's float32 K/V in the conversion. The whole batch at once needs all three
-    per sequence; in groups of n, the batch's tiered cache plus n sequences' three. An estimate: XLA's own
+    [Hq, chunk, capacity]; and for the conversion of n sequences, the float32 K/V of the layers one conversion
+    program takes (`cache.conversion_group_layers`). The whole batch at once needs all of it for the batch; in
+    groups of n, the batch's tiered cache plus n sequences' staging and temporaries. An estimate: XLA's own
     temporaries may differ (STAGING_MEMORY_SHARE of the free memory is planned)."""
     if not spec.tiered:
         return None
@@ -763,12 +765,20 @@ def auto_staging_batch(spec: CacheSpec, config: LlamaConfig, batch: int, capacit
     free = (stats["bytes_limit"] - stats.get("bytes_in_use", 0)) * STAGING_MEMORY_SHARE
     per = spec.bytes_per_sequence(capacity)
     chunk = min(prefill_chunk, capacity)
-    temps = 3 * 4 * config.num_heads * chunk * capacity + 2 * 2 * 4 * config.num_kv_heads * capacity * config.head_dim
-    one = per["staging"] + per["device"] + temps
-    if batch * one <= free:
+    prefill_temps = 3 * 4 * config.num_heads * chunk * capacity
+    layer_elems = config.num_kv_heads * capacity * config.head_dim  # one layer's keys of one sequence
+
+    def conversion_temps(n: int) -> int:  # float32 K and V of the layers one conversion program holds
+        layers = conversion_group_layers(n * 2 * layer_elems * jnp.dtype(spec.dtype).itemsize, config.num_layers)
+        return 2 * 2 * 4 * layers * n * layer_elems
+
+    def group_fits(n: int, batch_rows: int) -> bool:  # n staged beside a tiered cache of batch_rows already made
+        one = per["staging"] + per["device"] + prefill_temps  # (the device bytes: the group's converted tier 1)
+        return batch_rows * per["device"] + n * one + conversion_temps(n) <= free
+
+    if group_fits(batch, 0):
         return None
-    n = int((free - batch * per["device"]) // one)
-    return max(1, min(n, batch - 1))
+    return next((n for n in range(batch - 1, 1, -1) if group_fits(n, batch)), 1)
 
 
 def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[int]], capacity: int,
