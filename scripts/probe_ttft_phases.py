@@ -10,6 +10,9 @@ Median of --repeats warm runs (each phase compiled first), wall-clock with the r
   conversion           `CacheSpec.from_staging` alone (tier 1 quantized, tier 2 to pinned host)
   conversion_on_device the same with tier 2 left on the device (what the host copy and its allocation cost)
   host_copy            the staging keys and values copied to pinned host memory alone (`jax.device_put`)
+  *_layer_at_a_time_s  (--quick) certified_prefill and conversion with one conversion program per layer
+                       (`cache.CONVERT_GROUP_BYTES` = 1), against the default layer groups
+--quick: dense_prefill, certified_prefill and conversion, each with the default layer groups and a layer at a time.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "results/probe_ttft_phases.json"))
+    ap.add_argument("--quick", action="store_true", help="the layer-group A/B only (see above)")
     args = ap.parse_args(argv)
 
     import jax
@@ -77,6 +81,24 @@ def main(argv=None) -> int:
            "host_memory_kind": tiers.host_memory_kind()}
     row["dense_prefill_s"] = _median_seconds(prefill(dense, cap), args.repeats, "dense_prefill")
     row["certified_prefill_s"] = _median_seconds(prefill(cert, cap), args.repeats, "certified_prefill")
+    if args.quick:
+        from certattn_jax import cache as cache_mod
+
+        staged, _ = gen.prefill(params, cfg, [ids], staging_cap, cache_factory=staging_spec, policy=policy)
+        row["conversion_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats, "conversion")
+        default_budget = cache_mod.CONVERT_GROUP_BYTES
+        row["conversion_group_bytes"] = default_budget
+        row["layers_per_conversion_program"] = cache_mod.conversion_group_layers(
+            staged.k[0].nbytes + staged.v[0].nbytes, cfg.num_layers)
+        cache_mod.CONVERT_GROUP_BYTES = 1
+        try:
+            row["conversion_layer_at_a_time_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats,
+                                                                  "conversion_layer_at_a_time")
+            row["certified_prefill_layer_at_a_time_s"] = _median_seconds(
+                prefill(cert, cap), args.repeats, "certified_prefill_layer_at_a_time")
+        finally:
+            cache_mod.CONVERT_GROUP_BYTES = default_budget
+        return _finish(row, args.out)
     row["staging_prefill_s"] = _median_seconds(prefill(staging_spec, staging_cap), args.repeats, "staging_prefill")
     staged, _ = gen.prefill(params, cfg, [ids], staging_cap, cache_factory=staging_spec, policy=policy)
     row["conversion_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats, "conversion")
@@ -95,13 +117,20 @@ def main(argv=None) -> int:
                                                             "conversion_on_device")
         finally:
             tiers.host_memory_kind = real
+    return _finish(row, args.out)
+
+
+def _finish(row: dict, out: str) -> int:
     for k in list(row):
         if k.endswith("_s"):
             row[k] = round(row[k], 5)
     row["certified_over_dense"] = round(row["certified_prefill_s"] / row["dense_prefill_s"], 3)
+    if "certified_prefill_layer_at_a_time_s" in row:
+        row["layer_at_a_time_over_dense"] = round(row["certified_prefill_layer_at_a_time_s"] / row["dense_prefill_s"],
+                                                  3)
     print(json.dumps(row), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(row, indent=1))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(row, indent=1))
     return 0
 
 
