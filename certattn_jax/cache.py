@@ -298,9 +298,9 @@ class TieredKVCache:
                 if first and "external reference" in str(e):  # refused before running: nothing was written
                     raise ValueError(
                         "with_rows_converted: this cache's arrays cannot be donated because a NumPy array shares one "
-                        "of their buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 returns "
-                        "a view of it, kept while any view lives): read tier 2 with `tiers.to_numpy`, which copies. "
-                        "The cache is unchanged") from e
+                        "of their buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 return a "
+                        "view of its buffer, which cannot be donated while the view lives): read tier 2 with "
+                        "`tiers.to_numpy`, which copies. The cache is unchanged") from e
                 raise
             first = False
         return store
@@ -851,8 +851,9 @@ def conversion_group_layers(layer_bytes: int, num_layers: int, budget: int | Non
     """Layers converted per program by `with_rows_converted`: as many as keep the program's staging K/V within
     `budget` bytes (CONVERT_GROUP_BYTES), at least 1. Each program costs a dispatch and a host round of its own
     (~1.5 ms on an H100: a layer at a time, SmolLM2's 30 layers made a 1K prompt's time to first token 3x dense's,
-    docs/performance.md, thirty-sixth session), while its float32 temporaries grow with the layers it holds
-    (about 5x their K/V bytes; a layer at a time keeps the 8B shape's long contexts within the device)."""
+    docs/performance.md, thirty-sixth session), while a group holds a stacked copy of its K/V and its converted
+    tier 2 on the device besides one layer's temporaries (a layer at a time keeps the 8B shape's long contexts
+    within the device)."""
     budget = CONVERT_GROUP_BYTES if budget is None else budget
     return int(max(1, min(num_layers, budget // max(int(layer_bytes), 1))))
 
@@ -861,18 +862,20 @@ def conversion_group_layers(layer_bytes: int, num_layers: int, budget: int | Non
 def _convert_layers_into(store: TieredKVCache, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...],
                          lengths: jax.Array, first: jax.Array, policy: CertPolicy, start: jax.Array) -> TieredKVCache:
     """store (stacked [L, B, ...], donated) with layers first, first + 1, ... (one per k, v [n, H, S, d]) of
-    sequences [start, start + n) converted (the first lengths[i] tokens valid). Each layer is the same computation
-    as on its own (`_convert_on_device`), written into its own slice."""
-    for j, (k, v) in enumerate(zip(ks, vs, strict=True)):
-        c = _convert_on_device(k, v, lengths, policy)  # this layer, its tier 2 still on the device
-        layer = first + j
+    sequences [start, start + n) converted (the first lengths[i] tokens valid). The group's layers are stacked and
+    converted by `lax.map` (one layer's computation compiled once, its temporaries live for one layer at a time,
+    as in `stacked_from_head_major`), then written as one slice per field; tier 2 goes to the host in one copy per
+    array."""
+    if len(ks) == 1:  # a layer at a time: no stack, no loop
+        c = jax.tree.map(lambda x: x[None], _convert_on_device(ks[0], vs[0], lengths, policy))
+    else:
+        c = jax.lax.map(lambda kv: _convert_on_device(kv[0], kv[1], lengths, policy), (jnp.stack(ks), jnp.stack(vs)))
 
-        def put(stacked: jax.Array, rows: jax.Array, layer=layer) -> jax.Array:
-            return jax.lax.dynamic_update_slice(stacked, rows[None], (layer, start) + (0,) * (rows.ndim - 1))
+    def put(stacked: jax.Array, rows: jax.Array) -> jax.Array:  # rows [g, n, ...] at (first, start)
+        return jax.lax.dynamic_update_slice(stacked, rows, (first, start) + (0,) * (rows.ndim - 2))
 
-        host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
-        store = store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in DEVICE_FIELDS}, **host)
-    return store
+    host = {f: put(getattr(store, f), tiers.to_host(getattr(c, f))) for f in ("host_k", "host_v")}
+    return store.replace(**{f: put(getattr(store, f), getattr(c, f)) for f in DEVICE_FIELDS}, **host)
 
 
 def conversion_layout(policy: CertPolicy) -> CertPolicy:

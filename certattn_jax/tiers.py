@@ -51,9 +51,10 @@ def check_on_host(*arrays: jax.Array) -> None:
 
 def to_numpy(x: jax.Array) -> np.ndarray:
     """A NumPy copy of x that shares no buffer with it. `np.asarray` / `jax.device_get` of an array in host memory
-    (tier 2) return a view of its buffer, and jax keeps that view on the array: the buffer can then never be
-    donated, so the cache's next donating call (a decode step, `with_staged_sequences`) fails on a GPU with
-    "Donation requested for buffer with external reference". Here the view is of a fresh copy instead."""
+    (tier 2) return a view of its buffer: while that view (or a slice of it) lives, the buffer cannot be donated,
+    so the cache's next donating call (a decode step, `with_staged_sequences`) fails on a GPU with "Donation
+    requested for buffer with external reference" (the CPU client skips such a donation silently). Here the view
+    is of a fresh copy instead."""
     if not isinstance(x, jax.Array):
         return np.array(x)
     return np.asarray(jax.device_put(x, x.sharding, may_alias=False))

@@ -101,7 +101,10 @@ for s in "$@"; do
     issue7_8b)  # issue 7's named grid, LLaMA-3.1-8B-shape half (8K, 32K); merged with the SmolLM2 half into
       # results/bench_generate.json (bench_generate.py --merge) when both ran on the same machine
       step issue7_8b 560 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/issue7_8b.json" ;;
-    staging_gpu) step staging_gpu 120 "python3 -m pytest -q -n 4 tests/test_staging_groups.py" ;;
+    staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 6 tests/test_staging_groups.py" ;;
+    ttft_groups)  # thirty-sixth session: the conversion in layer groups (one program for SmolLM2) against a layer at
+      # a time (SmolLM2's 1K TTFT was 3.02x dense with a program per layer), both in one process, 1K and 4K
+      step ttft_groups 200 "for p in 1024 4096; do python3 scripts/probe_ttft_phases.py --quick --model smollm2 --prompt \$p --repeats 7 --out $W/ttft_groups_\$p.json; done" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
