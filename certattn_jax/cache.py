@@ -295,12 +295,9 @@ class TieredKVCache:
                 store = _convert_layers_into(store, ks[i:i + group], vs[i:i + group], lengths, jnp.int32(i), layout,
                                              jnp.int32(start))
             except jax.errors.JaxRuntimeError as e:
-                if first and "external reference" in str(e):  # refused before running: nothing was written
-                    raise ValueError(
-                        "with_rows_converted: this cache's arrays cannot be donated because a NumPy array shares one "
-                        "of their buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 return a "
-                        "view of its buffer, which cannot be donated while the view lives): read tier 2 with "
-                        "`tiers.to_numpy`, which copies. The cache is unchanged") from e
+                refused = tiers.shared_buffer_error(e, "with_rows_converted") if first else None
+                if refused is not None:  # refused before running: nothing was written
+                    raise refused from e
                 raise
             first = False
         return store

@@ -276,18 +276,24 @@ class TieredModelCache:
         if not 0 <= start <= B - n:
             raise ValueError(f"with_sequences: start {start} with {n} sequences does not fit a batch of {B}")
         tiers.check_on_host(self.store.host_k, self.store.host_v, part.store.host_k, part.store.host_v)
-        return _put_sequences(self, part.store, part.lengths, part.cert_packed, jnp.int32(start))
+        try:
+            return _put_sequences(self, part.store, part.lengths, part.cert_packed, jnp.int32(start))
+        except jax.errors.JaxRuntimeError as e:
+            refused = tiers.shared_buffer_error(e, "with_sequences")
+            if refused is not None:
+                raise refused from e
+            raise
 
     def with_staged_sequences(self, start: int, staging: DenseKVCache) -> TieredModelCache:
         """This cache with sequences [start, start + n) converted from a prefilled dense staging cache of n
-        sequences (`CacheSpec.staging`, `DenseKVCache`): a layer at a time, straight into this cache's rows, tier 2
-        from the device into its rows of host memory. The result is `with_sequences(start,
-        spec.from_staging(staging))`'s, without the part's tiered copy: the device holds this cache, the staging
-        K/V and one layer's conversion temporaries. The rows' certificates start empty, as a converted cache's do;
-        the step counters (`rung0_streak`, `slow_steps`) and the tolerances stay this cache's. Every layer of
-        `staging` is checked before the first is written. Eager, start a Python int; this cache is donated
-        (consumed). Drop `staging` afterwards to free its device memory (`models.generate.prefill`'s
-        `staging_batch` does this per group)."""
+        sequences (`CacheSpec.staging`, `DenseKVCache`): in groups of layers (`cache.conversion_group_layers`),
+        straight into this cache's rows, tier 2 from the device into its rows of host memory. The result is
+        `with_sequences(start, spec.from_staging(staging))`'s, without the part's tiered copy: the device holds this
+        cache, the staging K/V and one group's conversion temporaries. The rows' certificates start empty, as a
+        converted cache's do; the step counters (`rung0_streak`, `slow_steps`) and the tolerances stay this
+        cache's. Every layer of `staging` is checked before the first is written. Eager, start a Python int; this
+        cache is donated (consumed). Drop `staging` afterwards to free its device memory
+        (`models.generate.prefill`'s `staging_batch` does this per group)."""
         if not isinstance(staging, DenseKVCache):
             raise TypeError(f"with_staged_sequences takes a DenseKVCache (a prefilled staging cache), got "
                             f"{type(staging).__name__}")

@@ -60,6 +60,17 @@ def to_numpy(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_put(x, x.sharding, may_alias=False))
 
 
+def shared_buffer_error(e: Exception, where: str) -> ValueError | None:
+    """The clear error for a donation refused because a NumPy view shares a buffer (see `to_numpy`), or None where
+    `e` is something else. The refusal comes before the program runs, so the cache is unchanged."""
+    if not isinstance(e, jax.errors.JaxRuntimeError) or "external reference" not in str(e):
+        return None
+    return ValueError(f"{where}: this cache's arrays cannot be donated because a NumPy array shares one of their "
+                      "buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 return a view of "
+                      "its buffer, which cannot be donated while the view lives): read tier 2 with "
+                      "`certattn_jax.tiers.to_numpy`, which copies. The cache is unchanged")
+
+
 def to_device(x: jax.Array) -> jax.Array:
     if host_memory_kind() is None:
         return x

@@ -526,5 +526,37 @@ def test_a_numpy_view_of_tier_2_is_named_and_loses_nothing(params):
     staging = _staging(params, spec, _prompts(15, (40,)))
     with pytest.raises(ValueError, match="tiers.to_numpy"):
         full.with_staged_sequences(0, staging)
+    part = spec.from_staging(staging)
+    with pytest.raises(ValueError, match="with_sequences: .*tiers.to_numpy"):
+        full.with_sequences(0, part)
     for got, want in zip(_rows(full, 0, 2), before, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_refused_donation_is_named_where_the_cpu_cannot_refuse(params, monkeypatch):
+    """The GPU's refusal to donate a shared buffer (the test above, GPU only) as the CPU can see it: the
+    conversion's program raising XLA's error. with_staged_sequences names it, the cache stays usable; any other
+    runtime error passes through unchanged."""
+    from certattn_jax import cache as cache_mod
+
+    spec = _spec()
+    full = _decoded(params, spec, (20, 30))
+    before = _rows(full, 0, 2)
+    staging = _staging(params, spec, _prompts(16, (40,)))
+
+    def refuse(*a, **k):
+        raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument 24 to "
+                                         "replica 0: INVALID_ARGUMENT: Donation requested for buffer with external "
+                                         "reference")
+
+    monkeypatch.setattr(cache_mod, "_convert_layers_into", refuse)
+    with pytest.raises(ValueError, match=r"with_rows_converted: .*NumPy.*tiers.to_numpy.*unchanged"):
+        full.with_staged_sequences(0, staging)
+    monkeypatch.setattr(cache_mod, "_convert_layers_into",
+                        lambda *a, **k: (_ for _ in ()).throw(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: x")))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+        full.with_staged_sequences(0, staging)
+    monkeypatch.undo()
+    for got, want in zip(_rows(full, 0, 2), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert full.with_staged_sequences(0, staging).lengths.tolist() == [40, 33]  # (row 1: 30 + 3 decoded)
