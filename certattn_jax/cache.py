@@ -247,12 +247,14 @@ class TieredKVCache:
     def stacked_from_layers(cls, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
                             policy: CertPolicy | None = None) -> TieredKVCache:
         """The stacked form from per-layer k, v [B, Hkv, S, d] (a dense cache's own layers), the first lengths[b]
-        tokens of every layer valid; eager only. One layer per call of one compiled program (the layer index
-        traced), each written in place (donated) into a preallocated stacked cache, the originals straight into
-        the pinned-host tier 2. Unlike `stacked_from_head_major` it needs no stacked copy of the inputs, and
-        there is no loop over layers for XLA to hoist a float32 copy of every layer's K/V out of (that asked the
-        H200 for 66.6 GiB at the 8B shape, 32K, batch 8: docs/performance.md, fourteenth session): the peak is
-        the inputs, the result and one layer's temporaries. Same result, bit for bit."""
+        tokens of every layer valid; eager only. Groups of layers (`conversion_group_layers`: up to
+        CONVERT_GROUP_BYTES of K/V each, one compiled program for every group) written in place (donated) into a
+        preallocated stacked cache, the originals straight into the pinned-host tier 2. Unlike
+        `stacked_from_head_major` it needs no stacked copy of every layer: a float32 copy of the inputs that XLA
+        may hoist out of the conversion's loop is one group's, not the model's (the model's asked the H200 for
+        66.6 GiB at the 8B shape, 32K, batch 8: docs/performance.md, fourteenth session): the peak is the inputs,
+        the result and a group's temporaries (3-3.7x its K/V bytes measured on the CPU). Same result, bit for
+        bit."""
         policy = _checked_policy(policy)
         _check_layers(ks, vs)
         lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
@@ -265,12 +267,16 @@ class TieredKVCache:
     def with_rows_converted(self, start: int, ks: Sequence[jax.Array], vs: Sequence[jax.Array],
                             lengths: jax.Array) -> TieredKVCache:
         """This stacked cache [L, B, ...] with sequences [start, start + n) converted from per-layer k, v
-        [n, Hkv, S, d] (the first lengths[i] tokens valid): a layer per call of one compiled program, written in
-        place (this cache is donated), tier 1 on the device and the originals from the device into their rows of
-        the pinned-host tier 2. The rows hold what converting k, v on their own gives (`stacked_from_layers`),
-        bit for bit. Eager only. Everything is checked before the first layer is written (a refusal halfway would
-        lose the cache): one k and one v per layer of this cache, each of its KV heads, capacity, head_dim and
-        dtype; 0 <= start <= B - n; the lengths in [0, S]."""
+        [n, Hkv, S, d] (the first lengths[i] tokens valid): groups of g layers (`conversion_group_layers`), each a
+        call of one compiled program written in place (this cache is donated), tier 1 on the device and the
+        originals from the device into their rows of the pinned-host tier 2. Every group has g layers (the last
+        starts at L - g and converts again, identically, layers the one before wrote), so one program serves them
+        all: compiled and run by the first group before anything else is consumed. The rows hold what converting
+        k, v on their own gives (`stacked_from_layers`), bit for bit. Eager only. Everything is checked before the
+        first layer is written (a refusal halfway would lose the cache): one live k and one live v per layer of
+        this cache, each of its KV heads, capacity, head_dim and dtype; 0 <= start <= B - n; the lengths in
+        [0, S]. (A runtime failure of a later group, e.g. the device running out of memory, leaves this cache
+        consumed, as any failing donated call does.)"""
         ks, vs = tuple(ks), tuple(vs)
         _check_layers(ks, vs)
         if not self.stacked or self.layer is not None:
@@ -288,9 +294,17 @@ class TieredKVCache:
             raise ValueError("with_rows_converted is eager only (a traced input)")
         layout = self.layout_policy()
         lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
-        group = conversion_group_layers(ks[0].nbytes + vs[0].nbytes, len(ks))
+        dead = [i for i, (k, v) in enumerate(zip(ks, vs, strict=True)) if k.is_deleted() or v.is_deleted()]
+        if dead:
+            raise ValueError(f"with_rows_converted: the keys or values of layer(s) {dead} were deleted (donated to an "
+                             "earlier call)")
+        L = len(ks)
+        group = conversion_group_layers(ks[0].nbytes + vs[0].nbytes, L)
+        firsts = list(range(0, L - group + 1, group))
+        if firsts[-1] + group < L:  # the last group overlaps the one before: one program (one compile) for all
+            firsts.append(L - group)
         store, first = self, True
-        for i in range(0, len(ks), group):
+        for i in firsts:
             try:
                 store = _convert_layers_into(store, ks[i:i + group], vs[i:i + group], lengths, jnp.int32(i), layout,
                                              jnp.int32(start))

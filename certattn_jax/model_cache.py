@@ -17,7 +17,7 @@ Decode steps (one new token) use the cache mode's attention -- certified (with a
 kept in `last_certificate` and returned by `step_record()`) or naive. Prefill chunks (several tokens) attend
 exactly over the originals (tier 2 + residual) in every mode: certificates are about decoding. That path reads
 all of tier 2 back per chunk; `generate` avoids it by prefilling a dense staging cache with the dense path's
-attention and converting it once (`CacheSpec.from_staging`: eagerly a layer at a time, each layer written in place
+attention and converting it once (`CacheSpec.from_staging`: eagerly in groups of layers, each written in place
 into the stacked cache, tier 1 quantized and the originals copied to the host; inside a trace
 `TieredModelCache.from_dense`, every layer in one program). The new
 token goes into each layer's exact residual block without flushing; `with_lengths` (called once per step,
@@ -185,7 +185,7 @@ class TieredModelCache:
     @classmethod
     def from_dense(cls, dense: DenseKVCache, *, num_q_heads: int, policy: CertPolicy | None = None,
                    mode: str = "certified", schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
-        """Convert a (prefilled) dense cache: eagerly a layer at a time (`TieredKVCache.stacked_from_layers`), inside
+        """Convert a (prefilled) dense cache: eagerly in groups of layers (`TieredKVCache.stacked_from_layers`), inside
         a trace every layer in one program (`stacked_from_head_major`); the originals go to tier 2, nothing is read
         back. The dense cache's capacity
         must be a multiple of the policy's block size. Works eagerly and in jit."""
@@ -194,7 +194,7 @@ class TieredModelCache:
         policy = policy or CertPolicy()
         if num_q_heads % dense.k[0].shape[1]:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
-        if is_concrete(dense.lengths) and is_concrete(dense.k[0]):  # eagerly: a layer at a time, in place
+        if is_concrete(dense.lengths) and is_concrete(dense.k[0]):  # eagerly: in groups of layers, in place
             store = TieredKVCache.stacked_from_layers(dense.k, dense.v, dense.lengths, policy)
         else:  # traced: every layer in one program
             store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths,
@@ -773,7 +773,7 @@ def owned_policy(policy: CertPolicy) -> CertPolicy:
 
 def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
              schedule: str) -> TieredModelCache:
-    """The staging cache converted (`TieredModelCache.from_dense`: eagerly a layer at a time)."""
+    """The staging cache converted (`TieredModelCache.from_dense`: eagerly in groups of layers)."""
     return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule)
 
 

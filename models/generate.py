@@ -785,7 +785,7 @@ def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[i
                        spec: CacheSpec, prefill_chunk: int, progress: bool, min_capacity: int,
                        group: int) -> tuple[KVCache, jax.Array]:
     """`prefill`'s staging_batch: the batch's tiered cache built empty (tier 2 made in host memory), then `group`
-    prompts at a time prefilled in their own dense staging cache and converted a layer at a time into their rows
+    prompts at a time prefilled in their own dense staging cache and converted in groups of layers into their rows
     (`TieredModelCache.with_staged_sequences`)."""
     cache = commit_arrays(spec(len(prompts), capacity))
     if cache.capacity < min_capacity:
@@ -802,7 +802,7 @@ def _prefill_in_groups(params: Params, config: LlamaConfig, prompts: list[list[i
         staging = spec.staging(len(group_prompts), capacity)
         staging, part_logits = _prefill_into(params, config, staging, group_prompts, prefill_chunk, False,
                                              min_capacity)
-        cache = cache.with_staged_sequences(start, staging)  # converted a layer at a time into the group's rows
+        cache = cache.with_staged_sequences(start, staging)  # converted in groups of layers into the group's rows
         del staging
         logits.append(part_logits)
         if bar is not None:

@@ -197,8 +197,8 @@ def test_the_single_chunk_form_equals_the_general_one(case, seed, select, monkey
     fused into another rounding, 1 ulp seen; the same float operations either way. Compiled by Triton the two forms
     are two programs whose float operations the compiler may contract (a*b + c into one fused multiply-add, one
     rounding instead of two): on an H100 one stage value of 12 differed by 1 ulp, thirty-sixth session. There the
-    floats must agree within 4 ulp, integers and selections exactly. Each form is covered by the rounding
-    analysis on its own (docs/bounds.md section 10: a contraction only removes a rounding).)"""
+    floats must agree within 2^-21 relative (4 to 8 ulp), integers and selections exactly. Each form is covered
+    by the rounding analysis on its own (docs/bounds.md section 10: a contraction only removes a rounding).)"""
     from pallas_kernels import certify_rung0
 
     monkeypatch.setattr(certify_rung0, "DEFAULT_SELECT", select)
@@ -215,7 +215,7 @@ def test_the_single_chunk_form_equals_the_general_one(case, seed, select, monkey
             if jnp.issubdtype(x.dtype, jnp.floating):
                 x, y = x.astype(np.float32), y.astype(np.float32)
                 if jax.default_backend() != "cpu":  # compiled: the forms' contractions may differ (docstring)
-                    np.testing.assert_allclose(x, y, rtol=4 * 2.0**-24, atol=0, err_msg=name)
+                    np.testing.assert_allclose(x, y, rtol=2.0**-21, atol=0, err_msg=name)
                     continue
             np.testing.assert_array_equal(x, y, err_msg=name)
 

@@ -463,8 +463,8 @@ def _store_fields(store) -> list[np.ndarray]:
 def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_layers):
     """with_rows_converted converts as many layers per program as CONVERT_GROUP_BYTES of staging K/V allows (a
     program per layer made SmolLM2's 1K time to first token 3x the dense one on an H100): every field bit for bit
-    what a layer at a time gives, including a last, smaller group (5 layers by 2 and by 3), and one program per
-    group."""
+    what a layer at a time gives, with 5 layers by 2 and by 3 (the last group overlaps the one before: every
+    group the same size, one compiled program), and one program call per group."""
     from certattn_jax import cache as cache_mod
 
     ks, vs = _layers_kv(3, 5, 3)
@@ -486,7 +486,8 @@ def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_l
     calls.clear()
     monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", budget_layers * layer_bytes + layer_bytes // 2)
     grouped = TieredKVCache.stacked_from_layers(ks, vs, lengths, POLICY)
-    assert calls == {2: [2, 2, 1], 3: [3, 2], 5: [5]}[budget_layers]
+    assert calls == {2: [2, 2, 2], 3: [3, 3], 5: [5]}[budget_layers]
+    assert len(set(calls)) == 1  # every group the same size: one compiled program
     for f, a, b in zip(DEVICE_FIELDS + ("host_k", "host_v", "lengths", "flushed"), _store_fields(one),
                        _store_fields(grouped), strict=True):
         np.testing.assert_array_equal(a, b, err_msg=f)
@@ -560,3 +561,16 @@ def test_a_refused_donation_is_named_where_the_cpu_cannot_refuse(params, monkeyp
     for got, want in zip(_rows(full, 0, 2), before, strict=True):
         np.testing.assert_array_equal(got, want)
     assert full.with_staged_sequences(0, staging).lengths.tolist() == [40, 33]  # (row 1: 30 + 3 decoded)
+
+
+def test_a_deleted_layer_is_refused_before_anything_is_written(params):
+    """A layer's keys deleted (donated elsewhere) would fail only when its group runs, after the first group had
+    consumed the cache: with_rows_converted checks every layer first."""
+    spec = _spec()
+    store = spec(4, CAPACITY).store
+    staging = _staging(params, spec, _prompts(17, (40, 9)))
+    ks = tuple(jnp.array(k, copy=True) for k in staging.k)
+    ks[-1].delete()
+    with pytest.raises(ValueError, match=r"layer\(s\) \[1\] were deleted"):
+        store.with_rows_converted(1, ks, staging.v, staging.lengths)
+    assert store.with_rows_converted(1, staging.k, staging.v, staging.lengths).batch == 4  # not consumed
