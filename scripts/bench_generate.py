@@ -23,6 +23,8 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          kept on disk); the checks start in the background at the prefill, so only what they
                          still lacked when the decode compile asked for them counts here
   value_packing          the tiered caches' value-code packing (`certattn_jax.quant.VALUE_PACKING`)
+  layers_per_conversion_program   tiered: layers the prefill's conversion converts per compiled program
+                         (`certattn_jax.cache.conversion_group_layers`, CERTATTN_CONVERT_GROUP_BYTES)
   tier1_bps_rule         certified: how the fast pass splits the blocks (`tier1_pass.FAST_PASS_BPS`)
   layer_unroll           certified: layers per iteration of the rung-0 pass's loop (`llama.LAYER_UNROLL`)
   rung0_select           certified: the certify kernel's candidate selection (`certify_rung0.DEFAULT_SELECT`)
@@ -86,6 +88,17 @@ CACHES = ("dense", "naive", "certified")
 # tests/test_bench_scripts.py checks that they agree)
 VARIANTS = ("certified_looped", "certified_two-pass", "certified_straight", "certified_straight-looped",
             "certified_adaptive", "certified_unrolled")
+
+
+def _layers_per_conversion(cache) -> int:
+    """Layers per conversion program for a staging cache of this tiered cache's shape (batch, capacity, dtype)."""
+    import jax.numpy as jnp
+
+    from certattn_jax.cache import conversion_group_layers
+
+    st = cache.store
+    layer_bytes = 2 * st.batch * st.num_kv_heads * st.capacity * st.head_dim * jnp.dtype(st.dtype).itemsize
+    return conversion_group_layers(layer_bytes, cache.num_layers)
 
 
 def _bps_rule() -> str:
@@ -290,6 +303,9 @@ def run_row(model: str, cache: str, prompt: int, new_tokens: int, prefill_chunk:
             else None,
             "fetch_kernel": warm.cache.store.reads_tier2_by_kernel() if hasattr(warm.cache, "store") else None,
             "value_packing": quant.VALUE_PACKING if mode != "dense" else None,
+            # layers per conversion program of the staging cache (cache.conversion_group_layers; the prefill's
+            # conversion, part of prefill_s)
+            "layers_per_conversion_program": _layers_per_conversion(warm.cache) if mode != "dense" else None,
             # the fast pass's split rule (pallas_kernels.tier1_pass.FAST_PASS_BPS, CERTATTN_TIER1_BPS)
             "tier1_bps_rule": _bps_rule() if mode == "certified" else None,
             # the certify kernel's candidate selection (certify_rung0.DEFAULT_SELECT, CERTATTN_RUNG0_SELECT)
