@@ -101,7 +101,7 @@ for s in "$@"; do
     issue7_8b)  # issue 7's named grid, LLaMA-3.1-8B-shape half (8K, 32K); merged with the SmolLM2 half into
       # results/bench_generate.json (bench_generate.py --merge) when both ran on the same machine
       step issue7_8b 560 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/issue7_8b.json" ;;
-    staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 6 tests/test_staging_groups.py" ;;
+    staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 8 tests/test_staging_groups.py" ;;
     ttft_groups)  # thirty-sixth session: the conversion in layer groups (one program for SmolLM2) against a layer at
       # a time (SmolLM2's 1K TTFT was 3.02x dense with a program per layer), both in one process, 1K and 4K
       step ttft_groups 200 "for p in 1024 4096; do python3 scripts/probe_ttft_phases.py --quick --model smollm2 --prompt \$p --repeats 7 --out $W/ttft_groups_\$p.json; done" ;;
@@ -197,7 +197,8 @@ for s in "$@"; do
     autotune0)  # fifteenth session: the 8B decode program's XLA compile with GEMM autotuning off (issue 7's compile)
       step autotune0 300 "XLA_FLAGS=--xla_gpu_autotune_level=0 python3 scripts/bench_generate.py --timeout 190 --new-tokens 16 --models llama3.1-8b --prompts 8192 --caches certified --out $W/autotune0_8b8k.json" ;;
     soak) step soak 400 "python3 scripts/bench_decode.py --models llama3.1-8b --contexts 32768 --batches 1 --caches certified --impls einsum --soak-steps 10000 --out $W/soak.json" ;;
-    sound) step sound 450 "CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
+    sound)  # 462 s with 12 workers on an H100 (thirty-sixth session); failures written as they happen
+      step sound 560 "CERTATTN_FAILURE_LOG=$W/sound_failures.txt CERTATTN_TIER1=pallas CERTATTN_RUNG0=fused python3 -m pytest -q -rfE -n 16 --durations=12 tests/test_soundness.py tests/test_soundness_extreme.py tests/test_certify_rung0.py" ;;
     kernels_fix) step kernels_fix 120 "python3 -m pytest -q -n 4 tests/test_pallas_tier1.py -k 'subnormal or leaves_the_hot or slot_programs or any_size'" ;;
     eval_compile) step eval_compile 300 "python3 scripts/probe_eval_compile.py --model smollm2 --schedules looped two-pass --out $W/eval_compile.json" ;;
     trace) step trace 300 "python3 scripts/trace_decode.py --model smollm2 --prompt 1024 --caches dense certified:pallas:jnp certified:pallas:fused --steps 16 --out $W/trace_decode.json" ;;
