@@ -53,6 +53,7 @@ Writes never lose data: every token is in tier 2 (full blocks) or in the exact r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -303,17 +304,13 @@ class TieredKVCache:
         firsts = list(range(0, L - group + 1, group))
         if firsts[-1] + group < L:  # the last group overlaps the one before: one program (one compile) for all
             firsts.append(L - group)
-        store, first = self, True
-        for i in firsts:
-            try:
+        store = self
+        for n, i in enumerate(firsts):
+            # the first call is the one a shared buffer refuses (before running: nothing written); later calls
+            # take the first's outputs
+            with tiers.shared_buffers_named("with_rows_converted") if n == 0 else contextlib.nullcontext():
                 store = _convert_layers_into(store, ks[i:i + group], vs[i:i + group], lengths, jnp.int32(i), layout,
                                              jnp.int32(start))
-            except jax.errors.JaxRuntimeError as e:
-                refused = tiers.shared_buffer_error(e, "with_rows_converted") if first else None
-                if refused is not None:  # refused before running: nothing was written
-                    raise refused from e
-                raise
-            first = False
         return store
 
     def layout_policy(self) -> CertPolicy:
@@ -808,13 +805,18 @@ def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy
     """k, v [B, H, S, d], or [L, B, H, S, d] for the stacked form (every layer converted in one program, a layer
     at a time); tier 2 goes to the host in one copy per array."""
     if k.ndim == 5:
-        # lax.map, not vmap: the conversion's float32 temporaries (errors, Gram matrices: ~6x a layer's K/V) then
-        # live for one layer, not for every layer at once (CPU memory analysis, 32 layers of 8B at 4K: 6.3x ->
-        # 2.2x the K/V; at 8B 128K the batched form tried to allocate 32 GiB on the H200; docs/performance.md)
-        c = jax.lax.map(lambda kv: _convert_on_device(kv[0], kv[1], lengths, policy), (k, v))
+        c = _convert_layers_on_device(k, v, lengths, policy)
     else:
         c = _convert_on_device(k, v, lengths, policy)
     return c.replace(host_k=tiers.to_host(c.host_k), host_v=tiers.to_host(c.host_v))
+
+
+def _convert_layers_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
+    """`_convert_on_device` of every layer of k, v [L, B, H, S, d]: the stacked cache [L, B, ...], tier 2 still on
+    the device. lax.map, not vmap: the conversion's float32 temporaries (errors, Gram matrices: ~6x a layer's K/V)
+    then live for one layer, not for every layer at once (CPU memory analysis, 32 layers of 8B at 4K: 6.3x -> 2.2x
+    the K/V; at 8B 128K the batched form tried to allocate 32 GiB on the H200; docs/performance.md)."""
+    return jax.lax.map(lambda kv: _convert_on_device(kv[0], kv[1], lengths, policy), (k, v))
 
 
 def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
@@ -861,10 +863,10 @@ CONVERT_GROUP_BYTES = positive_int_from_env("CERTATTN_CONVERT_GROUP_BYTES", 256 
 def conversion_group_layers(layer_bytes: int, num_layers: int, budget: int | None = None) -> int:
     """Layers converted per program by `with_rows_converted`: as many as keep the program's staging K/V within
     `budget` bytes (CONVERT_GROUP_BYTES), at least 1. Each program costs a dispatch and a host round of its own
-    (~1.5 ms on an H100: a layer at a time, SmolLM2's 30 layers made a 1K prompt's time to first token 3x dense's,
-    docs/performance.md, thirty-sixth session), while a group holds a stacked copy of its K/V and its converted
-    tier 2 on the device besides one layer's temporaries (a layer at a time keeps the 8B shape's long contexts
-    within the device)."""
+    (~1.5 ms on an H100, inferred from the TTFT: a layer at a time, SmolLM2's 30 layers made a 1K prompt's time
+    to first token 3x dense's, docs/performance.md, thirty-sixth session), while a group holds a stacked copy of
+    its K/V and its converted tier 2 on the device besides one layer's temporaries (a layer at a time keeps the
+    8B shape's long contexts within the device)."""
     budget = CONVERT_GROUP_BYTES if budget is None else budget
     return int(max(1, min(num_layers, budget // max(int(layer_bytes), 1))))
 
@@ -874,13 +876,12 @@ def _convert_layers_into(store: TieredKVCache, ks: tuple[jax.Array, ...], vs: tu
                          lengths: jax.Array, first: jax.Array, policy: CertPolicy, start: jax.Array) -> TieredKVCache:
     """store (stacked [L, B, ...], donated) with layers first, first + 1, ... (one per k, v [n, H, S, d]) of
     sequences [start, start + n) converted (the first lengths[i] tokens valid). The group's layers are stacked and
-    converted by `lax.map` (one layer's computation compiled once, its temporaries live for one layer at a time,
-    as in `stacked_from_head_major`), then written as one slice per field; tier 2 goes to the host in one copy per
-    array."""
+    converted one after another (`_convert_layers_on_device`, as in `stacked_from_head_major`), then written as one
+    slice per field; tier 2 goes to the host in one copy per array."""
     if len(ks) == 1:  # a layer at a time: no stack, no loop
         c = jax.tree.map(lambda x: x[None], _convert_on_device(ks[0], vs[0], lengths, policy))
     else:
-        c = jax.lax.map(lambda kv: _convert_on_device(kv[0], kv[1], lengths, policy), (jnp.stack(ks), jnp.stack(vs)))
+        c = _convert_layers_on_device(jnp.stack(ks), jnp.stack(vs), lengths, policy)
 
     def put(stacked: jax.Array, rows: jax.Array) -> jax.Array:  # rows [g, n, ...] at (first, start)
         return jax.lax.dynamic_update_slice(stacked, rows, (first, start) + (0,) * (rows.ndim - 2))

@@ -276,13 +276,8 @@ class TieredModelCache:
         if not 0 <= start <= B - n:
             raise ValueError(f"with_sequences: start {start} with {n} sequences does not fit a batch of {B}")
         tiers.check_on_host(self.store.host_k, self.store.host_v, part.store.host_k, part.store.host_v)
-        try:
+        with tiers.shared_buffers_named("with_sequences"):
             return _put_sequences(self, part.store, part.lengths, part.cert_packed, jnp.int32(start))
-        except jax.errors.JaxRuntimeError as e:
-            refused = tiers.shared_buffer_error(e, "with_sequences")
-            if refused is not None:
-                raise refused from e
-            raise
 
     def with_staged_sequences(self, start: int, staging: DenseKVCache) -> TieredModelCache:
         """This cache with sequences [start, start + n) converted from a prefilled dense staging cache of n

@@ -9,7 +9,9 @@ block, or a Pallas kernel reads the blocks in place (`pallas_kernels.gather_bloc
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -60,15 +62,20 @@ def to_numpy(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_put(x, x.sharding, may_alias=False))
 
 
-def shared_buffer_error(e: Exception, where: str) -> ValueError | None:
-    """The clear error for a donation refused because a NumPy view shares a buffer (see `to_numpy`), or None where
-    `e` is something else. The refusal comes before the program runs, so the cache is unchanged."""
-    if not isinstance(e, jax.errors.JaxRuntimeError) or "external reference" not in str(e):
-        return None
-    return ValueError(f"{where}: this cache's arrays cannot be donated because a NumPy array shares one of their "
-                      "buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 return a view of "
-                      "its buffer, which cannot be donated while the view lives): read tier 2 with "
-                      "`certattn_jax.tiers.to_numpy`, which copies. The cache is unchanged")
+@contextlib.contextmanager
+def shared_buffers_named(where: str) -> Iterator[None]:
+    """Around a donating call: a donation refused because a NumPy view shares a buffer (see `to_numpy`) raised as
+    a ValueError that names the problem and the remedy; other errors pass unchanged. The refusal comes before the
+    program runs, so the cache is unchanged."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as e:
+        if "external reference" not in str(e):
+            raise
+        raise ValueError(f"{where}: this cache's arrays cannot be donated because a NumPy array shares one of their "
+                         "buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 return a view "
+                         "of its buffer, which cannot be donated while the view lives): read tier 2 with "
+                         "`certattn_jax.tiers.to_numpy`, which copies. The cache is unchanged") from e
 
 
 def to_device(x: jax.Array) -> jax.Array:
