@@ -69,8 +69,10 @@ def shared_buffers_named(where: str) -> Iterator[None]:
     program runs, so the cache is unchanged."""
     try:
         yield
-    except jax.errors.JaxRuntimeError as e:
-        if "external reference" not in str(e):
+    # A jitted call's C++ fast path (installed by its first successful call) raises XLA's error as a plain
+    # ValueError, the slow path as JaxRuntimeError (jax-ml/jax#34083, open in jax 0.11): the message decides.
+    except (jax.errors.JaxRuntimeError, ValueError) as e:
+        if "Donation requested for buffer with external reference" not in str(e):
             raise
         raise ValueError(f"{where}: this cache's arrays cannot be donated because a NumPy array shares one of their "
                          "buffers (np.asarray / jax.device_get of a host-memory array such as tier 2 return a view "

@@ -544,15 +544,26 @@ def test_a_refused_donation_is_named_where_the_cpu_cannot_refuse(params, monkeyp
     full = _decoded(params, spec, (20, 30))
     before = _rows(full, 0, 2)
     staging = _staging(params, spec, _prompts(16, (40,)))
+    part = spec.from_staging(staging)
 
-    def refuse(*a, **k):
-        raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument 24 to "
-                                         "replica 0: INVALID_ARGUMENT: Donation requested for buffer with external "
-                                         "reference")
-
-    monkeypatch.setattr(cache_mod, "_convert_layers_into", refuse)
-    with pytest.raises(ValueError, match=r"with_rows_converted: .*NumPy.*tiers.to_numpy.*unchanged"):
+    refusal = ("INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument 24 to replica 0: INVALID_ARGUMENT: "
+               "Donation requested for buffer with external reference")
+    # the slow path raises JaxRuntimeError; a jitted call's C++ fast path, once installed, a plain ValueError with
+    # the same message (both seen on an H100, jax 0.11.2)
+    for kind in (jax.errors.JaxRuntimeError, ValueError):
+        monkeypatch.setattr(cache_mod, "_convert_layers_into", lambda *a, kind=kind, **k: (_ for _ in ()).throw(
+            kind(refusal)))
+        with pytest.raises(ValueError, match=r"with_rows_converted: .*NumPy.*tiers.to_numpy.*unchanged"):
+            full.with_staged_sequences(0, staging)
+    monkeypatch.setattr(cache_mod, "_convert_layers_into",
+                        lambda *a, **k: (_ for _ in ()).throw(ValueError("some other problem")))
+    with pytest.raises(ValueError, match="^some other problem$"):
         full.with_staged_sequences(0, staging)
+    from certattn_jax import model_cache
+
+    monkeypatch.setattr(model_cache, "_put_sequences", lambda *a, **k: (_ for _ in ()).throw(ValueError(refusal)))
+    with pytest.raises(ValueError, match=r"with_sequences: .*NumPy.*tiers.to_numpy.*unchanged"):
+        full.with_sequences(0, part)
     monkeypatch.setattr(cache_mod, "_convert_layers_into",
                         lambda *a, **k: (_ for _ in ()).throw(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: x")))
     with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
