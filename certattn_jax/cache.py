@@ -65,7 +65,7 @@ import numpy as np
 from flax import struct
 
 from certattn_jax import bounds, quant, select, tiers
-from certattn_jax.env import positive_int_from_env, switch_from_env
+from certattn_jax.env import choice_from_env, positive_int_from_env, switch_from_env
 from certattn_jax.kv_cache import commit_arrays, is_concrete, write_positions
 from certattn_jax.policy import CertPolicy
 from certattn_jax.validate import checked_counts, is_integer
@@ -310,7 +310,7 @@ class TieredKVCache:
             # take the first's outputs
             with tiers.shared_buffers_named("with_rows_converted") if n == 0 else contextlib.nullcontext():
                 store = _convert_layers_into(store, ks[i:i + group], vs[i:i + group], lengths, jnp.int32(i), layout,
-                                             jnp.int32(start))
+                                             jnp.int32(start), form=CONVERT_GROUP_FORM)
         return store
 
     def layout_policy(self) -> CertPolicy:
@@ -860,26 +860,60 @@ def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: Cer
 CONVERT_GROUP_BYTES = positive_int_from_env("CERTATTN_CONVERT_GROUP_BYTES", 256 * 2**20)
 
 
+# How a conversion group's layers are converted inside its program (`_convert_layers_into`): "batched" (vmap: one
+# pass of kernels for the whole group; its float32 temporaries, ~6x the group's K/V, are what CONVERT_GROUP_BYTES
+# bounds) or "loop" (lax.map: one layer's temporaries at a time, but on a GPU a while loop of the layer's kernels
+# with a host round per layer, and tier 2 leaving the loop as a host array: the thirty-seventh session measured the
+# loop form 2.5x dense's TTFT at SmolLM2 1K and 0.5 s slower than a layer at a time at the 8B shape's 8K, where the
+# 2026-12-02 batched stacked conversion had taken 1.5 ms for SmolLM2's 30 layers). CERTATTN_CONVERT_GROUP_FORM.
+CONVERT_GROUP_FORMS = ("batched", "loop")
+CONVERT_GROUP_FORM = choice_from_env("CERTATTN_CONVERT_GROUP_FORM", CONVERT_GROUP_FORMS, "batched")
+
+
 def conversion_group_layers(layer_bytes: int, num_layers: int, budget: int | None = None) -> int:
     """Layers converted per program by `with_rows_converted`: as many as keep the program's staging K/V within
     `budget` bytes (CONVERT_GROUP_BYTES), at least 1. Each program costs a dispatch and a host round of its own
-    (~1.5 ms on an H100, inferred from the TTFT: a layer at a time, SmolLM2's 30 layers made a 1K prompt's time
-    to first token 3x dense's, docs/performance.md, thirty-sixth session), while a group holds a stacked copy of
-    its K/V and its converted tier 2 on the device besides one layer's temporaries (a layer at a time keeps the
+    (a layer at a time, SmolLM2's 30 layers made a 1K prompt's time to first token 3x dense's on an H100,
+    docs/performance.md, thirty-sixth session), while a group holds a stacked copy of its K/V, its converted tier 2
+    and (CONVERT_GROUP_FORM "batched") every layer's float32 temporaries on the device (a layer at a time keeps the
     8B shape's long contexts within the device)."""
     budget = CONVERT_GROUP_BYTES if budget is None else budget
     return int(max(1, min(num_layers, budget // max(int(layer_bytes), 1))))
 
 
-@functools.partial(jax.jit, donate_argnums=0, static_argnames=("policy",))
+def conversion_temp_bytes(layer_kv_elements: int, num_layers: int, itemsize: int, form: str | None = None) -> int:
+    """Device temporaries of one conversion program (an upper estimate): `layer_kv_elements` elements of one
+    layer's staging K and V together (every sequence converted), `itemsize` bytes each, `num_layers` layers in
+    groups of `conversion_group_layers`. Per K/V element of a layer the conversion holds ~5 float32 temporaries
+    (errors, Gram matrices, codes) and the group's stacked copy; XLA:CPU's memory analysis of `_convert_layers_into`
+    (8 KV heads, d 128, 2K tokens) measured, in bytes per K/V element, 18.5 (bf16; 12.7 float32) a layer at a time,
+    20.5-21 per element of the group batched, and 35-53 per element of one layer in the loop form with 2-8 layers
+    per group (its stacked outputs). Counted: batched 24 per element of the group; loop 24 per element of one
+    layer plus 4 itemsize per element of the group. `tests/test_staging_groups.py` checks it against XLA's memory
+    analysis."""
+    form = CONVERT_GROUP_FORM if form is None else form
+    group = conversion_group_layers(layer_kv_elements * itemsize, num_layers)
+    per_element = 24
+    if form == "batched" or group == 1:
+        return group * layer_kv_elements * per_element
+    return layer_kv_elements * per_element + group * layer_kv_elements * 4 * itemsize
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnames=("policy", "form"))
 def _convert_layers_into(store: TieredKVCache, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...],
-                         lengths: jax.Array, first: jax.Array, policy: CertPolicy, start: jax.Array) -> TieredKVCache:
+                         lengths: jax.Array, first: jax.Array, policy: CertPolicy, start: jax.Array,
+                         form: str = "batched") -> TieredKVCache:
     """store (stacked [L, B, ...], donated) with layers first, first + 1, ... (one per k, v [n, H, S, d]) of
     sequences [start, start + n) converted (the first lengths[i] tokens valid). The group's layers are stacked and
-    converted one after another (`_convert_layers_on_device`, as in `stacked_from_head_major`), then written as one
-    slice per field; tier 2 goes to the host in one copy per array."""
+    converted together (form "batched": `_convert_on_device` under vmap) or one after another ("loop":
+    `_convert_layers_on_device`, as in `stacked_from_head_major`), then written as one slice per field; tier 2 goes
+    to the host in one copy per array."""
+    if form not in CONVERT_GROUP_FORMS:
+        raise ValueError(f"unknown conversion group form {form!r}; one of {CONVERT_GROUP_FORMS}")
     if len(ks) == 1:  # a layer at a time: no stack, no loop
         c = jax.tree.map(lambda x: x[None], _convert_on_device(ks[0], vs[0], lengths, policy))
+    elif form == "batched":
+        c = jax.vmap(lambda k, v: _convert_on_device(k, v, lengths, policy))(jnp.stack(ks), jnp.stack(vs))
     else:
         c = _convert_layers_on_device(jnp.stack(ks), jnp.stack(vs), lengths, policy)
 

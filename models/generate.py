@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from certattn_jax import kernel_checks, xla_options
-from certattn_jax.cache import conversion_group_layers
+from certattn_jax.cache import conversion_temp_bytes
 from certattn_jax.certificate import Certificate, mark_stopped
 from certattn_jax.env import choice_from_env, switch_from_env
 from certattn_jax.kv_cache import KVCache, commit_arrays, was_donated
@@ -752,10 +752,11 @@ def auto_staging_batch(spec: CacheSpec, config: LlamaConfig, batch: int, capacit
 
     Estimate, per sequence (`CacheSpec.bytes_per_sequence`): the staging cache's dense K/V, the tiered cache's
     device bytes, and the prefill's temporaries: one chunk's float32 scores, weights and probabilities
-    [Hq, chunk, capacity]; and for the conversion of n sequences, the float32 K/V of the layers one conversion
-    program takes (`cache.conversion_group_layers`). The whole batch at once needs all of it for the batch; in
-    groups of n, the batch's tiered cache plus n sequences' staging and temporaries. An estimate: XLA's own
-    temporaries may differ (STAGING_MEMORY_SHARE of the free memory is planned)."""
+    [Hq, chunk, capacity]; and for the conversion of n sequences, the temporaries of one conversion program
+    (`cache.conversion_temp_bytes`: ~5 float32 per K/V element of the layers it takes). The whole batch at once
+    needs all of it for the batch; in groups of n, the batch's tiered cache plus n sequences' staging and
+    temporaries. An estimate: XLA's own temporaries may differ (STAGING_MEMORY_SHARE of the free memory is
+    planned)."""
     if not spec.tiered:
         return None
     device = device or jax.devices()[0]
@@ -768,9 +769,8 @@ def auto_staging_batch(spec: CacheSpec, config: LlamaConfig, batch: int, capacit
     prefill_temps = 3 * 4 * config.num_heads * chunk * capacity
     layer_elems = config.num_kv_heads * capacity * config.head_dim  # one layer's keys of one sequence
 
-    def conversion_temps(n: int) -> int:  # float32 K and V of the layers one conversion program holds
-        layers = conversion_group_layers(n * 2 * layer_elems * jnp.dtype(spec.dtype).itemsize, config.num_layers)
-        return 2 * 2 * 4 * layers * n * layer_elems
+    def conversion_temps(n: int) -> int:  # the temporaries of the conversion program that n sequences take
+        return conversion_temp_bytes(n * 2 * layer_elems, config.num_layers, jnp.dtype(spec.dtype).itemsize)
 
     def group_fits(n: int, batch_rows: int) -> bool:  # n staged beside a tiered cache of batch_rows already made
         one = per["staging"] + per["device"] + prefill_temps  # (the device bytes: the group's converted tier 1)

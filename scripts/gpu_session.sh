@@ -105,6 +105,9 @@ for s in "$@"; do
     ttft_groups)  # thirty-sixth session: the conversion in layer groups (one program for SmolLM2) against a layer at
       # a time (SmolLM2's 1K TTFT was 3.02x dense with a program per layer), both in one process, 1K and 4K
       step ttft_groups 200 "for p in 1024 4096; do python3 scripts/probe_ttft_phases.py --quick --model smollm2 --prompt \$p --repeats 7 --out $W/ttft_groups_\$p.json; done" ;;
+    ttft_forms)  # thirty-seventh session: the conversion group's program batched (vmap, the new default) against the
+      # lax.map loop and a layer at a time, in one process: SmolLM2 1K, then the 8B shape's 8K (7 layers per group)
+      step ttft_forms 230 "python3 scripts/probe_ttft_phases.py --quick --model smollm2 --prompt 1024 --repeats 5 --out $W/ttft_forms_smol1k.json; python3 scripts/probe_ttft_phases.py --quick --model llama3.1-8b --prompt 8192 --repeats 3 --out $W/ttft_forms_8b8k.json" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;

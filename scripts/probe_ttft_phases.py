@@ -12,7 +12,10 @@ Median of --repeats warm runs (each phase compiled first), wall-clock with the r
   host_copy            the staging keys and values copied to pinned host memory alone (`jax.device_put`)
   *_layer_at_a_time_s  (--quick) certified_prefill and conversion with one conversion program per layer
                        (`cache.CONVERT_GROUP_BYTES` = 1), against the default layer groups
---quick: dense_prefill, certified_prefill and conversion, each with the default layer groups and a layer at a time.
+  *_{batched,loop}_s   (--quick) the same with the group's program in the form that is not the default
+                       (`cache.CONVERT_GROUP_FORM`: the group's layers under vmap, or a lax.map over them)
+--quick: dense_prefill, certified_prefill and conversion, each with the default layer groups, the other group
+form and a layer at a time.
 """
 
 from __future__ import annotations
@@ -90,14 +93,25 @@ def main(argv=None) -> int:
         row["conversion_group_bytes"] = default_budget
         row["layers_per_conversion_program"] = cache_mod.conversion_group_layers(
             staged.k[0].nbytes + staged.v[0].nbytes, cfg.num_layers)
-        cache_mod.CONVERT_GROUP_BYTES = 1
+        row["conversion_group_form"] = default_form = cache_mod.CONVERT_GROUP_FORM
         try:
+            for form in cache_mod.CONVERT_GROUP_FORMS:  # the other form of the group's program
+                if form == default_form or row["layers_per_conversion_program"] == 1:
+                    continue
+                cache_mod.CONVERT_GROUP_FORM = form
+                row[f"conversion_{form}_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats,
+                                                              f"conversion_{form}")
+                row[f"certified_prefill_{form}_s"] = _median_seconds(prefill(cert, cap), args.repeats,
+                                                                     f"certified_prefill_{form}")
+            cache_mod.CONVERT_GROUP_FORM = default_form
+            cache_mod.CONVERT_GROUP_BYTES = 1
             row["conversion_layer_at_a_time_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats,
                                                                   "conversion_layer_at_a_time")
             row["certified_prefill_layer_at_a_time_s"] = _median_seconds(
                 prefill(cert, cap), args.repeats, "certified_prefill_layer_at_a_time")
         finally:
             cache_mod.CONVERT_GROUP_BYTES = default_budget
+            cache_mod.CONVERT_GROUP_FORM = default_form
         return _finish(row, args.out)
     row["staging_prefill_s"] = _median_seconds(prefill(staging_spec, staging_cap), args.repeats, "staging_prefill")
     staged, _ = gen.prefill(params, cfg, [ids], staging_cap, cache_factory=staging_spec, policy=policy)

@@ -385,8 +385,8 @@ class _Device:
 
 @pytest.mark.parametrize("layers_per_program", [1, CFG.num_layers])
 def test_auto_staging_batch_splits_only_what_would_not_fit(monkeypatch, layers_per_program):
-    """The estimate counts the float32 K/V of the layers one conversion program takes (a layer at a time where the
-    budget says so, every layer of this small model by default)."""
+    """The estimate counts the temporaries of the conversion program (~5 float32 per K/V element of the layers it
+    takes: a layer at a time where the budget says so, every layer of this small model by default)."""
     from certattn_jax import cache as cache_mod
 
     if layers_per_program == 1:
@@ -394,7 +394,7 @@ def test_auto_staging_batch_splits_only_what_would_not_fit(monkeypatch, layers_p
     spec = cache_spec("certified", CFG, jnp.bfloat16, POLICY)
     per = spec.bytes_per_sequence(CAPACITY)
     temps = (3 * 4 * CFG.num_heads * 16 * CAPACITY
-             + 2 * 2 * 4 * layers_per_program * CFG.num_kv_heads * CAPACITY * CFG.head_dim)
+             + 24 * layers_per_program * 2 * CFG.num_kv_heads * CAPACITY * CFG.head_dim)
     one = per["staging"] + per["device"] + temps
     share = gen.STAGING_MEMORY_SHARE
 
@@ -459,13 +459,17 @@ def _store_fields(store) -> list[np.ndarray]:
     return [tiers.to_numpy(getattr(store, f)) for f in DEVICE_FIELDS + ("host_k", "host_v", "lengths", "flushed")]
 
 
+@pytest.mark.parametrize("form", ["batched", "loop"])
 @pytest.mark.parametrize("budget_layers", [2, 3, 5])
-def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_layers):
+def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_layers, form):
     """with_rows_converted converts as many layers per program as CONVERT_GROUP_BYTES of staging K/V allows (a
     program per layer made SmolLM2's 1K time to first token 3x the dense one on an H100): every field bit for bit
     what a layer at a time gives, with 5 layers by 2 and by 3 (the last group overlaps the one before: every
-    group the same size, one compiled program), and one program call per group."""
+    group the same size, one compiled program), and one program call per group; in either form of the group's
+    program (CONVERT_GROUP_FORM: the layers under vmap, or a lax.map over them)."""
     from certattn_jax import cache as cache_mod
+
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUP_FORM", form)
 
     ks, vs = _layers_kv(3, 5, 3)
     lengths = jnp.array([96, 37, 5], jnp.int32)
@@ -475,6 +479,7 @@ def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_l
 
     def spy(store, ks_, *args, **kw):
         calls.append(len(ks_))
+        assert kw["form"] == form
         return real(store, ks_, *args, **kw)
 
     monkeypatch.setattr(cache_mod, "_convert_layers_into", spy)
@@ -500,6 +505,33 @@ def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_l
     for f in DEVICE_FIELDS + ("host_k", "host_v"):
         np.testing.assert_array_equal(tiers.to_numpy(getattr(rows, f))[:, 1:4], tiers.to_numpy(getattr(part, f)),
                                       err_msg=f)
+
+
+@pytest.mark.parametrize("form", ["batched", "loop"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_conversion_temp_bytes_cover_the_compiled_program(form, dtype, monkeypatch):
+    """`auto_staging_batch`'s estimate of a conversion program's temporaries covers what XLA's memory analysis of
+    the compiled program (this CPU) says, for 1, 2, 4 and 8 layers per program, in both forms (the batched one
+    holds every layer's float32 temporaries at once; the estimate once counted a quarter of that)."""
+    from certattn_jax import cache as cache_mod
+
+    policy = cache_mod.conversion_layout(CertPolicy())
+    B, H, S, d, L = 1, 4, 1024, 128, 8
+    store = cache_mod.TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=dtype,
+                                         policy=policy, layers=L)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    item = jnp.dtype(dtype).itemsize
+    elems = 2 * B * H * S * d  # one layer's K and V
+    for group in (1, 2, 4, 8):
+        kv = tuple(jax.ShapeDtypeStruct((B, H, S, d), dtype) for _ in range(group))
+        compiled = cache_mod._convert_layers_into.lower(store, kv, kv, jax.ShapeDtypeStruct((B,), jnp.int32), scalar,
+                                                        policy, scalar, form=form).compile()
+        measured = compiled.memory_analysis().temp_size_in_bytes
+        monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", group * elems * item)  # `group` layers per program
+        estimate = cache_mod.conversion_temp_bytes(elems, L, item, form=form)
+        assert measured <= estimate, (group, measured, estimate)
+        if dtype == jnp.bfloat16 and (form == "batched" or group == 1):  # near what it covers where it matters
+            assert estimate <= 2 * measured, (group, measured, estimate)
 
 
 def test_conversion_group_layers_keeps_the_budget():
