@@ -261,6 +261,13 @@ class TieredKVCache:
         lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
         B, H, S, d = ks[0].shape
         layout = conversion_layout(policy)
+        ks, vs = tuple(ks), tuple(vs)
+        if CONVERT_GROUP_FORM == "batched" and conversion_group_layers(ks[0].nbytes + vs[0].nbytes,
+                                                                        len(ks)) == len(ks):
+            # one group holds every layer: its program's outputs are the cache (no preallocated cache to write
+            # into, tier 2 allocated by XLA in host memory as the program's output)
+            _check_live_layers("stacked_from_layers", ks, vs, (lengths,))
+            return _poisoned(_convert_all_layers(ks, vs, lengths, layout), bad)
         store = cls.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=ks[0].dtype, policy=layout,
                          layers=len(ks))
         return _poisoned(store.with_rows_converted(0, ks, vs, lengths), bad)
@@ -291,14 +298,9 @@ class TieredKVCache:
                              f"this cache {mine}")
         if not is_integer(start) or not 0 <= start <= self.batch - n:
             raise ValueError(f"start {start!r} with {n} sequences does not fit a batch of {self.batch}")
-        if not all(is_concrete(x) for x in (lengths, *ks, *vs, self.k_codes)):
-            raise ValueError("with_rows_converted is eager only (a traced input)")
+        _check_live_layers("with_rows_converted", ks, vs, (lengths, self.k_codes))
         layout = self.layout_policy()
         lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
-        dead = [i for i, (k, v) in enumerate(zip(ks, vs, strict=True)) if k.is_deleted() or v.is_deleted()]
-        if dead:
-            raise ValueError(f"with_rows_converted: the keys or values of layer(s) {dead} were deleted (donated to an "
-                             "earlier call)")
         L = len(ks)
         group = conversion_group_layers(ks[0].nbytes + vs[0].nbytes, L)
         firsts = list(range(0, L - group + 1, group))
@@ -767,6 +769,16 @@ def _active_mask(active: jax.Array | None, batch: int) -> jax.Array:
     return active
 
 
+def _check_live_layers(method: str, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], others: tuple = ()) -> None:
+    """An eager conversion's inputs: every k, v (and `others`) concrete, no layer's k or v deleted (donated to an
+    earlier call: it would fail only when its group runs, after earlier groups had written the cache)."""
+    if not all(is_concrete(x) for x in (*others, *ks, *vs)):
+        raise ValueError(f"{method} is eager only (a traced input)")
+    dead = [i for i, (k, v) in enumerate(zip(ks, vs, strict=True)) if k.is_deleted() or v.is_deleted()]
+    if dead:
+        raise ValueError(f"{method}: the keys or values of layer(s) {dead} were deleted (donated to an earlier call)")
+
+
 def _poisoned(c: TieredKVCache, bad: jax.Array | None) -> TieredKVCache:
     """c with the sequences where bad [B] marked non-finite (never certified again: their contents are not what
     the caller meant, e.g. a traced length out of range); c itself where bad is None or known all False."""
@@ -899,6 +911,23 @@ def conversion_temp_bytes(layer_kv_elements: int, num_layers: int, itemsize: int
     return layer_kv_elements * per_element + group * layer_kv_elements * 4 * itemsize
 
 
+def _convert_batched(ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
+                     policy: CertPolicy) -> TieredKVCache:
+    """`_convert_on_device` of every layer k, v [n, H, S, d] of ks, vs under vmap: the stacked [g, n, ...] cache of
+    the group, tier 2 still on the device."""
+    return jax.vmap(lambda k, v: _convert_on_device(k, v, lengths, policy))(jnp.stack(ks), jnp.stack(vs))
+
+
+@functools.partial(jax.jit, static_argnames=("policy",))
+def _convert_all_layers(ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
+                        policy: CertPolicy) -> TieredKVCache:
+    """The stacked cache of every layer k, v [B, H, S, d] of a model in one batched program (one conversion group
+    holds them all: `stacked_from_layers`), tier 2 moved to the host as the program's output; the same values, bit
+    for bit, as a group written into a preallocated cache (`_convert_layers_into`)."""
+    c = _convert_batched(ks, vs, lengths, policy)
+    return c.replace(host_k=tiers.to_host(c.host_k), host_v=tiers.to_host(c.host_v))
+
+
 @functools.partial(jax.jit, donate_argnums=0, static_argnames=("policy", "form"))
 def _convert_layers_into(store: TieredKVCache, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...],
                          lengths: jax.Array, first: jax.Array, policy: CertPolicy, start: jax.Array,
@@ -913,7 +942,7 @@ def _convert_layers_into(store: TieredKVCache, ks: tuple[jax.Array, ...], vs: tu
     if len(ks) == 1:  # a layer at a time: no stack, no loop
         c = jax.tree.map(lambda x: x[None], _convert_on_device(ks[0], vs[0], lengths, policy))
     elif form == "batched":
-        c = jax.vmap(lambda k, v: _convert_on_device(k, v, lengths, policy))(jnp.stack(ks), jnp.stack(vs))
+        c = _convert_batched(ks, vs, lengths, policy)
     else:
         c = _convert_layers_on_device(jnp.stack(ks), jnp.stack(vs), lengths, policy)
 

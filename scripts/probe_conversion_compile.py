@@ -1,6 +1,7 @@
 """Cold (compile + run) and warm seconds of the eager conversion (`TieredKVCache.stacked_from_layers`) at a model's
-shape, a layer per program against the default layer groups (`cache.CONVERT_GROUP_BYTES`), each in a process of
-its own so that nothing compiled is shared.
+shape, a layer per program against the default layer groups (`cache.CONVERT_GROUP_BYTES`), and the groups in
+either form of their program (`CERTATTN_CONVERT_GROUP_FORM` batched / loop), each in a process of its own so that
+nothing compiled is shared.
 
     python scripts/probe_conversion_compile.py --layers 30 --kv-heads 3 --capacity 1280 --head-dim 64   # SmolLM2 1K
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,6 +43,7 @@ def _one(args: argparse.Namespace, group_bytes: int | None) -> dict:
     jax.block_until_ready(TieredKVCache.stacked_from_layers(ks, vs, lengths, CertPolicy()))
     t2 = time.perf_counter()
     return {"layers_per_program": conversion_group_layers(ks[0].nbytes + vs[0].nbytes, args.layers),
+            "group_form": cache_mod.CONVERT_GROUP_FORM,
             "cold_s": round(t1 - t0, 3), "warm_s": round(t2 - t1, 4), "backend": jax.default_backend()}
 
 
@@ -58,10 +61,13 @@ def main(argv=None) -> int:
         print(json.dumps(_one(args, args.group_bytes or None)))
         return 0
     rows = {}
-    for name, budget in (("layer_at_a_time", 1), ("default_groups", 0)):
+    for name, budget, form in (("layer_at_a_time", 1, None), ("default_groups", 0, None),
+                               ("batched_groups", 0, "batched"), ("loop_groups", 0, "loop")):
         cmd = [sys.executable, __file__, "--group-bytes", str(budget)] + [
             f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("group_bytes", "out")]
-        rows[name] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        env = dict(os.environ, **({"CERTATTN_CONVERT_GROUP_FORM": form} if form else {}))
+        rows[name] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                               env=env).stdout.splitlines()[-1])
         print(name, rows[name], flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
