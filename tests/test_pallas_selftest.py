@@ -461,11 +461,24 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
         threads = []
         real_start = selftest.start_in_background
         monkeypatch.setattr(selftest, "start_in_background", lambda *fns: threads.extend(real_start(*fns)) or threads)
+        model_cache.kernel_checks.forget()
         spec.staging(1, 60)
         assert len(threads) == 5
         for t in threads:
             t.join(30)
         assert [len(v) for v in asked.values()] == [1, 1, 1, 1] and warmed == [1]
+        # the next prefill of this configuration starts nothing (no shapes traced, no predicate asked: ~25 ms of
+        # host time per prompt); another configuration starts its own
+        shapes_traced = []
+        real_eval_shape = jax.eval_shape
+        monkeypatch.setattr(jax, "eval_shape", lambda *a, **k: shapes_traced.append(1) or real_eval_shape(*a, **k))
+        spec.staging(1, 60)
+        assert len(threads) == 5 and not shapes_traced
+        spec.staging(2, 60)
+        assert len(threads) == 10 and shapes_traced
+        for t in threads:
+            t.join(30)
+        model_cache.kernel_checks.forget()
         assert asked["rung0"][0]["layer_view"] is True  # the form a model's decode step runs, checked as such
         layer = model_cache.TieredModelCache.init(num_layers=2, batch=1, capacity=64, num_kv_heads=2,
                                                   num_q_heads=4, head_dim=32, dtype=jnp.float32,
