@@ -902,7 +902,9 @@ def conversion_temp_bytes(layer_kv_elements: int, num_layers: int, itemsize: int
     20.5-21 per element of the group batched, and 35-53 per element of one layer in the loop form with 2-8 layers
     per group (its stacked outputs). Counted: batched 24 per element of the group; loop 24 per element of one
     layer plus 4 itemsize per element of the group. `tests/test_staging_groups.py` checks it against XLA's memory
-    analysis."""
+    analysis. On a GPU XLA fuses more: the H100's staged 8B 128K batch (thirty-fifth session) peaked with at most
+    3.5 GB besides weights, tier 1 and staging while converting a 537 MB layer (<= 13 bytes per element), so this
+    errs towards smaller staging groups there."""
     form = CONVERT_GROUP_FORM if form is None else form
     group = conversion_group_layers(layer_kv_elements * itemsize, num_layers)
     per_element = 24
