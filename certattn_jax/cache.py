@@ -873,11 +873,12 @@ CONVERT_GROUP_BYTES = positive_int_from_env("CERTATTN_CONVERT_GROUP_BYTES", 256 
 
 
 # How a conversion group's layers are converted inside its program (`_convert_layers_into`): "batched" (vmap: one
-# pass of kernels for the whole group; its float32 temporaries, ~6x the group's K/V, are what CONVERT_GROUP_BYTES
-# bounds) or "loop" (lax.map: one layer's temporaries at a time, but on a GPU a while loop of the layer's kernels
-# with a host round per layer, and tier 2 leaving the loop as a host array: the thirty-seventh session measured the
-# loop form 2.5x dense's TTFT at SmolLM2 1K and 0.5 s slower than a layer at a time at the 8B shape's 8K, where the
-# 2026-12-02 batched stacked conversion had taken 1.5 ms for SmolLM2's 30 layers). CERTATTN_CONVERT_GROUP_FORM.
+# pass of kernels for the whole group; its float32 temporaries, ~5 per K/V element of the group, are what
+# CONVERT_GROUP_BYTES bounds: `conversion_temp_bytes`) or "loop" (lax.map: one layer's temporaries at a time, but on
+# a GPU a while loop of the layer's kernels with a host round per iteration: the thirty-seventh session measured the
+# loop form at 2.5x dense's TTFT at SmolLM2 1K and 0.5 s slower than a layer at a time at the 8B shape's 8K, where
+# the 2026-12-02 batched stacked conversion had taken 1.5 ms for SmolLM2's 30 layers; the batched form is not yet
+# measured on a GPU). CERTATTN_CONVERT_GROUP_FORM.
 CONVERT_GROUP_FORMS = ("batched", "loop")
 CONVERT_GROUP_FORM = choice_from_env("CERTATTN_CONVERT_GROUP_FORM", CONVERT_GROUP_FORMS, "batched")
 
