@@ -249,13 +249,15 @@ class TieredKVCache:
                             policy: CertPolicy | None = None) -> TieredKVCache:
         """The stacked form from per-layer k, v [B, Hkv, S, d] (a dense cache's own layers), the first lengths[b]
         tokens of every layer valid; eager only. Groups of layers (`conversion_group_layers`: up to
-        CONVERT_GROUP_BYTES of K/V each, one compiled program for every group) written in place (donated) into a
-        preallocated stacked cache, the originals straight into the pinned-host tier 2. Unlike
-        `stacked_from_head_major` it needs no stacked copy of every layer: a float32 copy of the inputs that XLA
-        may hoist out of the conversion's loop is one group's, not the model's (the model's asked the H200 for
-        66.6 GiB at the 8B shape, 32K, batch 8: docs/performance.md, fourteenth session): the peak is the inputs,
-        the result and a group's temporaries (3-3.7x its K/V bytes measured on the CPU). Same result, bit for
-        bit."""
+        CONVERT_GROUP_BYTES of K/V each, one compiled program for every group). Where one group holds every layer
+        (CONVERT_GROUP_FORM "batched"), that program's outputs are the cache, tier 2 its pinned-host output;
+        otherwise each group is written in place (donated) into a preallocated stacked cache, the originals
+        straight into the pinned-host tier 2. Unlike `stacked_from_head_major` it needs no stacked copy of more
+        than a group's layers (the model's asked the H200 for 66.6 GiB at the 8B shape, 32K, batch 8:
+        docs/performance.md, fourteenth session): the peak is the inputs, the result and a group's temporaries
+        (`conversion_temp_bytes`: ~16-22 bytes per K/V element of the group measured on the CPU). Tier 2 larger than
+        the host's available memory is refused by name before anything is allocated. Same result, bit for bit, as
+        a layer at a time."""
         policy = _checked_policy(policy)
         _check_layers(ks, vs)
         lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
@@ -267,6 +269,10 @@ class TieredKVCache:
             # one group holds every layer: its program's outputs are the cache (no preallocated cache to write
             # into, tier 2 allocated by XLA in host memory as the program's output)
             _check_live_layers("stacked_from_layers", ks, vs, (lengths,))
+            # tier 2 (both arrays) is this program's host output: the check `zeros_on_host` makes for a
+            # preallocated cache
+            tiers.check_host_fits(2 * len(ks) * ks[0].nbytes, f"tier 2 (the original keys and values, "
+                                  f"{2 * len(ks)} x {tuple(ks[0].shape)} {jnp.dtype(ks[0].dtype)})")
             return _poisoned(_convert_all_layers(ks, vs, lengths, layout), bad)
         store = cls.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=ks[0].dtype, policy=layout,
                          layers=len(ks))
@@ -774,7 +780,8 @@ def _check_live_layers(method: str, ks: tuple[jax.Array, ...], vs: tuple[jax.Arr
     earlier call: it would fail only when its group runs, after earlier groups had written the cache)."""
     if not all(is_concrete(x) for x in (*others, *ks, *vs)):
         raise ValueError(f"{method} is eager only (a traced input)")
-    dead = [i for i, (k, v) in enumerate(zip(ks, vs, strict=True)) if k.is_deleted() or v.is_deleted()]
+    dead = [i for i, kv in enumerate(zip(ks, vs, strict=True))
+            if any(isinstance(x, jax.Array) and x.is_deleted() for x in kv)]
     if dead:
         raise ValueError(f"{method}: the keys or values of layer(s) {dead} were deleted (donated to an earlier call)")
 

@@ -17,8 +17,9 @@ Decode steps (one new token) use the cache mode's attention -- certified (with a
 kept in `last_certificate` and returned by `step_record()`) or naive. Prefill chunks (several tokens) attend
 exactly over the originals (tier 2 + residual) in every mode: certificates are about decoding. That path reads
 all of tier 2 back per chunk; `generate` avoids it by prefilling a dense staging cache with the dense path's
-attention and converting it once (`CacheSpec.from_staging`: eagerly in groups of layers, each written in place
-into the stacked cache, tier 1 quantized and the originals copied to the host; inside a trace
+attention and converting it once (`CacheSpec.from_staging`: eagerly in groups of layers, one program per group
+(the program's outputs are the stacked cache where one group holds every layer, else each group is written in
+place into it), tier 1 quantized and the originals copied to the host; inside a trace
 `TieredModelCache.from_dense`, every layer in one program). The new
 token goes into each layer's exact residual block without flushing; `with_lengths` (called once per step,
 after the last layer) applies pending hot-set blocks and flushes every layer's full residual block at once, both

@@ -135,14 +135,21 @@ def zeros_on_host(shape: tuple[int, ...], dtype) -> jax.Array:
     kind = host_memory_kind()
     if kind is None or isinstance(jnp.zeros((), jnp.int8), jax.core.Tracer):
         return to_host(jnp.zeros(shape, dtype))
-    nbytes = int(np.prod(shape)) * jnp.dtype(dtype).itemsize
-    available = host_memory_available()
-    if available is not None and nbytes > available:  # pinned pages cannot be swapped: fail by name, not by the OS
-        raise MemoryError(f"tier 2 (the original keys or values, {tuple(shape)} {jnp.dtype(dtype)}) needs "
-                          f"{nbytes / 1e9:.2f} GB of host memory; {available / 1e9:.2f} GB is available: choose a "
-                          "smaller batch or capacity")
+    check_host_fits(int(np.prod(shape)) * jnp.dtype(dtype).itemsize,
+                    f"tier 2 (the original keys or values, {tuple(shape)} {jnp.dtype(dtype)})")
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kind)
     return jax.device_put(np.zeros(shape, jnp.dtype(dtype)), sharding)
+
+
+def check_host_fits(nbytes: int, what: str) -> None:
+    """A MemoryError naming `what` where `nbytes` of tier 2 exceed the host's available memory (pinned pages cannot
+    be swapped: fail by name, not by the OS); nothing where tier 2 has no host memory or the host does not say."""
+    if host_memory_kind() is None:
+        return
+    available = host_memory_available()
+    if available is not None and nbytes > available:
+        raise MemoryError(f"{what} needs {nbytes / 1e9:.2f} GB of host memory; {available / 1e9:.2f} GB is "
+                          "available: choose a smaller batch or capacity")
 
 
 def host_memory_available() -> int | None:

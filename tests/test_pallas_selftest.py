@@ -478,7 +478,6 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
         assert len(threads) == 10 and shapes_traced
         for t in threads:
             t.join(30)
-        model_cache.kernel_checks.forget()
         assert asked["rung0"][0]["layer_view"] is True  # the form a model's decode step runs, checked as such
         layer = model_cache.TieredModelCache.init(num_layers=2, batch=1, capacity=64, num_kv_heads=2,
                                                   num_q_heads=4, head_dim=32, dtype=jnp.float32,
@@ -490,6 +489,7 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
         # the step's questions were answered, not re-asked
         assert [len(v) for v in asked.values()] == [1, 1, 1, 1], asked
     finally:
+        model_cache.kernel_checks.forget()
         for fn in (selftest.tier1_trusted, selftest.rung0_trusted, selftest.gather_trusted, selftest.write_trusted):
             fn.cache_clear()
 

@@ -267,6 +267,16 @@ def test_tier2_beyond_the_host_s_memory_is_named(monkeypatch):
     with pytest.raises(MemoryError, match=r"needs 0.00 GB of host memory; 0.00 GB is available"):
         _spec()(4, CAPACITY)
     assert tiers.zeros_on_host((10, 10), jnp.bfloat16).shape == (10, 10)  # 200 bytes: fits
+    # converting a prefill: every path, the one where the conversion program's outputs are the cache included
+    from certattn_jax import cache as cache_mod
+
+    ks, vs = _layers_kv(3, 2, 2)
+    lengths = jnp.array([40, 7], jnp.int32)
+    for form, budget in (("batched", cache_mod.CONVERT_GROUP_BYTES), ("batched", 1), ("loop", 10**9)):
+        monkeypatch.setattr(cache_mod, "CONVERT_GROUP_FORM", form)
+        monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", budget)
+        with pytest.raises(MemoryError, match=r"tier 2 .* needs 0.00 GB of host memory; 0.00 GB is available"):
+            TieredKVCache.stacked_from_layers(ks, vs, lengths, POLICY)
     monkeypatch.undo()
     assert tiers.host_memory_available() is None or tiers.host_memory_available() > 0
 
