@@ -28,8 +28,9 @@ T = TypeVar("T")
 
 
 # Configurations `start` has started in this process -> their threads. A prefill asks every call, and building the
-# shapes (two traces of the cache's init) and asking the predicates again cost ~25-30 ms of host time per call
-# (CPU, SmolLM2 1K shapes) that the GPU's time to first token paid on every prompt (thirty-seventh session). A
+# shapes (two traces of the cache's init: 9.7 ms median, up to 55 ms, on a CPU at SmolLM2 1K shapes,
+# scripts/probe_prefill_host_work.py) and asking the predicates again in five threads cost host time that the GPU's
+# time to first token paid on every prompt (thirty-seventh session). A
 # configuration's verdicts do not change once checked; and where a skipped start would have mattered (a setting
 # changed in between), the step's own predicates check at the trace instead: later, never wrong.
 _STARTED: dict[tuple, list[threading.Thread]] = {}

@@ -467,8 +467,8 @@ def test_a_tiered_cache_spec_starts_its_kernel_checks_before_the_prefill(monkeyp
         for t in threads:
             t.join(30)
         assert [len(v) for v in asked.values()] == [1, 1, 1, 1] and warmed == [1]
-        # the next prefill of this configuration starts nothing (no shapes traced, no predicate asked: ~25 ms of
-        # host time per prompt); another configuration starts its own
+        # the next prefill of this configuration starts nothing (no shapes traced, no predicate asked: host time
+        # per prompt, scripts/probe_prefill_host_work.py); another configuration starts its own
         shapes_traced = []
         real_eval_shape = jax.eval_shape
         monkeypatch.setattr(jax, "eval_shape", lambda *a, **k: shapes_traced.append(1) or real_eval_shape(*a, **k))
