@@ -747,9 +747,11 @@ DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(TieredKVCache)
 STACK_TRACKED_FIELDS = ("hot_used",)
 
 
-def _check_head_major(shape: tuple[int, ...], lengths: Any, policy: CertPolicy) -> tuple[jax.Array, jax.Array]:
+def _check_head_major(shape: tuple[int, ...], lengths: Any,
+                      policy: CertPolicy) -> tuple[jax.Array, jax.Array | None]:
     """Check one layer's head-major shape [B, H, S, d] against the block size and lengths [B] (each in [0, S]);
-    returns (lengths int32, the mask [B] of traced lengths outside [0, S]: `validate.checked_counts`)."""
+    returns (lengths int32, the mask [B] of traced lengths outside [0, S], None outside jit:
+    `validate.checked_counts`)."""
     B, S = shape[0], shape[2]
     if S % policy.block_size:
         raise ValueError(f"capacity {S} must be a multiple of the block size {policy.block_size}")
@@ -788,8 +790,9 @@ def _check_live_layers(method: str, ks: tuple[jax.Array, ...], vs: tuple[jax.Arr
 
 def _poisoned(c: TieredKVCache, bad: jax.Array | None) -> TieredKVCache:
     """c with the sequences where bad [B] marked non-finite (never certified again: their contents are not what
-    the caller meant, e.g. a traced length out of range); c itself where bad is None or known all False."""
-    if bad is None or is_concrete(bad) and not bool(jnp.any(bad)):
+    the caller meant, e.g. a traced length out of range); c itself where bad is None (`checked_counts` outside
+    jit: the values were checked on the host)."""
+    if bad is None:
         return c
     return c.replace(nonfinite=c.nonfinite | bad[:, None])
 

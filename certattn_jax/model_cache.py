@@ -177,11 +177,10 @@ class TieredModelCache:
     def _wrap(cls, store: TieredKVCache, lengths: jax.Array, num_q_heads: int, policy: CertPolicy,
               mode: str, schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
         schedule = resolve_schedule(schedule)
-        L, B = store.k_codes.shape[0], store.batch
-        cert = jnp.broadcast_to(pack(empty_like_heads(B, num_q_heads)), (L, B, num_q_heads, len(PACKED_FIELDS)))
-        return commit_arrays(cls(store=store, lengths=lengths, cert_packed=jnp.asarray(cert),
-                                 policy=owned_policy(policy), mode=mode, schedule=schedule,
-                                 rung0_streak=jnp.zeros((), jnp.int32), slow_steps=jnp.zeros((), jnp.int32)))
+        lengths, cert, policy, rung0_streak, slow_steps = _fresh_model_arrays(
+            lengths, policy, layers=store.k_codes.shape[0], heads=num_q_heads)
+        return commit_arrays(cls(store=store, lengths=lengths, cert_packed=cert, policy=policy, mode=mode,
+                                 schedule=schedule, rung0_streak=rung0_streak, slow_steps=slow_steps))
 
     @classmethod
     def from_dense(cls, dense: DenseKVCache, *, num_q_heads: int, policy: CertPolicy | None = None,
@@ -202,7 +201,7 @@ class TieredModelCache:
                                                           policy)
         # a copy of the lengths: the staging cache's own array would be lost with it when a decode step donates
         # this cache (converting the same prefill again then failed on a deleted array)
-        return cls._wrap(store, jnp.array(dense.lengths, copy=True), num_q_heads, policy, mode, schedule)
+        return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule)
 
     @classmethod
     def from_layers(cls, layers: Sequence[TieredKVCache], *, num_q_heads: int, policy: CertPolicy | None = None,
@@ -231,7 +230,7 @@ class TieredModelCache:
         if num_q_heads % first.num_kv_heads:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {first.num_kv_heads}")
         store = _stack_layers(layers)
-        return cls._wrap(store, jnp.array(first.lengths, copy=True), num_q_heads, policy, mode, schedule)
+        return cls._wrap(store, first.lengths, num_q_heads, policy, mode, schedule)
 
     @property
     def capacity(self) -> int:
@@ -764,7 +763,45 @@ def owned_policy(policy: CertPolicy) -> CertPolicy:
     whether an argument is committed). Copies, never the caller's arrays: a decode loop donates its cache, and a
     policy taken from another cache (`generate(..., policy=out.cache.policy)`) would lose its leaves to that
     donation."""
-    return commit_arrays(jax.tree.map(lambda x: jnp.array(x, copy=True), policy))
+    return _copied(policy)
+
+
+def _committed_jit(fn: Callable | None = None, **jit_kwargs: Any) -> Callable:
+    """fn jitted with its outputs committed to the default device, as `commit_arrays` commits them, in the one
+    dispatch of the program (jit alone returns uncommitted arrays from uncommitted inputs, e.g. Python floats, and
+    jit keys its programs on whether arguments are committed). As a decorator, with or without jit's keywords."""
+    if fn is None:
+        return functools.partial(_committed_jit, **jit_kwargs)
+
+    @functools.cache
+    def on(device: Any) -> Callable:
+        return jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(device), **jit_kwargs)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return on(jax.devices()[0])(*args, **kwargs)
+
+    return call
+
+
+@_committed_jit
+def _copied(tree: Any) -> Any:
+    """Copies of tree's leaves, committed, in one program (an eager copy per leaf is a dispatch each)."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+@_committed_jit(static_argnames=("layers", "heads"))
+def _fresh_model_arrays(lengths: jax.Array, policy: CertPolicy, *, layers: int,
+                        heads: int) -> tuple[jax.Array, jax.Array, CertPolicy, jax.Array, jax.Array]:
+    """What `TieredModelCache._wrap` adds to a layer store, in one program (each eager op would be a dispatch of its
+    own, on a GPU a launch each after the conversion: the prefill's time to first token): a copy of lengths [B]
+    (int32), the empty certificates [layers, B, heads, len(PACKED_FIELDS)], the policy's `owned_policy` copy, and
+    the two step counters (int32 scalars, 0). All committed."""
+    B = lengths.shape[0]
+    cert = jnp.broadcast_to(pack(empty_like_heads(B, heads)), (layers, B, heads, len(PACKED_FIELDS)))
+    zero = jnp.zeros((), jnp.int32)
+    return (jnp.array(lengths, jnp.int32, copy=True), cert, jax.tree.map(lambda x: jnp.array(x, copy=True), policy),
+            zero, jnp.array(zero, copy=True))
 
 
 def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,

@@ -21,14 +21,15 @@ def is_finite_number(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def checked_counts(x: Any, batch: int, limit: int, name: str) -> tuple[Any, Any]:
+def checked_counts(x: Any, batch: int, limit: int, name: str) -> tuple[Any, Any | None]:
     """Per-sequence token counts x [batch] (lengths, valid tokens) as int32, each in [0, limit].
 
     Raises TypeError for a non-integer dtype and ValueError for another shape or, where x holds values (outside
     jit), for a value outside [0, limit] -- checked before the int32 cast, so that 2**32 + 5 does not wrap to 5.
     Inside jit the values cannot be inspected: they come back clipped to [0, limit] together with the mask [batch]
     of the sequences whose count was outside, for the caller to poison (mark non-finite, NaN outputs); outside jit
-    the mask is all False. Returns (counts int32 [batch], bad bool [batch])."""
+    the mask is None (nothing to poison: no device array the caller would have to read back, which would wait for
+    the device to finish what it runs). Returns (counts int32 [batch], bad bool [batch] or None)."""
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
     dtype = getattr(x, "dtype", None)
@@ -40,6 +41,6 @@ def checked_counts(x: Any, batch: int, limit: int, name: str) -> tuple[Any, Any]
         values = np.asarray(x).astype(np.int64)
         if np.any(values < 0) or np.any(values > limit):
             raise ValueError(f"{name} must lie in [0, {limit}], got {values.tolist()}")
-        return jnp.asarray(values, jnp.int32), jnp.zeros((batch,), bool)
+        return jnp.asarray(values, jnp.int32), None
     bad = (x < 0) | (x > limit)
     return jnp.clip(x, 0, limit).astype(jnp.int32), bad

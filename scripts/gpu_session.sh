@@ -108,6 +108,14 @@ for s in "$@"; do
     ttft_forms)  # thirty-seventh session: the conversion group's program batched (vmap, the new default) against the
       # lax.map loop and a layer at a time, in one process: SmolLM2 1K, then the 8B shape's 8K (7 layers per group)
       step ttft_forms 230 "python3 scripts/probe_ttft_phases.py --quick --model smollm2 --prompt 1024 --repeats 5 --out $W/ttft_forms_smol1k.json; python3 scripts/probe_ttft_phases.py --quick --model llama3.1-8b --prompt 8192 --repeats 3 --out $W/ttft_forms_8b8k.json" ;;
+    ttft_sync)  # thirty-eighth session: the certified prefill's host syncs and eager dispatches after the conversion
+      # removed (validate.checked_counts returns no mask outside jit, so `_poisoned` reads nothing back; the model
+      # cache's fresh arrays in one program) against the tree before (.carry_old = ea0218a, carried, with this
+      # probe copied in), SmolLM2 1K, where the host's time goes in each (--host-profile)
+      P="python3 scripts/probe_ttft_phases.py --quick --host-profile --model smollm2 --prompt 1024 --repeats 5"
+      step ttft_sync 240 "$P --out $W/ttft_new_smol1k.json; cd .carry_old && PYTHONPATH=. $P --out $W/ttft_old_smol1k.json" ;;
+    ttft_8b)  # thirty-eighth session: the batched group form against the loop and a layer at a time at 8B 8K
+      step ttft_8b 240 "python3 scripts/probe_ttft_phases.py --quick --host-profile --model llama3.1-8b --prompt 8192 --repeats 3 --out $W/ttft_forms_8b8k.json" ;;
     kernels) step kernels 180 "python3 -m pytest -q -n 8 -x tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;
     probe_int) step probe_int 150 "python3 scripts/probe_int_dot.py --out $W/probe_int_dot.json" ;;
     kernels_all) step kernels_all 200 "python3 -m pytest -q -n 8 tests/test_certify_rung0.py tests/test_pallas_tier1.py" ;;

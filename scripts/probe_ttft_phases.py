@@ -16,6 +16,10 @@ Median of --repeats warm runs (each phase compiled first), wall-clock with the r
                        (`cache.CONVERT_GROUP_FORM`: the group's layers under vmap, or a lax.map over them)
 --quick: dense_prefill, certified_prefill and conversion, each with the default layer groups, the other group
 form and a layer at a time.
+--host-profile: also where the host's time goes in one dense and one certified prefill (cProfile over --repeats warm
+runs: the top functions by own time and by cumulative time, and the time until `prefill` returns against the time
+until its results are ready -- a prefill whose call returns late is held up by host work or host syncs, not by the
+device).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "results/probe_ttft_phases.json"))
     ap.add_argument("--quick", action="store_true", help="the layer-group A/B only (see above)")
+    ap.add_argument("--host-profile", action="store_true", help="where the host's time goes (see above)")
     args = ap.parse_args(argv)
 
     import jax
@@ -84,6 +89,9 @@ def main(argv=None) -> int:
            "host_memory_kind": tiers.host_memory_kind()}
     row["dense_prefill_s"] = _median_seconds(prefill(dense, cap), args.repeats, "dense_prefill")
     row["certified_prefill_s"] = _median_seconds(prefill(cert, cap), args.repeats, "certified_prefill")
+    if args.host_profile:
+        for name, spec in (("dense", dense), ("certified", cert)):
+            row[f"host_profile_{name}"] = _host_profile(prefill(spec, cap), args.repeats)
     if args.quick:
         from certattn_jax import cache as cache_mod
 
@@ -132,6 +140,41 @@ def main(argv=None) -> int:
         finally:
             tiers.host_memory_kind = real
     return _finish(row, args.out)
+
+
+def _host_profile(fn, repeats: int, top: int = 30) -> dict:
+    """Where the host's time goes in `repeats` warm calls of fn: the median time until fn returns and until its
+    results are ready, and the top functions by own and by cumulative time (cProfile; times in ms per call)."""
+    import cProfile
+    import pstats
+
+    import jax
+
+    jax.block_until_ready(fn())
+    returned, ready = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        returned.append(time.perf_counter() - t0)
+        jax.block_until_ready(out)
+        ready.append(time.perf_counter() - t0)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(repeats):
+        jax.block_until_ready(fn())
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+
+    def rows(key: int) -> list[str]:
+        best = sorted(stats.items(), key=lambda kv: -kv[1][key])[:top]
+        return [f"{v[2] / repeats * 1e3:9.3f} own {v[3] / repeats * 1e3:9.3f} cum {v[1] / repeats:7.1f} calls  "
+                f"{Path(f).name}:{line}({name})" for (f, line, name), v in best]
+
+    result = {"returned_ms": statistics.median(returned) * 1e3, "ready_ms": statistics.median(ready) * 1e3,
+              "calls_per_run": sum(v[1] for v in stats.values()) / repeats,
+              "by_own_time": rows(2), "by_cumulative_time": rows(3)}
+    print(json.dumps({k: v for k, v in result.items() if not k.startswith("by_")}), flush=True)
+    return result
 
 
 def _finish(row: dict, out: str) -> int:
