@@ -17,6 +17,8 @@ certificates) that the decode loop can accumulate; the default is an empty dict.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import jax
@@ -86,6 +88,24 @@ def commit_arrays(tree: Any) -> Any:
         return x
 
     return jax.tree.map(commit, tree)
+
+
+def committed_jit(fn: Callable | None = None, **jit_kwargs: Any) -> Callable:
+    """fn jitted with its outputs committed to the default device, as `commit_arrays` commits them, in the one
+    dispatch of the program (jit alone returns uncommitted arrays from uncommitted inputs, e.g. Python floats, and
+    jit keys its programs on whether arguments are committed). As a decorator, with or without jit's keywords."""
+    if fn is None:
+        return functools.partial(committed_jit, **jit_kwargs)
+
+    @functools.cache
+    def on(device: Any) -> Callable:
+        return jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(device), **jit_kwargs)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return on(jax.devices()[0])(*args, **kwargs)
+
+    return call
 
 
 def is_concrete(x: Any) -> bool:

@@ -49,7 +49,15 @@ from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCach
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import positive_int_from_env
-from certattn_jax.kv_cache import KVCache, check_capacity, commit_arrays, is_concrete, masked_attention, was_donated
+from certattn_jax.kv_cache import (
+    KVCache,
+    check_capacity,
+    commit_arrays,
+    committed_jit,
+    is_concrete,
+    masked_attention,
+    was_donated,
+)
 from certattn_jax.policy import CertPolicy
 from certattn_jax.validate import is_integer
 
@@ -766,31 +774,13 @@ def owned_policy(policy: CertPolicy) -> CertPolicy:
     return _copied(policy)
 
 
-def _committed_jit(fn: Callable | None = None, **jit_kwargs: Any) -> Callable:
-    """fn jitted with its outputs committed to the default device, as `commit_arrays` commits them, in the one
-    dispatch of the program (jit alone returns uncommitted arrays from uncommitted inputs, e.g. Python floats, and
-    jit keys its programs on whether arguments are committed). As a decorator, with or without jit's keywords."""
-    if fn is None:
-        return functools.partial(_committed_jit, **jit_kwargs)
-
-    @functools.cache
-    def on(device: Any) -> Callable:
-        return jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(device), **jit_kwargs)
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return on(jax.devices()[0])(*args, **kwargs)
-
-    return call
-
-
-@_committed_jit
+@committed_jit
 def _copied(tree: Any) -> Any:
     """Copies of tree's leaves, committed, in one program (an eager copy per leaf is a dispatch each)."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
-@_committed_jit(static_argnames=("layers", "heads"))
+@committed_jit(static_argnames=("layers", "heads"))
 def _fresh_model_arrays(lengths: jax.Array, policy: CertPolicy, *, layers: int,
                         heads: int) -> tuple[jax.Array, jax.Array, CertPolicy, jax.Array, jax.Array]:
     """What `TieredModelCache._wrap` adds to a layer store, in one program (each eager op would be a dispatch of its
