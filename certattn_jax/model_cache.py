@@ -183,33 +183,48 @@ class TieredModelCache:
 
     @classmethod
     def _wrap(cls, store: TieredKVCache, lengths: jax.Array, num_q_heads: int, policy: CertPolicy,
-              mode: str, schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
+              mode: str, schedule: str = DEFAULT_SCHEDULE, converted_with: Any = None) -> TieredModelCache:
+        """The model cache of a stacked store whose sequences hold lengths [B] tokens (copied). converted_with: the
+        lengths [B] the store was converted with, where the caller gave them (`from_dense`'s lengths); a sequence
+        whose two lengths differ is poisoned (never certified: its tier 1 masks other tokens than it holds)."""
         schedule = resolve_schedule(schedule)
-        lengths, cert, policy, rung0_streak, slow_steps = _fresh_model_arrays(
-            lengths, policy, layers=store.k_codes.shape[0], heads=num_q_heads)
+        lengths, cert, policy, rung0_streak, slow_steps, nonfinite = _fresh_model_arrays(
+            lengths, policy, None if converted_with is None else store.nonfinite, converted_with,
+            layers=store.k_codes.shape[0], heads=num_q_heads)
+        if nonfinite is not None:
+            store = store.replace(nonfinite=nonfinite)
         return commit_arrays(cls(store=store, lengths=lengths, cert_packed=cert, policy=policy, mode=mode,
                                  schedule=schedule, rung0_streak=rung0_streak, slow_steps=slow_steps))
 
     @classmethod
     def from_dense(cls, dense: DenseKVCache, *, num_q_heads: int, policy: CertPolicy | None = None,
-                   mode: str = "certified", schedule: str = DEFAULT_SCHEDULE) -> TieredModelCache:
+                   mode: str = "certified", schedule: str = DEFAULT_SCHEDULE, lengths: Any = None) -> TieredModelCache:
         """Convert a (prefilled) dense cache: eagerly in groups of layers (`TieredKVCache.stacked_from_layers`), inside
         a trace every layer in one program (`stacked_from_head_major`); the originals go to tier 2, nothing is read
-        back. The dense cache's capacity
-        must be a multiple of the policy's block size. Works eagerly and in jit."""
+        back. The dense cache's capacity must be a multiple of the policy's block size. Works eagerly and in jit.
+
+        lengths: optionally dense.lengths [B] as the caller knows them on the host (a list or NumPy array; `prefill`
+        knows its prompts' lengths). Eagerly, checking dense.lengths reads them back from the device, which waits
+        for everything queued before (the prefill) before the conversion can even be dispatched; given lengths are
+        checked on the host instead and the conversion masks by them. A sequence whose dense.lengths differ is
+        poisoned on the device (marked non-finite: never certified, its heads answered exactly from tier 2 by the
+        ladder's top rungs), never silently served from a tier 1 of the wrong tokens."""
         if mode not in MODES:
             raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
         policy = policy or CertPolicy()
         if num_q_heads % dense.k[0].shape[1]:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
+        converted_with = dense.lengths if lengths is None else lengths
         if is_concrete(dense.lengths) and is_concrete(dense.k[0]):  # eagerly: in groups of layers, in place
-            store = TieredKVCache.stacked_from_layers(dense.k, dense.v, dense.lengths, policy)
+            store = TieredKVCache.stacked_from_layers(dense.k, dense.v, converted_with, policy)
         else:  # traced: every layer in one program
-            store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths,
+            store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), converted_with,
                                                           policy)
-        # a copy of the lengths: the staging cache's own array would be lost with it when a decode step donates
+        # _wrap copies the lengths: the staging cache's own array would be lost with it when a decode step donates
         # this cache (converting the same prefill again then failed on a deleted array)
-        return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule)
+        return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule,
+                         converted_with=None if lengths is None else np.asarray(lengths) if isinstance(
+                             lengths, (list, tuple)) else lengths)
 
     @classmethod
     def from_layers(cls, layers: Sequence[TieredKVCache], *, num_q_heads: int, policy: CertPolicy | None = None,
@@ -730,9 +745,10 @@ class CacheSpec:
         return DenseKVCache.init(num_layers=self.num_layers, batch=batch, capacity=capacity,
                                  num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype)
 
-    def from_staging(self, dense: DenseKVCache) -> KVCache:
+    def from_staging(self, dense: DenseKVCache, lengths: Any = None) -> KVCache:
         """The mode's cache holding what `dense` holds (dense: itself; tiered: one jitted bulk conversion; drop
-        `dense` afterwards to free its device memory)."""
+        `dense` afterwards to free its device memory). lengths: dense.lengths as known on the host, optional
+        (`TieredModelCache.from_dense`: the conversion need not wait for the prefill to read them back)."""
         if not isinstance(dense, DenseKVCache):
             raise TypeError(f"from_staging takes the DenseKVCache that `staging` made, got {type(dense).__name__}")
         shape = (dense.num_layers, dense.k[0].shape[1], dense.k[0].shape[3])
@@ -743,7 +759,7 @@ class CacheSpec:
         if not self.tiered:
             return dense
         return _convert(dense, self._policy(), num_q_heads=self.num_q_heads, mode=self.mode,
-                        schedule=self.schedule)
+                        schedule=self.schedule, lengths=lengths)
 
 
 @functools.lru_cache(maxsize=64)
@@ -781,23 +797,29 @@ def _copied(tree: Any) -> Any:
 
 
 @committed_jit(static_argnames=("layers", "heads"))
-def _fresh_model_arrays(lengths: jax.Array, policy: CertPolicy, *, layers: int,
-                        heads: int) -> tuple[jax.Array, jax.Array, CertPolicy, jax.Array, jax.Array]:
+def _fresh_model_arrays(lengths: jax.Array, policy: CertPolicy, nonfinite: jax.Array | None,
+                        converted_with: jax.Array | None, *, layers: int,
+                        heads: int) -> tuple[jax.Array, jax.Array, CertPolicy, jax.Array, jax.Array, jax.Array | None]:
     """What `TieredModelCache._wrap` adds to a layer store, in one program (each eager op would be a dispatch of its
     own, on a GPU a launch each after the conversion: the prefill's time to first token): a copy of lengths [B]
-    (int32), the empty certificates [layers, B, heads, len(PACKED_FIELDS)], the policy's `owned_policy` copy, and
-    the two step counters (int32 scalars, 0). All committed."""
+    (int32), the empty certificates [layers, B, heads, len(PACKED_FIELDS)], the policy's `owned_policy` copy, the
+    two step counters (int32 scalars, 0), and where converted_with [B] is given, the store's nonfinite
+    [layers, B, Hkv] with every sequence whose lengths differ from converted_with marked (else None). All
+    committed."""
     B = lengths.shape[0]
     cert = jnp.broadcast_to(pack(empty_like_heads(B, heads)), (layers, B, heads, len(PACKED_FIELDS)))
     zero = jnp.zeros((), jnp.int32)
+    if converted_with is not None:
+        nonfinite = nonfinite | (lengths != converted_with)[:, None]
     return (jnp.array(lengths, jnp.int32, copy=True), cert, jax.tree.map(lambda x: jnp.array(x, copy=True), policy),
-            zero, jnp.array(zero, copy=True))
+            zero, jnp.array(zero, copy=True), nonfinite)
 
 
 def _convert(dense: DenseKVCache, policy: CertPolicy, *, num_q_heads: int, mode: str,
-             schedule: str) -> TieredModelCache:
+             schedule: str, lengths: Any = None) -> TieredModelCache:
     """The staging cache converted (`TieredModelCache.from_dense`: eagerly in groups of layers)."""
-    return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule)
+    return TieredModelCache.from_dense(dense, num_q_heads=num_q_heads, policy=policy, mode=mode, schedule=schedule,
+                                       lengths=lengths)
 
 
 def convert_staging(dense: DenseKVCache, like: TieredModelCache) -> TieredModelCache:

@@ -705,8 +705,8 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache whose arrays were donated to an earlier "
                          "call (prefill and decoding consume the cache they are given): build a fresh one per call")
     cache, last_logits = _prefill_into(params, config, cache, prompts, prefill_chunk, progress, min_capacity)
-    if spec is not None:
-        cache = spec.from_staging(cache)
+    if spec is not None:  # the prompts' lengths given: the conversion need not wait to read the cache's back
+        cache = spec.from_staging(cache, lengths=np.array([len(p) for p in prompts], np.int32))
     jax.block_until_ready((last_logits, cache))
     return cache, last_logits
 

@@ -630,3 +630,47 @@ def test_a_deleted_layer_is_refused_before_anything_is_written(params):
     with pytest.raises(ValueError, match=r"stacked_from_layers: .*layer\(s\) \[1\] were deleted"):
         TieredKVCache.stacked_from_layers(ks, staging.v, staging.lengths, POLICY)  # every layer in one program
     assert store.with_rows_converted(1, staging.k, staging.v, staging.lengths).batch == 4  # not consumed
+
+
+def test_host_known_lengths_convert_without_reading_back_and_poison_a_mismatch(params):
+    """`prefill` gives the conversion its prompts' lengths (`from_staging(..., lengths=)`) so that it need not
+    read the staging cache's back from the device (a wait for the whole prefill before the conversion is even
+    dispatched). Given lengths that agree convert to the same cache, bit for bit; a sequence whose given lengths
+    differ from the cache's is poisoned (never certified: answered exactly from tier 2), eagerly and in jit; out of
+    range is named."""
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    staging = cache_spec("dense", CFG, jnp.float32, POLICY)
+    prompts = _prompts(3, [39, 17])
+    staged, _ = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=staging, policy=POLICY, prefill_chunk=16)
+    read_back = spec.from_staging(staged)
+    given = spec.from_staging(staged, lengths=np.array([39, 17], np.int32))
+    assert jax.tree.structure(read_back) == jax.tree.structure(given)
+    for a, b in zip(jax.tree.leaves(read_back), jax.tree.leaves(given), strict=True):
+        np.testing.assert_array_equal(tiers.to_numpy(a), tiers.to_numpy(b))
+    assert not np.asarray(given.store.nonfinite).any()
+    wrong = spec.from_staging(staged, lengths=[39, 18])
+    np.testing.assert_array_equal(np.asarray(wrong.store.nonfinite).any(axis=(0, 2)), [False, True])
+    np.testing.assert_array_equal(np.asarray(wrong.lengths), [39, 17])  # the cache's own lengths are kept
+    _, after = llama.forward(params, CFG, jnp.ones((2, 1), jnp.int32), wrong)
+    cert = after.last_certificate
+    assert not np.asarray(cert.certified)[:, 1].any() and (np.asarray(cert.rung)[:, 1] >= 3).all()
+    assert np.asarray(cert.certified)[:, 0].all()
+    in_jit = jax.jit(lambda d, n: TieredModelCache.from_dense(d, num_q_heads=CFG.num_heads, policy=POLICY,
+                                                              lengths=n))
+    np.testing.assert_array_equal(np.asarray(in_jit(staged, jnp.array([40, 17])).store.nonfinite).any(axis=(0, 2)),
+                                  [True, False])
+    with pytest.raises(ValueError, match="lengths must lie in"):
+        spec.from_staging(staged, lengths=[39, CAPACITY + 1])
+
+
+def test_an_empty_dense_cache_is_committed_in_distinct_buffers():
+    """`DenseKVCache.init` (one program): every array committed (a jitted step's outputs are; jit keys on it) and
+    its own buffer (a prefill donates them)."""
+    from certattn_jax.dense_cache import DenseKVCache
+
+    cache = DenseKVCache.init(num_layers=3, batch=2, capacity=32, num_kv_heads=2, head_dim=8, dtype=jnp.bfloat16)
+    leaves = jax.tree.leaves(cache)
+    assert len(leaves) == 7 and all(x.committed for x in leaves)
+    assert len({x.unsafe_buffer_pointer() for x in leaves}) == len(leaves)
+    assert all(x.dtype == jnp.bfloat16 and x.shape == (2, 2, 32, 8) and not x.any() for x in cache.k + cache.v)
+    assert cache.lengths.dtype == jnp.int32 and cache.lengths.shape == (2,) and not cache.lengths.any()
