@@ -248,10 +248,10 @@ class TieredKVCache:
     def stacked_from_layers(cls, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
                             policy: CertPolicy | None = None) -> TieredKVCache:
         """The stacked form from per-layer k, v [B, Hkv, S, d] (a dense cache's own layers), the first lengths[b]
-        tokens of every layer valid; eager only. Groups of layers (`conversion_group_layers`: up to
-        CONVERT_GROUP_BYTES of K/V each, one compiled program for every group). Where one group holds every layer
-        (CONVERT_GROUP_FORM "batched"), that program's outputs are the cache, tier 2 its pinned-host output;
-        otherwise each group is written in place (donated) into a preallocated stacked cache, the originals
+        tokens of every layer valid; eager only. Where one group of layers (`conversion_group_layers`: up to
+        CONVERT_GROUP_BYTES of K/V) holds every layer (CONVERT_GROUP_FORM "batched"), one program whose outputs are
+        the cache, tier 2 its pinned-host output; otherwise `with_rows_converted` writes the layers in place
+        (donated) into a preallocated stacked cache, a layer per program (`layers_per_program`), the originals
         straight into the pinned-host tier 2. Unlike `stacked_from_head_major` it needs no stacked copy of more
         than a group's layers (the model's asked the H200 for 66.6 GiB at the 8B shape, 32K, batch 8:
         docs/performance.md, fourteenth session): the peak is the inputs, the result and a group's temporaries
@@ -280,17 +280,17 @@ class TieredKVCache:
 
     def with_rows_converted(self, start: int, ks: Sequence[jax.Array], vs: Sequence[jax.Array],
                             lengths: jax.Array) -> TieredKVCache:
-        """This stacked cache [L, B, ...] with sequences [start, start + n) converted from per-layer k, v
-        [n, Hkv, S, d] (the first lengths[i] tokens valid): groups of g layers (`conversion_group_layers`), each a
-        call of one compiled program written in place (this cache is donated), tier 1 on the device and the
-        originals from the device into their rows of the pinned-host tier 2. Every group has g layers (the last
-        starts at L - g and converts again, identically, layers the one before wrote), so one program serves them
-        all: compiled and run by the first group before anything else is consumed. The rows hold what converting
-        k, v on their own gives (`stacked_from_layers`), bit for bit. Eager only. Everything is checked before the
-        first layer is written (a refusal halfway would lose the cache): one live k and one live v per layer of
-        this cache, each of its KV heads, capacity, head_dim and dtype; 0 <= start <= B - n; the lengths in
-        [0, S]. (A runtime failure of a later group, e.g. the device running out of memory, leaves this cache
-        consumed, as any failing donated call does.)"""
+        """This stacked cache [L, B, ...] with sequences [start, start + n) converted from per-layer k, v [n, Hkv, S, d]
+        (the first lengths[i] tokens valid): groups of g layers (`layers_per_program`: 1, or `conversion_group_layers`
+        with CONVERT_GROUPS_INTO), each a call of one compiled program written in place (this cache is donated), tier 1
+        on the device and the originals from the device into their rows of the pinned-host tier 2. Every group has g
+        layers (the last starts at L - g and converts again, identically, layers the one before wrote), so one program
+        serves them all: compiled and run by the first group before anything else is consumed. The rows hold what
+        converting k, v on their own gives (`stacked_from_layers`), bit for bit. Eager only. Everything is checked
+        before the first layer is written (a refusal halfway would lose the cache): one live k and one live v per layer
+        of this cache, each of its KV heads, capacity, head_dim and dtype; 0 <= start <= B - n; the lengths in [0, S].
+        (A runtime failure of a later group, e.g. the device running out of memory, leaves this cache consumed, as any
+        failing donated call does.)"""
         ks, vs = tuple(ks), tuple(vs)
         _check_layers(ks, vs)
         if not self.stacked or self.layer is not None:
@@ -308,7 +308,7 @@ class TieredKVCache:
         layout = self.layout_policy()
         lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
         L = len(ks)
-        group = conversion_group_layers(ks[0].nbytes + vs[0].nbytes, L)
+        group = layers_per_program(ks[0].nbytes + vs[0].nbytes, L, preallocated=True)
         firsts = list(range(0, L - group + 1, group))
         if firsts[-1] + group < L:  # the last group overlaps the one before: one program (one compile) for all
             firsts.append(L - group)
@@ -893,6 +893,26 @@ CONVERT_GROUP_FORMS = ("batched", "loop")
 CONVERT_GROUP_FORM = choice_from_env("CERTATTN_CONVERT_GROUP_FORM", CONVERT_GROUP_FORMS, "batched")
 
 
+# Whether `with_rows_converted` writes several layers per program into a preallocated cache (groups of
+# `conversion_group_layers`), else a layer per program (the default). Measured on an H100 (thirty-eighth session,
+# `probe_ttft_phases.py --quick`, the 8B shape at 8K, 7 layers per group): the 5 group programs took 558 ms batched
+# and 562 ms looped against 84 ms for 32 programs of a layer, while one program for every layer whose outputs are
+# the cache (`stacked_from_layers`'s direct path, SmolLM2 1K) took 2.4 ms against 41 ms. The cause inside the group
+# programs is not located. CERTATTN_CONVERT_GROUPS_INTO=1 writes groups.
+CONVERT_GROUPS_INTO = switch_from_env("CERTATTN_CONVERT_GROUPS_INTO") is True
+
+
+def layers_per_program(layer_bytes: int, num_layers: int, preallocated: bool = False) -> int:
+    """Layers one conversion program takes: into a preallocated cache (`with_rows_converted`, preallocated) a layer
+    at a time, or `conversion_group_layers` with CONVERT_GROUPS_INTO; from a dense cache (`stacked_from_layers`)
+    every layer where one group of the batched form holds them all (the program's outputs are the cache), else as
+    into a preallocated one."""
+    group = conversion_group_layers(layer_bytes, num_layers)
+    if not preallocated and CONVERT_GROUP_FORM == "batched" and group == num_layers:
+        return num_layers
+    return group if CONVERT_GROUPS_INTO else 1
+
+
 def conversion_group_layers(layer_bytes: int, num_layers: int, budget: int | None = None) -> int:
     """Layers converted per program by `with_rows_converted`: as many as keep the program's staging K/V within
     `budget` bytes (CONVERT_GROUP_BYTES), at least 1. Each program costs a dispatch and a host round of its own
@@ -917,7 +937,7 @@ def conversion_temp_bytes(layer_kv_elements: int, num_layers: int, itemsize: int
     3.5 GB besides weights, tier 1 and staging while converting a 537 MB layer (<= 13 bytes per element), so this
     errs towards smaller staging groups there."""
     form = CONVERT_GROUP_FORM if form is None else form
-    group = conversion_group_layers(layer_kv_elements * itemsize, num_layers)
+    group = layers_per_program(layer_kv_elements * itemsize, num_layers)
     per_element = 24
     if form == "batched" or group == 1:
         return group * layer_kv_elements * per_element

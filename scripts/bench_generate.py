@@ -24,7 +24,7 @@ shapes: the first call is cold, the second warm (everything compiled). Row field
                          still lacked when the decode compile asked for them counts here
   value_packing          the tiered caches' value-code packing (`certattn_jax.quant.VALUE_PACKING`)
   layers_per_conversion_program   tiered: layers the prefill's conversion converts per compiled program
-                         (`certattn_jax.cache.conversion_group_layers`, CERTATTN_CONVERT_GROUP_BYTES)
+                         (`certattn_jax.cache.layers_per_program`, CERTATTN_CONVERT_GROUP_BYTES)
   tier1_bps_rule         certified: how the fast pass splits the blocks (`tier1_pass.FAST_PASS_BPS`)
   layer_unroll           certified: layers per iteration of the rung-0 pass's loop (`llama.LAYER_UNROLL`)
   rung0_select           certified: the certify kernel's candidate selection (`certify_rung0.DEFAULT_SELECT`)
@@ -94,11 +94,11 @@ def _layers_per_conversion(cache) -> int:
     """Layers per conversion program for a staging cache of this tiered cache's shape (batch, capacity, dtype)."""
     import jax.numpy as jnp
 
-    from certattn_jax.cache import conversion_group_layers
+    from certattn_jax.cache import layers_per_program
 
     st = cache.store
     layer_bytes = 2 * st.batch * st.num_kv_heads * st.capacity * st.head_dim * jnp.dtype(st.dtype).itemsize
-    return conversion_group_layers(layer_bytes, cache.num_layers)
+    return layers_per_program(layer_bytes, cache.num_layers)
 
 
 def _bps_rule() -> str:

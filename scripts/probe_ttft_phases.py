@@ -99,19 +99,20 @@ def main(argv=None) -> int:
         row["conversion_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats, "conversion")
         default_budget = cache_mod.CONVERT_GROUP_BYTES
         row["conversion_group_bytes"] = default_budget
-        row["layers_per_conversion_program"] = cache_mod.conversion_group_layers(
+        row["layers_per_conversion_program"] = cache_mod.layers_per_program(
             staged.k[0].nbytes + staged.v[0].nbytes, cfg.num_layers)
         row["conversion_group_form"] = default_form = cache_mod.CONVERT_GROUP_FORM
+        default_into = cache_mod.CONVERT_GROUPS_INTO
         try:
             for form in cache_mod.CONVERT_GROUP_FORMS:  # the other form of the group's program
                 if form == default_form or row["layers_per_conversion_program"] == 1:
                     continue
-                cache_mod.CONVERT_GROUP_FORM = form
+                cache_mod.CONVERT_GROUP_FORM, cache_mod.CONVERT_GROUPS_INTO = form, True  # groups, not a layer each
                 row[f"conversion_{form}_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats,
                                                               f"conversion_{form}")
                 row[f"certified_prefill_{form}_s"] = _median_seconds(prefill(cert, cap), args.repeats,
                                                                      f"certified_prefill_{form}")
-            cache_mod.CONVERT_GROUP_FORM = default_form
+            cache_mod.CONVERT_GROUP_FORM, cache_mod.CONVERT_GROUPS_INTO = default_form, default_into
             cache_mod.CONVERT_GROUP_BYTES = 1
             row["conversion_layer_at_a_time_s"] = _median_seconds(lambda: cert.from_staging(staged), args.repeats,
                                                                   "conversion_layer_at_a_time")
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
                 prefill(cert, cap), args.repeats, "certified_prefill_layer_at_a_time")
         finally:
             cache_mod.CONVERT_GROUP_BYTES = default_budget
-            cache_mod.CONVERT_GROUP_FORM = default_form
+            cache_mod.CONVERT_GROUP_FORM, cache_mod.CONVERT_GROUPS_INTO = default_form, default_into
         return _finish(row, args.out)
     row["staging_prefill_s"] = _median_seconds(prefill(staging_spec, staging_cap), args.repeats, "staging_prefill")
     staged, _ = gen.prefill(params, cfg, [ids], staging_cap, cache_factory=staging_spec, policy=policy)

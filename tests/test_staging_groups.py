@@ -480,6 +480,7 @@ def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_l
     from certattn_jax import cache as cache_mod
 
     monkeypatch.setattr(cache_mod, "CONVERT_GROUP_FORM", form)
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUPS_INTO", True)  # groups into a preallocated cache too
 
     ks, vs = _layers_kv(3, 5, 3)
     lengths = jnp.array([96, 37, 5], jnp.int32)
@@ -526,6 +527,7 @@ def test_conversion_temp_bytes_cover_the_compiled_program(form, dtype, monkeypat
     holds every layer's float32 temporaries at once; the estimate once counted a quarter of that)."""
     from certattn_jax import cache as cache_mod
 
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUPS_INTO", True)  # `group` layers per program, preallocated or not
     policy = cache_mod.conversion_layout(CertPolicy())
     B, H, S, d, L = 1, 4, 1024, 128, 8
     store = cache_mod.TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=dtype,
@@ -543,6 +545,40 @@ def test_conversion_temp_bytes_cover_the_compiled_program(form, dtype, monkeypat
         assert measured <= estimate, (group, measured, estimate)
         if dtype == jnp.bfloat16 and (form == "batched" or group == 1):  # near what it covers where it matters
             assert estimate <= 2 * measured, (group, measured, estimate)
+
+
+def test_a_preallocated_cache_is_written_a_layer_per_program_by_default(monkeypatch):
+    """Groups of layers written into a preallocated cache measured 6.6x slower than a layer per program on an H100
+    (8B shape, 8K: `cache.CONVERT_GROUPS_INTO`), so by default only the direct path (one program for every layer,
+    its outputs the cache) converts layers together; with_rows_converted writes one layer per program unless
+    CONVERT_GROUPS_INTO."""
+    from certattn_jax import cache as cache_mod
+
+    ks, vs = _layers_kv(3, 5, 3)
+    lengths = jnp.array([96, 37, 5], jnp.int32)
+    layer_bytes = ks[0].nbytes + vs[0].nbytes
+    calls = []
+    real = cache_mod._convert_layers_into
+
+    def spy(store, ks_, *args, **kw):
+        calls.append(len(ks_))
+        return real(store, ks_, *args, **kw)
+
+    monkeypatch.setattr(cache_mod, "_convert_layers_into", spy)
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUPS_INTO", False)
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", 2 * layer_bytes)  # groups of 2 would be allowed
+    assert cache_mod.layers_per_program(layer_bytes, 5) == 1
+    assert cache_mod.layers_per_program(layer_bytes, 5, preallocated=True) == 1
+    TieredKVCache.stacked_from_layers(ks, vs, lengths, POLICY)
+    assert calls == [1] * 5
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", 5 * layer_bytes)  # one group holds every layer: direct
+    assert cache_mod.layers_per_program(layer_bytes, 5) == 5
+    assert cache_mod.layers_per_program(layer_bytes, 5, preallocated=True) == 1
+    calls.clear()
+    TieredKVCache.stacked_from_layers(ks, vs, lengths, POLICY)
+    assert calls == []
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUPS_INTO", True)
+    assert cache_mod.layers_per_program(layer_bytes, 5, preallocated=True) == 5
 
 
 def test_conversion_group_layers_keeps_the_budget():
