@@ -100,7 +100,8 @@ for s in "$@"; do
       step issue7_smol 330 "python3 scripts/bench_generate.py --timeout 140 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense naive certified --out $W/issue7_smol.json" ;;
     issue7_8b)  # issue 7's named grid, LLaMA-3.1-8B-shape half (8K, 32K); merged with the SmolLM2 half into
       # results/bench_generate.json (bench_generate.py --merge) when both ran on the same machine
-      step issue7_8b 560 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $W/issue7_8b.json" ;;
+      # (rows written straight into $OUT as they finish: a call cut at its device-time limit keeps them)
+      step issue7_8b 560 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $OUT/issue7_8b.json" ;;
     staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 8 tests/test_staging_groups.py" ;;
     ttft_groups)  # thirty-sixth session: the conversion in layer groups (one program for SmolLM2) against a layer at
       # a time (SmolLM2's 1K TTFT was 3.02x dense with a program per layer), both in one process, 1K and 4K
