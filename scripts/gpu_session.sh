@@ -102,6 +102,8 @@ for s in "$@"; do
       # results/bench_generate.json (bench_generate.py --merge) when both ran on the same machine
       # (rows written straight into $OUT as they finish: a call cut at its device-time limit keeps them)
       step issue7_8b 560 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $OUT/issue7_8b.json" ;;
+    issue7_8b8k)  # issue 7's 8B 8K rows alone (dense and certified first), rows straight into $OUT as they finish
+      step issue7_8b8k 400 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches dense certified naive --out $OUT/issue7_8b8k.json" ;;
     staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 8 tests/test_staging_groups.py" ;;
     ttft_groups)  # thirty-sixth session: the conversion in layer groups (one program for SmolLM2) against a layer at
       # a time (SmolLM2's 1K TTFT was 3.02x dense with a program per layer), both in one process, 1K and 4K
