@@ -469,6 +469,25 @@ def _store_fields(store) -> list[np.ndarray]:
     return [tiers.to_numpy(getattr(store, f)) for f in DEVICE_FIELDS + ("host_k", "host_v", "lengths", "flushed")]
 
 
+def _five_layers_spied(monkeypatch, form: str | None = None):
+    """Five layers' K/V of 3 ragged sequences, and the list that records the layers of every call of the conversion
+    program into a preallocated cache (`cache._convert_layers_into`, spied; its form checked where given):
+    (ks, vs, lengths, one layer's K+V bytes, calls)."""
+    from certattn_jax import cache as cache_mod
+
+    ks, vs = _layers_kv(3, 5, 3)
+    calls = []
+    real = cache_mod._convert_layers_into
+
+    def spy(store, ks_, *args, **kw):
+        calls.append(len(ks_))
+        assert form is None or kw["form"] == form
+        return real(store, ks_, *args, **kw)
+
+    monkeypatch.setattr(cache_mod, "_convert_layers_into", spy)
+    return ks, vs, jnp.array([96, 37, 5], jnp.int32), ks[0].nbytes + vs[0].nbytes, calls
+
+
 @pytest.mark.parametrize("form", ["batched", "loop"])
 @pytest.mark.parametrize("budget_layers", [2, 3, 5])
 def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_layers, form):
@@ -481,19 +500,7 @@ def test_layers_converted_together_equal_a_layer_at_a_time(monkeypatch, budget_l
 
     monkeypatch.setattr(cache_mod, "CONVERT_GROUP_FORM", form)
     monkeypatch.setattr(cache_mod, "CONVERT_GROUPS_INTO", True)  # groups into a preallocated cache too
-
-    ks, vs = _layers_kv(3, 5, 3)
-    lengths = jnp.array([96, 37, 5], jnp.int32)
-    layer_bytes = ks[0].nbytes + vs[0].nbytes
-    calls = []
-    real = cache_mod._convert_layers_into
-
-    def spy(store, ks_, *args, **kw):
-        calls.append(len(ks_))
-        assert kw["form"] == form
-        return real(store, ks_, *args, **kw)
-
-    monkeypatch.setattr(cache_mod, "_convert_layers_into", spy)
+    ks, vs, lengths, layer_bytes, calls = _five_layers_spied(monkeypatch, form)
 
     monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", layer_bytes)  # a layer at a time
     one = TieredKVCache.stacked_from_layers(ks, vs, lengths, POLICY)
@@ -554,17 +561,7 @@ def test_a_preallocated_cache_is_written_a_layer_per_program_by_default(monkeypa
     CONVERT_GROUPS_INTO."""
     from certattn_jax import cache as cache_mod
 
-    ks, vs = _layers_kv(3, 5, 3)
-    lengths = jnp.array([96, 37, 5], jnp.int32)
-    layer_bytes = ks[0].nbytes + vs[0].nbytes
-    calls = []
-    real = cache_mod._convert_layers_into
-
-    def spy(store, ks_, *args, **kw):
-        calls.append(len(ks_))
-        return real(store, ks_, *args, **kw)
-
-    monkeypatch.setattr(cache_mod, "_convert_layers_into", spy)
+    ks, vs, lengths, layer_bytes, calls = _five_layers_spied(monkeypatch)
     monkeypatch.setattr(cache_mod, "CONVERT_GROUPS_INTO", False)
     monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", 2 * layer_bytes)  # groups of 2 would be allowed
     assert cache_mod.layers_per_program(layer_bytes, 5) == 1
