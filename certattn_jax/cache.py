@@ -246,7 +246,7 @@ class TieredKVCache:
 
     @classmethod
     def stacked_from_layers(cls, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
-                            policy: CertPolicy | None = None) -> TieredKVCache:
+                            policy: CertPolicy | None = None, masked_by: jax.Array | None = None) -> TieredKVCache:
         """The stacked form from per-layer k, v [B, Hkv, S, d] (a dense cache's own layers), the first lengths[b]
         tokens of every layer valid; eager only. Where one group of layers (`conversion_group_layers`: up to
         CONVERT_GROUP_BYTES of K/V) holds every layer (CONVERT_GROUP_FORM "batched"), one program whose outputs are
@@ -257,10 +257,13 @@ class TieredKVCache:
         docs/performance.md, fourteenth session): the peak is the inputs, the result and a group's temporaries
         (`conversion_temp_bytes`: ~16-22 bytes per K/V element of the group measured on the CPU). Tier 2 larger than
         the host's available memory is refused by name before anything is allocated. Same result, bit for bit, as
-        a layer at a time."""
+        a layer at a time. masked_by: the lengths [B] int32 in [0, S] to mask by instead, on the device, never read
+        back (`TieredModelCache.from_dense` with host lengths: the dense cache's own, clipped; lengths are then
+        only checked)."""
         policy = _checked_policy(policy)
         _check_layers(ks, vs)
         lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
+        lengths = lengths if masked_by is None else masked_by
         B, H, S, d = ks[0].shape
         layout = conversion_layout(policy)
         ks, vs = tuple(ks), tuple(vs)
@@ -276,10 +279,10 @@ class TieredKVCache:
             return _poisoned(_convert_all_layers(ks, vs, lengths, layout), bad)
         store = cls.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=ks[0].dtype, policy=layout,
                          layers=len(ks))
-        return _poisoned(store.with_rows_converted(0, ks, vs, lengths), bad)
+        return _poisoned(store.with_rows_converted(0, ks, vs, lengths, checked=masked_by is not None), bad)
 
     def with_rows_converted(self, start: int, ks: Sequence[jax.Array], vs: Sequence[jax.Array],
-                            lengths: jax.Array) -> TieredKVCache:
+                            lengths: jax.Array, checked: bool = False) -> TieredKVCache:
         """This stacked cache [L, B, ...] with sequences [start, start + n) converted from per-layer k, v [n, Hkv, S, d]
         (the first lengths[i] tokens valid): groups of g layers (`layers_per_program`: 1, or `conversion_group_layers`
         with CONVERT_GROUPS_INTO), each a call of one compiled program written in place (this cache is donated), tier 1
@@ -290,7 +293,8 @@ class TieredKVCache:
         before the first layer is written (a refusal halfway would lose the cache): one live k and one live v per layer
         of this cache, each of its KV heads, capacity, head_dim and dtype; 0 <= start <= B - n; the lengths in [0, S].
         (A runtime failure of a later group, e.g. the device running out of memory, leaves this cache consumed, as any
-        failing donated call does.)"""
+        failing donated call does.) checked: lengths are int32 [n] already known to lie in [0, S]
+        (`stacked_from_layers`'s masked_by: not read back)."""
         ks, vs = tuple(ks), tuple(vs)
         _check_layers(ks, vs)
         if not self.stacked or self.layer is not None:
@@ -306,7 +310,8 @@ class TieredKVCache:
             raise ValueError(f"start {start!r} with {n} sequences does not fit a batch of {self.batch}")
         _check_live_layers("with_rows_converted", ks, vs, (lengths, self.k_codes))
         layout = self.layout_policy()
-        lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
+        if not checked:
+            lengths, _ = _check_head_major(ks[0].shape, lengths, layout)  # concrete: raises outside [0, S]
         L = len(ks)
         group = layers_per_program(ks[0].nbytes + vs[0].nbytes, L, preallocated=True)
         firsts = list(range(0, L - group + 1, group))

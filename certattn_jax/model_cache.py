@@ -59,7 +59,7 @@ from certattn_jax.kv_cache import (
     was_donated,
 )
 from certattn_jax.policy import CertPolicy
-from certattn_jax.validate import is_integer
+from certattn_jax.validate import checked_counts, is_integer
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
@@ -206,9 +206,10 @@ class TieredModelCache:
         lengths: optionally dense.lengths [B] as the caller knows them on the host (a list or NumPy array; `prefill`
         knows its prompts' lengths). Eagerly, checking dense.lengths reads them back from the device, which waits
         for everything queued before (the prefill) before the conversion can even be dispatched; given lengths are
-        checked on the host instead and the conversion masks by them. A sequence whose dense.lengths differ is
-        poisoned on the device (marked non-finite: never certified, its heads answered exactly from tier 2 by the
-        ladder's top rungs), never silently served from a tier 1 of the wrong tokens."""
+        checked on the host instead (out of [0, S]: ValueError), and the conversion masks by dense.lengths on the
+        device (clipped to [0, S]), never read back. A sequence whose dense.lengths differ from the given ones is
+        poisoned on the device (marked non-finite: never certified; its heads are answered exactly, from the tokens
+        the cache holds, by the ladder's top rungs)."""
         if mode not in MODES:
             raise ValueError(f"unknown tiered cache mode {mode!r}; choose from {MODES}")
         policy = policy or CertPolicy()
@@ -216,9 +217,16 @@ class TieredModelCache:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
         converted_with = dense.lengths if lengths is None else lengths
         if is_concrete(dense.lengths) and is_concrete(dense.k[0]):  # eagerly: in groups of layers, in place
-            store = TieredKVCache.stacked_from_layers(dense.k, dense.v, converted_with, policy)
-        else:  # traced: every layer in one program
-            store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), converted_with,
+            # given lengths are checked on the host, but the conversion masks by the cache's own (clipped, on the
+            # device): the store then holds every token the cache's lengths count, so a poisoned sequence's exact
+            # rungs answer what a dense cache would (masked by given lengths, tier 2 and the residual lacked or
+            # invented tokens: logits off by ~20, review 2026-12-07 38th, mismatch.py)
+            masked_by = None if lengths is None else _clipped_lengths(dense.lengths, dense.capacity)
+            store = TieredKVCache.stacked_from_layers(dense.k, dense.v, converted_with, policy, masked_by=masked_by)
+        else:  # traced: every layer in one program, masked by the cache's own lengths (given ones only checked)
+            if lengths is not None:
+                checked_counts(lengths, dense.k[0].shape[0], dense.capacity, "lengths")  # concrete: raises
+            store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths,
                                                           policy)
         # _wrap copies the lengths: the staging cache's own array would be lost with it when a decode step donates
         # this cache (converting the same prefill again then failed on a deleted array)
@@ -788,6 +796,12 @@ def owned_policy(policy: CertPolicy) -> CertPolicy:
     policy taken from another cache (`generate(..., policy=out.cache.policy)`) would lose its leaves to that
     donation."""
     return _copied(policy)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _clipped_lengths(lengths: jax.Array, capacity: int) -> jax.Array:
+    """lengths [B] as int32 in [0, capacity], on the device (one program, nothing read back)."""
+    return jnp.clip(lengths, 0, capacity).astype(jnp.int32)
 
 
 @committed_jit

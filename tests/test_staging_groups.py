@@ -696,6 +696,28 @@ def test_host_known_lengths_convert_without_reading_back_and_poison_a_mismatch(p
         spec.from_staging(staged, lengths=[39, CAPACITY + 1])
 
 
+def test_a_poisoned_sequence_s_exact_rungs_answer_its_own_tokens(params):
+    """A sequence whose given lengths differ from the cache's is never certified, and its exact rungs must still
+    attend the tokens the cache holds (review 2026-12-07 38th: masked by the given lengths, tier 2 and the residual
+    lacked the tokens past them, or held none where they counted more: logits off by ~20), eagerly and in jit."""
+    spec = cache_spec("certified", CFG, jnp.float32, POLICY)
+    staging = cache_spec("dense", CFG, jnp.float32, POLICY)
+    prompts = _prompts(3, [39, 17])
+    tok = jnp.ones((2, 1), jnp.int32)
+    for given in ([30, 17], [39, 33], [39, 0]):
+        staged, _ = gen.prefill(params, CFG, prompts, CAPACITY, cache_factory=staging, policy=POLICY,
+                                prefill_chunk=16)
+        in_jit = jax.jit(lambda d, g=given: TieredModelCache.from_dense(d, num_q_heads=CFG.num_heads, policy=POLICY,
+                                                                        lengths=g))(staged)
+        for cache in (spec.from_staging(staged, lengths=given), in_jit):
+            want, _ = llama.forward(params, CFG, tok, staged)
+            got, after = llama.forward(params, CFG, tok, cache)
+            bad = np.asarray(given) != [39, 17]
+            np.testing.assert_array_equal(np.asarray(after.last_certificate.certified).any(axis=(0, 2)), ~bad)
+            # the poisoned rows exactly (rungs 3-4; the others are certified within their tolerance)
+            np.testing.assert_allclose(np.asarray(got)[bad], np.asarray(want)[bad], atol=1e-4)
+
+
 def test_an_empty_dense_cache_is_committed_in_distinct_buffers():
     """`DenseKVCache.init` (one program): every array committed (a jitted step's outputs are; jit keys on it) and
     its own buffer (a prefill donates them)."""
