@@ -102,6 +102,9 @@ for s in "$@"; do
       # results/bench_generate.json (bench_generate.py --merge) when both ran on the same machine
       # (rows written straight into $OUT as they finish: a call cut at its device-time limit keeps them)
       step issue7_8b 560 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 32768 --caches dense naive certified --out $OUT/issue7_8b.json" ;;
+    host_time)  # thirty-eighth session's plan: the conversion's host sections on the GPU machine (SmolLM2 1K shapes),
+      # then where SmolLM2 1K's certified prefill time goes with the bench's one 1024-token chunk's model
+      step host_time 120 "python3 scripts/probe_conversion_host_time.py --out $W/probe_conversion_host_time.json" ;;
     issue7_8b8k)  # issue 7's 8B 8K rows alone (dense and certified first), rows straight into $OUT as they finish
       step issue7_8b8k 400 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches dense certified naive --out $OUT/issue7_8b8k.json" ;;
     staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 8 tests/test_staging_groups.py" ;;
