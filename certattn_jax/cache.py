@@ -246,7 +246,7 @@ class TieredKVCache:
 
     @classmethod
     def stacked_from_layers(cls, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...], lengths: jax.Array,
-                            policy: CertPolicy | None = None, masked_by: jax.Array | None = None) -> TieredKVCache:
+                            policy: CertPolicy | None = None, checked: bool = False) -> TieredKVCache:
         """The stacked form from per-layer k, v [B, Hkv, S, d] (a dense cache's own layers), the first lengths[b]
         tokens of every layer valid; eager only. Where one group of layers (`conversion_group_layers`: up to
         CONVERT_GROUP_BYTES of K/V) holds every layer (CONVERT_GROUP_FORM "batched"), one program whose outputs are
@@ -257,13 +257,15 @@ class TieredKVCache:
         docs/performance.md, fourteenth session): the peak is the inputs, the result and a group's temporaries
         (`conversion_temp_bytes`: ~16-22 bytes per K/V element of the group measured on the CPU). Tier 2 larger than
         the host's available memory is refused by name before anything is allocated. Same result, bit for bit, as
-        a layer at a time. masked_by: the lengths [B] int32 in [0, S] to mask by instead, on the device, never read
-        back (`TieredModelCache.from_dense` with host lengths: the dense cache's own, clipped; lengths are then
-        only checked)."""
+        a layer at a time. checked: lengths are int32 [B] already known to lie in [0, S] (`TieredModelCache.from_dense`
+        with host-given lengths: the dense cache's own, clipped on the device), so they are not read back."""
         policy = _checked_policy(policy)
         _check_layers(ks, vs)
-        lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
-        lengths = lengths if masked_by is None else masked_by
+        if checked:
+            _check_blocks(ks[0].shape, policy)
+            bad = None
+        else:
+            lengths, bad = _check_head_major(ks[0].shape, lengths, policy)
         B, H, S, d = ks[0].shape
         layout = conversion_layout(policy)
         ks, vs = tuple(ks), tuple(vs)
@@ -279,7 +281,7 @@ class TieredKVCache:
             return _poisoned(_convert_all_layers(ks, vs, lengths, layout), bad)
         store = cls.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=ks[0].dtype, policy=layout,
                          layers=len(ks))
-        return _poisoned(store.with_rows_converted(0, ks, vs, lengths, checked=masked_by is not None), bad)
+        return _poisoned(store.with_rows_converted(0, ks, vs, lengths, checked=checked), bad)
 
     def with_rows_converted(self, start: int, ks: Sequence[jax.Array], vs: Sequence[jax.Array],
                             lengths: jax.Array, checked: bool = False) -> TieredKVCache:
@@ -293,8 +295,7 @@ class TieredKVCache:
         before the first layer is written (a refusal halfway would lose the cache): one live k and one live v per layer
         of this cache, each of its KV heads, capacity, head_dim and dtype; 0 <= start <= B - n; the lengths in [0, S].
         (A runtime failure of a later group, e.g. the device running out of memory, leaves this cache consumed, as any
-        failing donated call does.) checked: lengths are int32 [n] already known to lie in [0, S]
-        (`stacked_from_layers`'s masked_by: not read back)."""
+        failing donated call does.) checked: lengths are int32 [n] already known to lie in [0, S] (not read back)."""
         ks, vs = tuple(ks), tuple(vs)
         _check_layers(ks, vs)
         if not self.stacked or self.layer is not None:
@@ -757,10 +758,14 @@ def _check_head_major(shape: tuple[int, ...], lengths: Any,
     """Check one layer's head-major shape [B, H, S, d] against the block size and lengths [B] (each in [0, S]);
     returns (lengths int32, the mask [B] of traced lengths outside [0, S], None outside jit:
     `validate.checked_counts`)."""
-    B, S = shape[0], shape[2]
-    if S % policy.block_size:
-        raise ValueError(f"capacity {S} must be a multiple of the block size {policy.block_size}")
-    return checked_counts(lengths, B, S, "lengths")
+    _check_blocks(shape, policy)
+    return checked_counts(lengths, shape[0], shape[2], "lengths")
+
+
+def _check_blocks(shape: tuple[int, ...], policy: CertPolicy) -> None:
+    """One layer's head-major shape [B, H, S, d]: the capacity S a multiple of the policy's block size."""
+    if shape[2] % policy.block_size:
+        raise ValueError(f"capacity {shape[2]} must be a multiple of the block size {policy.block_size}")
 
 
 def _checked_policy(policy: CertPolicy | None) -> CertPolicy:

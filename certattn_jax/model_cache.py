@@ -215,24 +215,27 @@ class TieredModelCache:
         policy = policy or CertPolicy()
         if num_q_heads % dense.k[0].shape[1]:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {dense.k[0].shape[1]}")
-        converted_with = dense.lengths if lengths is None else lengths
+        B, S = dense.k[0].shape[0], dense.capacity
+        # given lengths are only checked (on the host) and compared (on the device): the conversion masks by the
+        # cache's own, so a poisoned sequence's exact rungs answer from the tokens it holds (masked by given ones,
+        # tier 2 and the residual lacked or invented tokens: logits off by ~20, review 2026-12-07 38th)
+        given = None
+        if lengths is not None:
+            given, out_of_range = checked_counts(lengths, B, S, "lengths")  # concrete: raises outside [0, S]
+            if out_of_range is not None:  # traced: such a sequence is poisoned (-1 never equals a length)
+                given = jnp.where(out_of_range, -1, given)
         if is_concrete(dense.lengths) and is_concrete(dense.k[0]):  # eagerly: in groups of layers, in place
-            # given lengths are checked on the host, but the conversion masks by the cache's own (clipped, on the
-            # device): the store then holds every token the cache's lengths count, so a poisoned sequence's exact
-            # rungs answer what a dense cache would (masked by given lengths, tier 2 and the residual lacked or
-            # invented tokens: logits off by ~20, review 2026-12-07 38th, mismatch.py)
-            masked_by = None if lengths is None else _clipped_lengths(dense.lengths, dense.capacity)
-            store = TieredKVCache.stacked_from_layers(dense.k, dense.v, converted_with, policy, masked_by=masked_by)
-        else:  # traced: every layer in one program, masked by the cache's own lengths (given ones only checked)
-            if lengths is not None:
-                checked_counts(lengths, dense.k[0].shape[0], dense.capacity, "lengths")  # concrete: raises
+            if given is None:
+                store = TieredKVCache.stacked_from_layers(dense.k, dense.v, dense.lengths, policy)
+            else:  # the cache's own lengths clipped on the device, never read back
+                store = TieredKVCache.stacked_from_layers(dense.k, dense.v, _clipped_lengths(dense.lengths, S),
+                                                          policy, checked=True)
+        else:  # traced: every layer in one program
             store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths,
                                                           policy)
         # _wrap copies the lengths: the staging cache's own array would be lost with it when a decode step donates
         # this cache (converting the same prefill again then failed on a deleted array)
-        return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule,
-                         converted_with=None if lengths is None else np.asarray(lengths) if isinstance(
-                             lengths, (list, tuple)) else lengths)
+        return cls._wrap(store, dense.lengths, num_q_heads, policy, mode, schedule, converted_with=given)
 
     @classmethod
     def from_layers(cls, layers: Sequence[TieredKVCache], *, num_q_heads: int, policy: CertPolicy | None = None,
