@@ -105,6 +105,9 @@ for s in "$@"; do
     host_time)  # thirty-eighth session's plan: the conversion's host sections on the GPU machine (SmolLM2 1K shapes),
       # then where SmolLM2 1K's certified prefill time goes with the bench's one 1024-token chunk's model
       step host_time 120 "python3 scripts/probe_conversion_host_time.py --out $W/probe_conversion_host_time.json" ;;
+    trace_prefill)  # thirty-ninth session: SmolLM2 1K's certified TTFT (1.45x): the prefill's programs on the device
+      # and host timeline, dense against certified (bench_generate's one 1024-token chunk), raw traces kept in $OUT
+      step trace_prefill 200 "python3 scripts/trace_prefill.py --model smollm2 --prompt 1024 --prefill-chunk 1024 --repeats 7 --keep-traces $OUT/traces --out $OUT/trace_prefill_smol1k.json; python3 scripts/trace_prefill.py --model smollm2 --prompt 4096 --prefill-chunk 1024 --repeats 5 --out $OUT/trace_prefill_smol4k.json" ;;
     issue7_8b8k)  # issue 7's 8B 8K rows alone (dense and certified first), rows straight into $OUT as they finish
       step issue7_8b8k 400 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches dense certified naive --out $OUT/issue7_8b8k.json" ;;
     staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 8 tests/test_staging_groups.py" ;;
