@@ -257,8 +257,8 @@ class TieredKVCache:
         docs/performance.md, fourteenth session): the peak is the inputs, the result and a group's temporaries
         (`conversion_temp_bytes`: ~16-22 bytes per K/V element of the group measured on the CPU). Tier 2 larger than
         the host's available memory is refused by name before anything is allocated. Same result, bit for bit, as
-        a layer at a time. checked: lengths are int32 [B] already known to lie in [0, S] (`TieredModelCache.from_dense`
-        with host-given lengths: the dense cache's own, clipped on the device), so they are not read back."""
+        a layer at a time. checked: lengths [B] are not read back (`TieredModelCache.from_dense` with host-given
+        lengths: the dense cache's own); the conversion clips them to [0, S] on the device."""
         policy = _checked_policy(policy)
         _check_layers(ks, vs)
         if checked:
@@ -295,7 +295,8 @@ class TieredKVCache:
         before the first layer is written (a refusal halfway would lose the cache): one live k and one live v per layer
         of this cache, each of its KV heads, capacity, head_dim and dtype; 0 <= start <= B - n; the lengths in [0, S].
         (A runtime failure of a later group, e.g. the device running out of memory, leaves this cache consumed, as any
-        failing donated call does.) checked: lengths are int32 [n] already known to lie in [0, S] (not read back)."""
+        failing donated call does.) checked: lengths [n] are not read back; the conversion clips them to [0, S] on the
+        device."""
         ks, vs = tuple(ks), tuple(vs)
         _check_layers(ks, vs)
         if not self.stacked or self.layer is not None:
@@ -852,8 +853,11 @@ def _convert_layers_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, po
 
 
 def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
-    """The cache holding k, v [B, H, S, d] (first lengths[b] valid), its tier 2 still in device memory."""
+    """The cache holding k, v [B, H, S, d] (first lengths[b] valid), its tier 2 still in device memory. lengths are
+    clipped to [0, S] here (a no-op for checked ones): a caller whose lengths were never read back (`from_dense`
+    with host-given lengths) needs no program of its own for it."""
     B, H, S, d = k.shape
+    lengths = jnp.clip(lengths, 0, S).astype(jnp.int32)
     Bk = policy.block_size
     nb = S // Bk
     c = TieredKVCache.init(batch=B, capacity=S, num_kv_heads=H, head_dim=d, dtype=k.dtype, policy=policy,

@@ -59,7 +59,7 @@ from certattn_jax.kv_cache import (
     was_donated,
 )
 from certattn_jax.policy import CertPolicy
-from certattn_jax.validate import checked_counts, is_integer
+from certattn_jax.validate import checked_counts, host_checked_counts, is_integer
 
 CACHE_MODES = ("dense", "naive", "certified")  # the one list of cache modes (the CLI's --cache choices)
 MODES = CACHE_MODES[1:]  # the tiered ones
@@ -220,16 +220,16 @@ class TieredModelCache:
         # cache's own, so a poisoned sequence's exact rungs answer from the tokens it holds (masked by given ones,
         # tier 2 and the residual lacked or invented tokens: logits off by ~20, review 2026-12-07 38th)
         given = None
-        if lengths is not None:
-            given, out_of_range = checked_counts(lengths, B, S, "lengths")  # concrete: raises outside [0, S]
-            if out_of_range is not None:  # traced: such a sequence is poisoned (-1 never equals a length)
-                given = jnp.where(out_of_range, -1, given)
+        if lengths is not None and not isinstance(lengths, jax.core.Tracer):
+            # checked on the host and kept there (NumPy): the programs below take it in their own transfer
+            given = host_checked_counts(lengths, B, S, "lengths")  # raises outside [0, S]
+        elif lengths is not None:
+            given, out_of_range = checked_counts(lengths, B, S, "lengths")
+            given = jnp.where(out_of_range, -1, given)  # such a sequence is poisoned (-1 never equals a length)
         if is_concrete(dense.lengths) and is_concrete(dense.k[0]):  # eagerly: in groups of layers, in place
-            if given is None:
-                store = TieredKVCache.stacked_from_layers(dense.k, dense.v, dense.lengths, policy)
-            else:  # the cache's own lengths clipped on the device, never read back
-                store = TieredKVCache.stacked_from_layers(dense.k, dense.v, _clipped_lengths(dense.lengths, S),
-                                                          policy, checked=True)
+            # with given lengths, the cache's own are never read back: the conversion clips them on the device
+            store = TieredKVCache.stacked_from_layers(dense.k, dense.v, dense.lengths, policy,
+                                                      checked=given is not None)
         else:  # traced: every layer in one program
             store = TieredKVCache.stacked_from_head_major(jnp.stack(dense.k), jnp.stack(dense.v), dense.lengths,
                                                           policy)
@@ -799,12 +799,6 @@ def owned_policy(policy: CertPolicy) -> CertPolicy:
     policy taken from another cache (`generate(..., policy=out.cache.policy)`) would lose its leaves to that
     donation."""
     return _copied(policy)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _clipped_lengths(lengths: jax.Array, capacity: int) -> jax.Array:
-    """lengths [B] as int32 in [0, capacity], on the device (one program, nothing read back)."""
-    return jnp.clip(lengths, 0, capacity).astype(jnp.int32)
 
 
 @committed_jit

@@ -32,15 +32,31 @@ def checked_counts(x: Any, batch: int, limit: int, name: str) -> tuple[Any, Any 
     the device to finish what it runs). Returns (counts int32 [batch], bad bool [batch] or None)."""
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
+    _check_count_array(x, batch, name)
+    if not isinstance(x, jax.core.Tracer):
+        return jnp.asarray(host_checked_counts(x, batch, limit, name)), None
+    bad = (x < 0) | (x > limit)
+    return jnp.clip(x, 0, limit).astype(jnp.int32), bad
+
+
+def host_checked_counts(x: Any, batch: int, limit: int, name: str) -> np.ndarray:
+    """`checked_counts` of counts the host holds (a list, tuple, NumPy or concrete jax array [batch]), as a NumPy
+    int32 array: no device array made (an eager conversion is a dispatch of its own; a jitted call takes the NumPy
+    array in its own transfer). Same errors as `checked_counts`."""
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    _check_count_array(x, batch, name)
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(f"{name}: host_checked_counts needs values, got a traced array (use checked_counts in jit)")
+    values = np.asarray(x).astype(np.int64)
+    if np.any(values < 0) or np.any(values > limit):
+        raise ValueError(f"{name} must lie in [0, {limit}], got {values.tolist()}")
+    return values.astype(np.int32)
+
+
+def _check_count_array(x: Any, batch: int, name: str) -> None:
     dtype = getattr(x, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
         raise TypeError(f"{name} must be integers (an array [{batch}]), got {dtype if dtype is not None else type(x)}")
     if tuple(np.shape(x)) != (batch,):
         raise ValueError(f"{name} must be [B] = [{batch}], got shape {tuple(np.shape(x))}")
-    if not isinstance(x, jax.core.Tracer):
-        values = np.asarray(x).astype(np.int64)
-        if np.any(values < 0) or np.any(values > limit):
-            raise ValueError(f"{name} must lie in [0, {limit}], got {values.tolist()}")
-        return jnp.asarray(values, jnp.int32), None
-    bad = (x < 0) | (x > limit)
-    return jnp.clip(x, 0, limit).astype(jnp.int32), bad
