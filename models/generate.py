@@ -30,7 +30,7 @@ from certattn_jax import kernel_checks, xla_options
 from certattn_jax.cache import conversion_temp_bytes
 from certattn_jax.certificate import Certificate, mark_stopped
 from certattn_jax.env import choice_from_env, switch_from_env
-from certattn_jax.kv_cache import KVCache, commit_arrays, was_donated
+from certattn_jax.kv_cache import KVCache, commit_arrays, committed_jit, was_donated
 from certattn_jax.model_cache import CacheSpec, cache_spec
 from certattn_jax.validate import is_finite_number, is_integer
 from models.config import LlamaConfig
@@ -711,6 +711,12 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     return cache, last_logits
 
 
+@functools.partial(committed_jit, static_argnums=(0, 1))
+def _zero_logits(batch: int, vocab: int) -> jax.Array:
+    """Zero logits [batch, vocab] float32, committed, in one program (the prefill's initial last-token logits)."""
+    return jnp.zeros((batch, vocab), jnp.float32)
+
+
 def _prefill_into(params: Params, config: LlamaConfig, cache: KVCache, prompts: list[list[int]], prefill_chunk: int,
                   progress: bool, min_capacity: int) -> tuple[KVCache, jax.Array]:
     """The prompts (checked) prefilled chunk by chunk into an empty cache (donated); (cache, last logits [B, V])."""
@@ -724,13 +730,15 @@ def _prefill_into(params: Params, config: LlamaConfig, cache: KVCache, prompts: 
     padded = np.zeros((B, n_chunks * C), np.int32)
     for i, p in enumerate(prompts):
         padded[i, : len(p)] = p
-    last_logits = commit_arrays(jnp.zeros((B, config.vocab_size), jnp.float32))
+    last_logits = _zero_logits(B, config.vocab_size)
     bar = _progress(n_chunks, C, enabled=progress and n_chunks > 2)
     for c in range(n_chunks):
         valid = np.clip(lens - c * C, 0, C).astype(np.int32)
         last_index = (lens - 1 - c * C).astype(np.int32)
-        cache, last_logits = _prefill_chunk(params, config, cache, jnp.asarray(padded[:, c * C:(c + 1) * C]),
-                                            jnp.asarray(valid), jnp.asarray(last_index), last_logits)
+        # NumPy arguments: the jitted call transfers them itself (`jnp.asarray` of each was an eager dispatch of
+        # its own, three per chunk, before the chunk's program could be launched)
+        cache, last_logits = _prefill_chunk(params, config, cache, np.ascontiguousarray(padded[:, c * C:(c + 1) * C]),
+                                            valid, last_index, last_logits)
         if bar is not None:
             jax.block_until_ready(last_logits)
             bar.update(1)
