@@ -60,10 +60,11 @@ def main(argv=None) -> int:
             return out
         return wrapper
 
-    patches = [(cm, "_check_layers"), (cm, "_check_head_major"), (cm, "_check_live_layers"),
-               (tiers, "check_host_fits"), (cm, "_convert_all_layers"), (model_cache, "_fresh_model_arrays"),
-               (model_cache, "commit_arrays")]
-    originals = [(mod, name, getattr(mod, name)) for mod, name in patches]
+    patches = [(model_cache, "host_checked_counts"), (cm, "_check_layers"), (cm, "_check_head_major"),
+               (cm, "_check_blocks"), (cm, "_check_live_layers"), (tiers, "check_host_fits"),
+               (cm, "_convert_all_layers"), (model_cache, "_fresh_model_arrays"), (model_cache, "commit_arrays")]
+    # (a section the tree no longer has is skipped: the probe runs on older trees too)
+    originals = [(mod, name, getattr(mod, name)) for mod, name in patches if hasattr(mod, name)]
     for mod, name, fn in originals:
         setattr(mod, name, timed(name, fn))
     total = []
