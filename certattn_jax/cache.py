@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -833,11 +834,14 @@ def _check_kv(k: jax.Array, v: jax.Array) -> None:
         raise TypeError(f"keys ({k.dtype}) and values ({v.dtype}) must share a dtype")
 
 
-@functools.partial(jax.jit, static_argnames=("policy",))
-def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
-    """k, v [B, H, S, d], or [L, B, H, S, d] for the stacked form (every layer converted in one program, a layer
-    at a time); tier 2 goes to the host in one copy per array."""
-    if k.ndim == 5:
+@functools.partial(jax.jit, static_argnames=("policy", "batched"))
+def _from_head_major_impl(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy,
+                          batched: bool = False) -> TieredKVCache:
+    """k, v [B, H, S, d], or [L, B, H, S, d] for the stacked form (every layer converted in one program: batched,
+    as `stacked_from_layers`' direct path, or a layer at a time); tier 2 goes to the host in one copy per array."""
+    if k.ndim == 5 and batched:
+        c = jax.vmap(lambda kl, vl: _convert_on_device(kl, vl, lengths, policy))(k, v)
+    elif k.ndim == 5:
         c = _convert_layers_on_device(k, v, lengths, policy)
     else:
         c = _convert_on_device(k, v, lengths, policy)
@@ -889,7 +893,11 @@ def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: C
 def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
     # jit (layout static) so the eager call compiles once per shape and its host arrays come out pinned_host; the
     # tolerances may be tracers (a policy passed through jit), and they play no part here
-    return commit_arrays(_from_head_major_impl(k, v, lengths, conversion_layout(policy)))
+    # the stacked form batched where one conversion group holds every layer (`layers_per_program`; a loop of layers
+    # is a host round per layer on a GPU), decided here: the jitted conversion must not read the group budget
+    batched = k.ndim == 5 and layers_per_program(2 * math.prod(k.shape[1:]) * jnp.dtype(k.dtype).itemsize,
+                                                 k.shape[0]) == k.shape[0]
+    return commit_arrays(_from_head_major_impl(k, v, lengths, conversion_layout(policy), batched=batched))
 
 
 # Staging K/V bytes one conversion program takes at most (`conversion_group_layers`); CERTATTN_CONVERT_GROUP_BYTES.

@@ -45,7 +45,14 @@ from certattn_jax.attention import (
     exact_keys_values,
     naive_attention,
 )
-from certattn_jax.cache import DEVICE_FIELDS, STACK_TRACKED_FIELDS, TieredKVCache, checked_layer, conversion_layout
+from certattn_jax.cache import (
+    DEVICE_FIELDS,
+    STACK_TRACKED_FIELDS,
+    TieredKVCache,
+    checked_layer,
+    conversion_layout,
+    layers_per_program,
+)
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
 from certattn_jax.env import positive_int_from_env
@@ -755,6 +762,21 @@ class CacheSpec:
                                 head_dim=self.head_dim, dtype=self.dtype, policy=self._policy())
         return DenseKVCache.init(num_layers=self.num_layers, batch=batch, capacity=capacity,
                                  num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype)
+
+    def converts_in_one_program(self, staging: DenseKVCache) -> bool:
+        """Whether `from_staging(staging)` converts every layer in one program (a tiered mode whose conversion group
+        holds every layer: `cache.layers_per_program`; its traced form is then the same batched program)."""
+        if not self.tiered:
+            return False
+        L = len(staging.k)
+        return layers_per_program(staging.k[0].nbytes + staging.v[0].nbytes, L) == L
+
+    def check_tier2_fits(self, staging: DenseKVCache) -> None:
+        """A clear error, before anything is allocated, where the tier 2 that converting `staging` makes (its keys
+        and values in host memory) exceeds the host's available memory (`tiers.check_host_fits`)."""
+        if self.tiered:
+            tiers.check_host_fits(2 * len(staging.k) * staging.k[0].nbytes, f"tier 2 (the original keys and values, "
+                                  f"{2 * len(staging.k)} x {tuple(staging.k[0].shape)} {staging.k[0].dtype})")
 
     def from_staging(self, dense: DenseKVCache, lengths: Any = None) -> KVCache:
         """The mode's cache holding what `dense` holds (dense: itself; tiered: one jitted bulk conversion; drop

@@ -23,7 +23,8 @@ from models.llama import Params, decode_first_pass, forward_hidden, logits_from_
 from models.sampling import select_next
 
 # How many times each jitted function has been traced (tests use it to prove "compiles once").
-TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "decode_loop": 0, "decode_bridge": 0}
+TRACE_COUNTS: dict[str, int] = {"prefill_chunk": 0, "prefill_chunk_converted": 0, "decode_loop": 0,
+                                  "decode_bridge": 0}
 
 # What `out` holds at a step whose logits were not all finite (NaN / Inf: an activation overflow, or a row the model
 # poisoned for bad input); the sequence stops there and `models.generate` raises `NonFiniteLogitsError` naming it.

@@ -159,12 +159,53 @@ def _prefill_chunk(params: Params, config: LlamaConfig, cache: KVCache, chunk: j
                    valid: jax.Array, last_index: jax.Array, last_logits: jax.Array):
     """One prefill chunk [B, C]; keeps the logits at each prompt's last position (last_index in chunk)."""
     TRACE_COUNTS["prefill_chunk"] += 1
+    return _prefill_chunk_body(params, config, cache, chunk, valid, last_index, last_logits)
+
+
+def _prefill_chunk_body(params: Params, config: LlamaConfig, cache: KVCache, chunk: jax.Array,
+                        valid: jax.Array, last_index: jax.Array, last_logits: jax.Array):
     hidden, cache = forward_hidden(params, config, chunk, cache, valid)
     C = chunk.shape[1]
     in_chunk = (last_index >= 0) & (last_index < C)
     rows = jnp.take_along_axis(hidden, jnp.clip(last_index, 0, C - 1)[:, None, None], axis=1)[:, 0]
     logits = logits_from_hidden(params, config, rows)
     return cache, jnp.where(in_chunk[:, None], logits, last_logits)
+
+
+# (no donation: the staging cache's buffers fit none of the tiered cache's; they are freed when the program is done)
+@functools.partial(jax.jit, static_argnames=("config", "spec"))
+def _prefill_last_chunk_converted(params: Params, config: LlamaConfig, cache: KVCache, chunk: jax.Array,
+                                  valid: jax.Array, last_index: jax.Array, last_logits: jax.Array,
+                                  lengths: jax.Array, policy: Any, spec: CacheSpec):
+    """`_prefill_chunk` of the prompts' last chunk, then the staging cache converted into the tiered cache in the same
+    program (`CacheSpec.from_staging` traced: `TieredModelCache.from_dense`'s one batched program of every layer,
+    the same values bit for bit as the eager conversion; lengths [B] the prompts' lengths as the host knows them,
+    a sequence whose staging lengths differ poisoned). spec: the static layout (its policy None), policy the
+    spec's policy (its tolerances may be arrays). Returns (tiered cache, last logits [B, V])."""
+    TRACE_COUNTS["prefill_chunk_converted"] += 1
+    cache, logits = _prefill_chunk_body(params, config, cache, chunk, valid, last_index, last_logits)
+    return dataclasses.replace(spec, policy=policy).from_staging(cache, lengths=lengths), logits
+
+
+# The tiered prefill's conversion inside its last chunk's program (CERTATTN_PREFILL_CONVERSION_IN_CHUNK = 1 / 0 /
+# auto; auto: on a GPU). Where one conversion program takes every layer (`CacheSpec.converts_in_one_program`, e.g.
+# SmolLM2), the staging cache is converted by the program of the prompts' last chunk: nothing runs on the host and
+# nothing is dispatched between the prefill and the conversion. On a GPU the prefill of a small model is bound by
+# the host (kernel launches), so the host's conversion work (checks, dispatches) and the conversion's device time
+# were serial after it: SmolLM2's 1K prompt took 1.45x dense's time to first token (H100, thirty-eighth session).
+# Off a GPU a multi-chunk prompt's second chunk program costs more compile time than the dispatch saves.
+PREFILL_CONVERSION_IN_CHUNK = switch_from_env("CERTATTN_PREFILL_CONVERSION_IN_CHUNK")
+
+
+def conversion_in_chunk(spec: CacheSpec | None, cache: Any) -> bool:
+    """Whether `prefill` converts the staging `cache` inside its last chunk's program (see
+    PREFILL_CONVERSION_IN_CHUNK)."""
+    if spec is None or not spec.tiered:
+        return False
+    on = PREFILL_CONVERSION_IN_CHUNK
+    if on is None:
+        on = jax.default_backend() == "gpu"
+    return bool(on) and spec.converts_in_one_program(cache)
 
 
 _COMPILED: dict[Any, Any] = {}  # the decode loops: `decode_loop.decode_loop`, or the bridge's whole program
@@ -704,8 +745,10 @@ def prefill(params: Params, config: LlamaConfig, prompts: Sequence[Sequence[int]
     if was_donated(cache):
         raise ValueError(f"cache_factory({B}, {capacity}) returned a cache whose arrays were donated to an earlier "
                          "call (prefill and decoding consume the cache they are given): build a fresh one per call")
-    cache, last_logits = _prefill_into(params, config, cache, prompts, prefill_chunk, progress, min_capacity)
-    if spec is not None:  # the prompts' lengths given: the conversion need not wait to read the cache's back
+    converting = spec if conversion_in_chunk(spec, cache) else None
+    cache, last_logits = _prefill_into(params, config, cache, prompts, prefill_chunk, progress, min_capacity,
+                                       convert=converting)
+    if spec is not None and converting is None:  # the prompts' lengths given: no read-back of the cache's own
         cache = spec.from_staging(cache, lengths=np.array([len(p) for p in prompts], np.int32))
     jax.block_until_ready((last_logits, cache))
     return cache, last_logits
@@ -718,8 +761,10 @@ def _zero_logits(batch: int, vocab: int) -> jax.Array:
 
 
 def _prefill_into(params: Params, config: LlamaConfig, cache: KVCache, prompts: list[list[int]], prefill_chunk: int,
-                  progress: bool, min_capacity: int) -> tuple[KVCache, jax.Array]:
-    """The prompts (checked) prefilled chunk by chunk into an empty cache (donated); (cache, last logits [B, V])."""
+                  progress: bool, min_capacity: int, convert: CacheSpec | None = None) -> tuple[KVCache, jax.Array]:
+    """The prompts (checked) prefilled chunk by chunk into an empty cache (donated); (cache, last logits [B, V]).
+    convert: a tiered spec whose `from_staging` the last chunk's program runs too (`conversion_in_chunk`); the
+    returned cache is then its tiered cache."""
     cache = commit_arrays(cache)
     if cache.capacity < min_capacity:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {min_capacity} tokens needed")
@@ -737,8 +782,14 @@ def _prefill_into(params: Params, config: LlamaConfig, cache: KVCache, prompts: 
         last_index = (lens - 1 - c * C).astype(np.int32)
         # NumPy arguments: the jitted call transfers them itself (`jnp.asarray` of each was an eager dispatch of
         # its own, three per chunk, before the chunk's program could be launched)
-        cache, last_logits = _prefill_chunk(params, config, cache, np.ascontiguousarray(padded[:, c * C:(c + 1) * C]),
-                                            valid, last_index, last_logits)
+        tokens = np.ascontiguousarray(padded[:, c * C:(c + 1) * C])
+        if convert is not None and c == n_chunks - 1:
+            convert.check_tier2_fits(cache)  # what the eager conversion refuses before it allocates
+            cache, last_logits = _prefill_last_chunk_converted(
+                params, config, cache, tokens, valid, last_index, last_logits, lens,
+                convert._policy(), dataclasses.replace(convert, policy=None))
+        else:
+            cache, last_logits = _prefill_chunk(params, config, cache, tokens, valid, last_index, last_logits)
         if bar is not None:
             jax.block_until_ready(last_logits)
             bar.update(1)
