@@ -110,6 +110,13 @@ for s in "$@"; do
       step trace_prefill 200 "python3 scripts/trace_prefill.py --model smollm2 --prompt 1024 --prefill-chunk 1024 --repeats 7 --keep-traces $OUT/traces --out $OUT/trace_prefill_smol1k.json; python3 scripts/trace_prefill.py --model smollm2 --prompt 4096 --prefill-chunk 1024 --repeats 5 --out $OUT/trace_prefill_smol4k.json" ;;
     trace4k)  # thirty-ninth session: SmolLM2 4K decode at 0.59x dense (issue 8 asks 0.8x): where a step's time goes
       step trace4k 200 "python3 scripts/trace_decode.py --model smollm2 --prompt 4096 --caches dense certified --steps 16 --out $OUT/trace_decode_smol4k.json" ;;
+    ttft_fused)  # thirty-ninth session: the conversion inside the last prefill chunk's program (on by default on a GPU)
+      # against the eager conversion after it (CERTATTN_PREFILL_CONVERSION_IN_CHUNK=0), SmolLM2 1K, one 1024-token
+      # chunk as bench_generate; each a fresh process, alternated; the traces kept in $OUT
+      T="python3 scripts/trace_prefill.py --model smollm2 --prompt 1024 --prefill-chunk 1024 --repeats 9"
+      step ttft_fused 240 "$T --out $OUT/ttft_fused_on_1.json --keep-traces $OUT/traces_on; CERTATTN_PREFILL_CONVERSION_IN_CHUNK=0 $T --caches certified --out $OUT/ttft_fused_off_1.json --keep-traces $OUT/traces_off; $T --caches certified --out $OUT/ttft_fused_on_2.json; CERTATTN_PREFILL_CONVERSION_IN_CHUNK=0 $T --caches certified --out $OUT/ttft_fused_off_2.json" ;;
+    issue7_smol_out)  # issue 7's SmolLM2 half, rows straight into $OUT as they finish
+      step issue7_smol_out 330 "python3 scripts/bench_generate.py --timeout 140 --new-tokens 64 --models smollm2 --prompts 1024 4096 --caches dense certified naive --out $OUT/issue7_smol.json" ;;
     issue7_8b8k)  # issue 7's 8B 8K rows alone (dense and certified first), rows straight into $OUT as they finish
       step issue7_8b8k 400 "python3 scripts/bench_generate.py --timeout 170 --new-tokens 64 --models llama3.1-8b --prompts 8192 --caches dense certified naive --out $OUT/issue7_8b8k.json" ;;
     staging_gpu) step staging_gpu 330 "CERTATTN_FAILURE_LOG=$W/staging_failures.txt python3 -m pytest -q -rfE -n 8 tests/test_staging_groups.py" ;;
