@@ -10,27 +10,15 @@ from certattn_jax import cache as cache_mod
 from certattn_jax import tiers
 from certattn_jax.cache import TieredKVCache
 from certattn_jax.model_cache import cache_spec
-from certattn_jax.policy import CertPolicy
 from models import generate as gen
 from models import llama
-from models.config import LlamaConfig
 from models.decode_loop import TRACE_COUNTS
-
-# the shapes of tests/test_staging_groups.py
-CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=32, max_position_embeddings=2048)
-POLICY = CertPolicy(block_size=16, group_size=16, k_max=4, v_max=2)
-CAPACITY = 96
+from tests.test_staging_groups import CAPACITY, CFG, POLICY, _prompts  # the staging tests' shapes
 
 
 @pytest.fixture(scope="module")
 def params():
     return llama.init_params(CFG, jax.random.key(0), jnp.float32, scale=0.3)
-
-
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, CFG.vocab_size, n).tolist() for n in lengths]
 
 
 def _prefilled(params, monkeypatch, in_chunk: bool, mode: str, prompts, chunk: int, policy=POLICY):
