@@ -270,8 +270,7 @@ class TieredKVCache:
         B, H, S, d = ks[0].shape
         layout = conversion_layout(policy)
         ks, vs = tuple(ks), tuple(vs)
-        if CONVERT_GROUP_FORM == "batched" and conversion_group_layers(ks[0].nbytes + vs[0].nbytes,
-                                                                        len(ks)) == len(ks):
+        if converts_all_layers_batched(ks[0].nbytes + vs[0].nbytes, len(ks)):
             # one group holds every layer: its program's outputs are the cache (no preallocated cache to write
             # into, tier 2 allocated by XLA in host memory as the program's output)
             _check_live_layers("stacked_from_layers", ks, vs, (lengths,))
@@ -893,10 +892,10 @@ def _convert_on_device(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: C
 def _from_head_major(k: jax.Array, v: jax.Array, lengths: jax.Array, policy: CertPolicy) -> TieredKVCache:
     # jit (layout static) so the eager call compiles once per shape and its host arrays come out pinned_host; the
     # tolerances may be tracers (a policy passed through jit), and they play no part here
-    # the stacked form batched where one conversion group holds every layer (`layers_per_program`; a loop of layers
-    # is a host round per layer on a GPU), decided here: the jitted conversion must not read the group budget
-    batched = k.ndim == 5 and layers_per_program(2 * math.prod(k.shape[1:]) * jnp.dtype(k.dtype).itemsize,
-                                                 k.shape[0]) == k.shape[0]
+    # the stacked form batched as the eager direct path is (a loop of layers is a host round per layer on a GPU),
+    # decided here: the jitted conversion must not read the group budget or form
+    batched = k.ndim == 5 and converts_all_layers_batched(
+        2 * math.prod(k.shape[1:]) * jnp.dtype(k.dtype).itemsize, k.shape[0])
     return commit_arrays(_from_head_major_impl(k, v, lengths, conversion_layout(policy), batched=batched))
 
 
@@ -924,15 +923,22 @@ CONVERT_GROUP_FORM = choice_from_env("CERTATTN_CONVERT_GROUP_FORM", CONVERT_GROU
 CONVERT_GROUPS_INTO = switch_from_env("CERTATTN_CONVERT_GROUPS_INTO") is True
 
 
+def converts_all_layers_batched(layer_bytes: int, num_layers: int) -> bool:
+    """Whether one batched program (vmap) converts every layer of a dense cache whose layers hold `layer_bytes` of
+    K and V each: CONVERT_GROUP_FORM "batched" and one group (`conversion_group_layers`) holds them all. The eager
+    direct path (`stacked_from_layers`), the traced stacked conversion and `prefill`'s conversion inside its last
+    chunk all ask this."""
+    return CONVERT_GROUP_FORM == "batched" and conversion_group_layers(layer_bytes, num_layers) == num_layers
+
+
 def layers_per_program(layer_bytes: int, num_layers: int, preallocated: bool = False) -> int:
     """Layers one conversion program takes: into a preallocated cache (`with_rows_converted`, preallocated) a layer
     at a time, or `conversion_group_layers` with CONVERT_GROUPS_INTO; from a dense cache (`stacked_from_layers`)
     every layer where one group of the batched form holds them all (the program's outputs are the cache), else as
     into a preallocated one."""
-    group = conversion_group_layers(layer_bytes, num_layers)
-    if not preallocated and CONVERT_GROUP_FORM == "batched" and group == num_layers:
+    if not preallocated and converts_all_layers_batched(layer_bytes, num_layers):
         return num_layers
-    return group if CONVERT_GROUPS_INTO else 1
+    return conversion_group_layers(layer_bytes, num_layers) if CONVERT_GROUPS_INTO else 1
 
 
 def conversion_group_layers(layer_bytes: int, num_layers: int, budget: int | None = None) -> int:

@@ -51,7 +51,7 @@ from certattn_jax.cache import (
     TieredKVCache,
     checked_layer,
     conversion_layout,
-    layers_per_program,
+    converts_all_layers_batched,
 )
 from certattn_jax.certificate import PACKED_FIELDS, Certificate, empty_like_heads, pack, unpack
 from certattn_jax.dense_cache import DenseKVCache
@@ -765,11 +765,10 @@ class CacheSpec:
 
     def converts_in_one_program(self, staging: DenseKVCache) -> bool:
         """Whether `from_staging(staging)` converts every layer in one program (a tiered mode whose conversion group
-        holds every layer: `cache.layers_per_program`; its traced form is then the same batched program)."""
+        holds every layer in the batched form: `cache.converts_all_layers_batched`, as the traced form asks too)."""
         if not self.tiered:
             return False
-        L = len(staging.k)
-        return layers_per_program(staging.k[0].nbytes + staging.v[0].nbytes, L) == L
+        return converts_all_layers_batched(staging.k[0].nbytes + staging.v[0].nbytes, len(staging.k))
 
     def check_tier2_fits(self, staging: DenseKVCache) -> None:
         """A clear error, before anything is allocated, where the tier 2 that converting `staging` makes (its keys

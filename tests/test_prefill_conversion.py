@@ -91,6 +91,10 @@ def test_the_conversion_in_chunk_is_chosen_where_one_program_converts_every_laye
     assert not gen.conversion_in_chunk(None, staging)
     monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", 1)  # a layer per program: the eager conversion's groups
     assert not gen.conversion_in_chunk(spec, staging)
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUP_BYTES", 2**40)
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUP_FORM", "loop")  # asked for the loop: never the batched program
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUPS_INTO", True)
+    assert not gen.conversion_in_chunk(spec, staging)
     monkeypatch.undo()
     monkeypatch.setattr(gen, "PREFILL_CONVERSION_IN_CHUNK", None)  # auto: on a GPU only
     assert gen.conversion_in_chunk(spec, staging) == (jax.default_backend() == "gpu")
@@ -104,6 +108,11 @@ def test_tier2_beyond_the_host_s_memory_is_named_before_the_program_runs(params,
     monkeypatch.setattr(tiers, "host_memory_available", lambda: 1000)
     with pytest.raises(MemoryError, match=r"tier 2 .* needs 0.00 GB of host memory; 0.00 GB is available"):
         _prefilled(params, monkeypatch, True, "certified", _prompts(3, [20]), 16)
+
+
+def _loops(fn, *args) -> bool:
+    """Whether fn's lowered program holds a loop (lax.map lowers to a while loop)."""
+    return "stablehlo.while" in jax.jit(fn).lower(*args).as_text()
 
 
 @pytest.mark.parametrize("budget_layers", [CFG.num_layers, 1])
@@ -124,6 +133,9 @@ def test_the_traced_stacked_conversion_equals_the_eager_one(monkeypatch, budget_
         return TieredKVCache.stacked_from_head_major(k, v, n, POLICY)
 
     stacked = (jnp.stack(ks), jnp.stack(vs), lengths)
-    loops = "scan" in str(jax.make_jaxpr(traced)(*stacked))  # (lax.map: a scan, a while loop when compiled)
+    loops = _loops(traced, *stacked)
     assert loops == (budget_layers == 1)
     _assert_same(jax.jit(traced)(*stacked), eager)
+    monkeypatch.setattr(cache_mod, "CONVERT_GROUP_FORM", "loop")  # the form asked for is kept whatever the budget
+    # (a new function: jit would reuse the trace it cached for `traced`, module settings and all)
+    assert _loops(lambda k, v, n: TieredKVCache.stacked_from_head_major(k, v, n, POLICY), *stacked)
